@@ -1,0 +1,6 @@
+"""Action registry, step context and plugin loading; built-ins are in ``builtin``."""
+
+from service.actions.context import StepContext
+from service.actions.registry import REGISTRY, ActionFn, ActionRegistry, action, load_plugins
+
+__all__ = ["REGISTRY", "ActionFn", "ActionRegistry", "StepContext", "action", "load_plugins"]

@@ -1,0 +1,41 @@
+"""What an action sees of the step it runs in."""
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.errors import StepCancelled
+from service.settings import Settings
+
+
+@dataclass
+class StepContext:
+    """Handed to every action as its first argument.
+
+    ``cancel_event`` is set by the engine's lease-renewal thread when the job is cancelled or the
+    lease is lost; long-running actions should poll ``check_cancelled`` or wait via ``sleep`` so
+    they stop promptly instead of finishing work nobody will keep.
+    """
+
+    job_id: str
+    step_id: str
+    attempt: int
+    shard: int | None
+    params: Mapping[str, Any]
+    settings: Settings
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def check_cancelled(self) -> None:
+        if self.cancel_event.is_set():
+            raise StepCancelled(f"step {self.step_id} of job {self.job_id} was cancelled")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep that wakes as soon as the step is cancelled, rather than after ``seconds``."""
+        self.check_cancelled()
+        if self.cancel_event.wait(max(0.0, seconds)):
+            self.check_cancelled()

@@ -1,0 +1,25 @@
+"""Names and durations shared by every process, in one place so they cannot drift apart."""
+
+from typing import Final
+
+VERSION: Final = "0.1.0"
+
+QUEUE_STEPS: Final = "flowbeat.steps"
+QUEUE_CONTROL: Final = "flowbeat.control"
+
+TASK_RUN_STEP: Final = "flowbeat.run_step"
+TASK_RUN_LANE: Final = "flowbeat.run_lane"
+TASK_FINISH_FANOUT: Final = "flowbeat.finish_fanout"
+TASK_SWEEP: Final = "flowbeat.sweep"
+
+BROKER_EPOCH_KEY: Final = "flowbeat:broker-epoch"
+
+SHARD_NONE: Final = -1
+
+STEP_TIMEOUT_GRACE_S: Final = 5
+WAIT_FOR_PEER_MAX_S: Final = 5.0
+DEFAULT_STEP_TIMEOUT_S: Final = 300
+JOB_LIST_MAX_LIMIT: Final = 200
+JOB_LIST_DEFAULT_LIMIT: Final = 50
+API_KEY_PREFIX: Final = "fb_"
+SWEEP_ADVISORY_LOCK_ID: Final = 0x666C6F77

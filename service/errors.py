@@ -1,0 +1,101 @@
+"""Domain errors. Each carries a stable machine code; the API maps codes to HTTP status in one place."""
+
+from typing import Any
+
+
+class FlowbeatError(Exception):
+    code = "internal_error"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+
+class ProfileInvalid(FlowbeatError):
+    """A profile failed validation; details name the file, the step and the field."""
+
+    code = "profile_invalid"
+
+
+class ProfileNotFound(FlowbeatError):
+    code = "pipeline_not_found"
+
+
+class ParamsInvalid(FlowbeatError):
+    code = "params_invalid"
+
+
+class JobNotFound(FlowbeatError):
+    code = "job_not_found"
+
+
+class JobConflict(FlowbeatError):
+    """The job is in a state that refuses the request (e.g. cancelling a finished job)."""
+
+    code = "job_conflict"
+
+
+class IdempotencyConflict(FlowbeatError):
+    """The idempotency key was used before with a different request."""
+
+    code = "idempotency_conflict"
+
+
+class InvalidCursor(FlowbeatError):
+    code = "invalid_cursor"
+
+
+class Unauthorized(FlowbeatError):
+    code = "unauthorized"
+
+
+class Forbidden(FlowbeatError):
+    code = "forbidden"
+
+
+class DatabaseUnavailable(FlowbeatError):
+    code = "database_unavailable"
+
+
+class BrokerUnavailable(FlowbeatError):
+    code = "broker_unavailable"
+
+
+class ActionNotFound(FlowbeatError):
+    code = "unknown_action"
+
+
+class ActionError(FlowbeatError):
+    """Raised by actions. ``retryable`` tells the engine whether another attempt may succeed."""
+
+    code = "action_failed"
+
+    def __init__(
+        self, message: str, details: dict[str, Any] | None = None, *, retryable: bool = True
+    ) -> None:
+        super().__init__(message, details)
+        self.retryable = retryable
+
+
+class StepCancelled(FlowbeatError):
+    code = "cancelled"
+
+
+class ExpressionError(FlowbeatError):
+    """A ``${{ ... }}`` reference could not be resolved at run time."""
+
+    code = "bad_reference"
+
+
+class RetryLater(Exception):
+    """Control flow for task adapters: deliver this message again after ``delay_s``."""
+
+    def __init__(self, delay_s: float, reason: str) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s
+        self.reason = reason
+
+
+class StopChain(Exception):
+    """Control flow for task adapters: the job is over, drop the rest of this canvas."""

@@ -1,0 +1,245 @@
+"""Jobs: accept, read, list, cancel. Functions flush; the caller commits, then publishes."""
+
+import base64
+import hashlib
+import json
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.constants import SHARD_NONE
+from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobNotFound
+from service.models import JobRow, StepRunRow
+from service.profiles import Profile, find_profile, resolve_params, validate_profile
+from service.states import JOB_FINAL, JobStatus, StepStatus
+from service.steps import close_open_steps
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    pipeline: str | Mapping[str, Any]
+    params: Mapping[str, Any]
+    idempotency_key: str | None = None
+    trigger: str = "api"
+    parent_job_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class StepView:
+    step_id: str
+    status: str
+    attempts: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: dict[str, Any] | None
+    shards: dict[str, int] | None
+
+
+@dataclass(frozen=True)
+class JobView:
+    job: JobRow
+    steps: list[StepView]
+
+
+def resolve_profile(
+    pipeline: str | Mapping[str, Any], *, profiles_dir: Path, known_actions: Collection[str]
+) -> Profile:
+    if isinstance(pipeline, str):
+        return find_profile(profiles_dir, pipeline, known_actions=known_actions)
+    return validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
+
+
+def _request_hash(profile: Profile, params: Mapping[str, Any]) -> str:
+    canonical = json.dumps(
+        {"profile": profile.content_hash(), "params": params}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def submit_job(
+    session: Session,
+    request: JobRequest,
+    *,
+    owner: str,
+    profiles_dir: Path,
+    known_actions: Collection[str],
+) -> tuple[JobRow, bool]:
+    """Store a queued job and its steps. Returns the job and whether it is new.
+
+    The same idempotency key with the same request returns the first job; with a different
+    request it is refused, so a client retrying a timeout cannot start a second run.
+    """
+    profile = resolve_profile(
+        request.pipeline, profiles_dir=profiles_dir, known_actions=known_actions
+    )
+    params = resolve_params(profile, request.params)
+    request_hash = _request_hash(profile, params)
+    if request.idempotency_key:
+        existing = _by_idempotency_key(session, owner, request.idempotency_key)
+        if existing is not None:
+            return _same_request(existing, request_hash), False
+    job = JobRow(
+        id=uuid.uuid4(),
+        owner=owner,
+        pipeline=profile.name,
+        profile=profile.to_json(),
+        profile_hash=profile.content_hash(),
+        params=params,
+        status=JobStatus.QUEUED,
+        trigger=request.trigger,
+        parent_job_id=request.parent_job_id,
+        idempotency_key=request.idempotency_key,
+        request_hash=request_hash,
+    )
+    try:
+        with session.begin_nested():
+            session.add(job)
+            session.flush()
+            session.add_all(
+                StepRunRow(
+                    job_id=job.id,
+                    step_id=step.id,
+                    shard=SHARD_NONE,
+                    status=StepStatus.PENDING,
+                    attempts=0,
+                )
+                for step in profile.steps
+            )
+            session.flush()
+    except IntegrityError:
+        assert request.idempotency_key is not None
+        raced = _by_idempotency_key(session, owner, request.idempotency_key)
+        if raced is None:
+            raise
+        return _same_request(raced, request_hash), False
+    return job, True
+
+
+def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:
+    return session.scalars(
+        select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key)
+    ).one_or_none()
+
+
+def _same_request(job: JobRow, request_hash: str) -> JobRow:
+    if job.request_hash != request_hash:
+        raise IdempotencyConflict(
+            "this idempotency_key was used with a different pipeline or params",
+            {"job_id": str(job.id)},
+        )
+    return job
+
+
+def mark_dispatched(session: Session, job_id: uuid.UUID, now: datetime) -> None:
+    session.execute(update(JobRow).where(JobRow.id == job_id).values(dispatched_at=now))
+
+
+def get_job(session: Session, job_id: uuid.UUID, *, owner: str | None = None) -> JobRow:
+    job = session.get(JobRow, job_id)
+    if job is None or (owner is not None and job.owner != owner):
+        raise JobNotFound(f"no job {job_id}", {"job_id": str(job_id)})
+    return job
+
+
+def job_view(session: Session, job: JobRow) -> JobView:
+    rows = session.scalars(
+        select(StepRunRow).where(StepRunRow.job_id == job.id).order_by(StepRunRow.id)
+    ).all()
+    shards: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row.shard != SHARD_NONE:
+            counts = shards.setdefault(row.step_id, {"total": 0})
+            counts["total"] += 1
+            counts[row.status] = counts.get(row.status, 0) + 1
+    steps = [
+        StepView(
+            step_id=row.step_id,
+            status=row.status,
+            attempts=row.attempts,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+            error=row.error,
+            shards=shards.get(row.step_id),
+        )
+        for row in rows
+        if row.shard == SHARD_NONE
+    ]
+    return JobView(job=job, steps=steps)
+
+
+def encode_cursor(job: JobRow) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|")
+        return datetime.fromisoformat(created), uuid.UUID(job_id)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidCursor("cursor is not one this API returned", {"cursor": cursor}) from exc
+
+
+def list_jobs(
+    session: Session,
+    *,
+    owner: str | None,
+    pipeline: str | None = None,
+    statuses: Sequence[str] = (),
+    limit: int,
+    cursor: str | None = None,
+) -> tuple[list[JobRow], str | None]:
+    """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts."""
+    query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit + 1)
+    if owner is not None:
+        query = query.where(JobRow.owner == owner)
+    if pipeline:
+        query = query.where(JobRow.pipeline == pipeline)
+    if statuses:
+        query = query.where(JobRow.status.in_(statuses))
+    if cursor:
+        created, job_id = _decode_cursor(cursor)
+        query = query.where(
+            or_(
+                JobRow.created_at < created,
+                and_(JobRow.created_at == created, JobRow.id < job_id),
+            )
+        )
+    jobs = list(session.scalars(query))
+    next_cursor = encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
+    return jobs[:limit], next_cursor
+
+
+def cancel_job(
+    session: Session, job_id: uuid.UUID, *, owner: str | None, now: datetime
+) -> tuple[JobRow, list[str]]:
+    """Cancel a job. Returns it with the task ids of steps still running, for revoking."""
+    job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one_or_none()
+    if job is None or (owner is not None and job.owner != owner):
+        raise JobNotFound(f"no job {job_id}", {"job_id": str(job_id)})
+    if job.status == JobStatus.CANCELLED:
+        return job, []
+    if job.status in JOB_FINAL:
+        raise JobConflict(
+            f"job {job_id} already {job.status}", {"job_id": str(job_id), "status": job.status}
+        )
+    running = session.scalars(
+        select(StepRunRow.task_id).where(
+            StepRunRow.job_id == job_id,
+            StepRunRow.status == StepStatus.RUNNING,
+            StepRunRow.task_id.is_not(None),
+        )
+    ).all()
+    job.status = JobStatus.CANCELLED
+    job.finished_at = now
+    job.error = {"code": "cancelled", "message": "cancelled on request", "details": {}}
+    close_open_steps(session, job_id, StepStatus.CANCELLED, now)
+    return job, [task_id for task_id in running if task_id]

@@ -1,0 +1,172 @@
+"""Runs one step attempt in a worker: claim, call the action under a renewed lease, record.
+
+Task adapters call these functions and translate ``RetryLater`` and ``StopChain`` for Celery.
+"""
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+
+from service.actions import StepContext
+from service.constants import SHARD_NONE
+from service.db import unit_of_work
+from service.errors import ActionError, RetryLater, StepCancelled, StopChain
+from service.runtime import Runtime
+from service.steps import (
+    Claimed,
+    FannedOut,
+    Lease,
+    StepKey,
+    Unresolvable,
+    claim_next_shard,
+    claim_step,
+    complete_step,
+    fail_step,
+    finish_fanout,
+    renew_lease,
+)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: dict[str, Any]
+    retryable: bool
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def run_step(
+    rt: Runtime,
+    key: StepKey,
+    *,
+    task_id: str,
+    timeout_errors: tuple[type[BaseException], ...] = (),
+) -> FannedOut | None:
+    """Run a step once. A for_each step returns its shards for the caller to fan out."""
+    with unit_of_work(rt.sessions) as session:
+        claim = claim_step(session, key, task_id=task_id, lease_s=rt.settings.lease_s, now=utcnow())
+    if isinstance(claim, FannedOut):
+        return claim
+    _run_claim(rt, claim, timeout_errors)
+    return None
+
+
+def run_lane(
+    rt: Runtime,
+    parent: StepKey,
+    *,
+    task_id: str,
+    timeout_errors: tuple[type[BaseException], ...] = (),
+) -> bool:
+    """Run the next open shard of a fan-out; ``False`` once no shard is left to take."""
+    with unit_of_work(rt.sessions) as session:
+        claim = claim_next_shard(
+            session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=utcnow()
+        )
+    if claim is None:
+        return False
+    _run_claim(rt, claim, timeout_errors)
+    return True
+
+
+def _run_claim(
+    rt: Runtime,
+    claim: Claimed | Unresolvable | None,
+    timeout_errors: tuple[type[BaseException], ...],
+) -> None:
+    if claim is None:
+        return
+    if isinstance(claim, Unresolvable):
+        if claim.job_over:
+            raise StopChain("a step's references do not resolve")
+        return
+    outcome = _attempt(rt, claim, timeout_errors)
+    if isinstance(outcome, _Failure):
+        _settle_failure(rt, claim, outcome)
+        return
+    with unit_of_work(rt.sessions) as session:
+        complete_step(session, claim.key, claim.lease, outcome, utcnow())
+
+
+def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]) -> Any:
+    key = claim.key
+    ctx = StepContext(
+        job_id=str(key.job_id),
+        step_id=key.step_id,
+        attempt=claim.lease.attempt,
+        shard=None if key.shard == SHARD_NONE else key.shard,
+        params=claim.params,
+        settings=rt.settings,
+    )
+    try:
+        with _heartbeat(rt, key, claim.lease, ctx.cancel_event):
+            return rt.registry.call(claim.action, ctx, claim.inputs)
+    except StepCancelled as exc:
+        raise StopChain("cancelled") from exc
+    except ActionError as exc:
+        failure = _Failure(_error(exc.code, exc.message, exc.details), exc.retryable)
+    except timeout_errors as exc:
+        failure = _Failure(_error("timeout", f"step timed out: {exc!r}", {}), True)
+    except Exception as exc:
+        kind = type(exc).__name__
+        failure = _Failure(_error("exception", f"{kind}: {exc}", {"type": kind}), True)
+    if ctx.cancel_event.is_set():
+        raise StopChain("cancelled or taken over")
+    return failure
+
+
+def _error(code: str, message: str, details: dict[str, Any]) -> dict[str, Any]:
+    return {"code": code, "message": message, "details": dict(details)}
+
+
+def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> None:
+    policy, attempt, error = claim.retry, claim.lease.attempt, failure.error
+    blocked = {error["code"], error["details"].get("type")} & set(policy.non_retryable)
+    retry = failure.retryable and not blocked and attempt < policy.attempts
+    delay = policy.delay_s(attempt) if retry else None
+    with unit_of_work(rt.sessions) as session:
+        over = fail_step(session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow())
+    if delay is not None:
+        raise RetryLater(delay, f"attempt {attempt} failed: {error['message']}")
+    if over:
+        raise StopChain(error["message"])
+
+
+@contextmanager
+def _heartbeat(
+    rt: Runtime, key: StepKey, lease: Lease, cancel_event: threading.Event
+) -> Iterator[None]:
+    """Renew the lease while the action runs; a lost lease or a cancelled job sets the event."""
+    stop = threading.Event()
+    interval_s = min(1.0, rt.settings.lease_s / 3)
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            try:
+                with unit_of_work(rt.sessions) as session:
+                    held = renew_lease(session, key, lease, rt.settings.lease_s, utcnow())
+            except OperationalError:
+                continue
+            if not held:
+                cancel_event.set()
+                return
+
+    thread = threading.Thread(target=beat, name=f"lease-{key.step_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def run_finish_fanout(rt: Runtime, key: StepKey) -> None:
+    with unit_of_work(rt.sessions) as session:
+        finish_fanout(session, key, utcnow())

@@ -1,0 +1,137 @@
+"""Finds jobs whose messages were lost, and steps stuck past their timeout.
+
+The broker is allowed to forget (Redis restarted without persistence, a worker killed with its
+messages unacknowledged); PostgreSQL is not. Every open job whose state says "someone should be
+working on this" while nobody is gets re-published. Re-publishing is safe because every step
+claims its row before running and a settled step is never run again.
+"""
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from service.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
+from service.models import JobRow, StepRunRow
+from service.states import JobStatus, StepStatus
+from service.steps import Lease, StepKey, fail_step, job_profile
+
+OPEN_JOB = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
+
+
+@dataclass
+class SweepReport:
+    redispatch: set[uuid.UUID] = field(default_factory=set)
+    timed_out: int = 0
+    skipped: bool = False
+
+
+def sweep(
+    session: Session,
+    *,
+    now: datetime,
+    broker_lost: bool,
+    stall_after_s: float,
+    dispatch_grace_s: float,
+) -> SweepReport:
+    """One pass. Only one sweeper works at a time; the others return ``skipped``."""
+    report = SweepReport()
+    if not session.scalar(select(func.pg_try_advisory_xact_lock(SWEEP_ADVISORY_LOCK_ID))):
+        report.skipped = True
+        return report
+    report.timed_out = _fail_timed_out(session, now, report.redispatch)
+    if broker_lost:
+        report.redispatch |= set(
+            session.scalars(select(JobRow.id).where(JobRow.status.in_(OPEN_JOB)))
+        )
+        return report
+    report.redispatch |= _undispatched(session, now - timedelta(seconds=dispatch_grace_s))
+    report.redispatch |= _expired_leases(session, now)
+    report.redispatch |= _stalled(session, now, now - timedelta(seconds=stall_after_s))
+    return report
+
+
+def _undispatched(session: Session, before: datetime) -> set[uuid.UUID]:
+    return set(
+        session.scalars(
+            select(JobRow.id).where(
+                JobRow.status == JobStatus.QUEUED,
+                JobRow.dispatched_at.is_(None),
+                JobRow.created_at < before,
+            )
+        )
+    )
+
+
+def _expired_leases(session: Session, now: datetime) -> set[uuid.UUID]:
+    return set(
+        session.scalars(
+            select(StepRunRow.job_id)
+            .join(JobRow, JobRow.id == StepRunRow.job_id)
+            .where(
+                JobRow.status.in_(OPEN_JOB),
+                StepRunRow.status == StepStatus.RUNNING,
+                StepRunRow.lease_until < now,
+            )
+            .distinct()
+        )
+    )
+
+
+def _stalled(session: Session, now: datetime, before: datetime) -> set[uuid.UUID]:
+    live_lease = exists().where(
+        StepRunRow.job_id == JobRow.id,
+        StepRunRow.status == StepStatus.RUNNING,
+        StepRunRow.lease_until >= now,
+    )
+    last_activity = (
+        select(func.max(func.greatest(StepRunRow.started_at, StepRunRow.finished_at)))
+        .where(StepRunRow.job_id == JobRow.id)
+        .scalar_subquery()
+    )
+    return set(
+        session.scalars(
+            select(JobRow.id).where(
+                JobRow.status.in_(OPEN_JOB),
+                JobRow.dispatched_at.is_not(None),
+                ~live_lease,
+                func.coalesce(last_activity, JobRow.dispatched_at) < before,
+                JobRow.dispatched_at < before,
+            )
+        )
+    )
+
+
+def _fail_timed_out(session: Session, now: datetime, redispatch: set[uuid.UUID]) -> int:
+    """A step past its timeout whose worker never gave up on it (a hung call, a lost signal)."""
+    rows = session.execute(
+        select(StepRunRow, JobRow)
+        .join(JobRow, JobRow.id == StepRunRow.job_id)
+        .where(
+            JobRow.status.in_(OPEN_JOB),
+            StepRunRow.status == StepStatus.RUNNING,
+            StepRunRow.lease_token.is_not(None),
+            StepRunRow.started_at < now - timedelta(seconds=STEP_TIMEOUT_GRACE_S),
+        )
+    ).tuples()
+    count = 0
+    for row, job in list(rows):
+        spec = job_profile(job).step(row.step_id)
+        assert row.started_at is not None and row.lease_token is not None
+        if row.started_at + timedelta(seconds=spec.timeout_s + STEP_TIMEOUT_GRACE_S) > now:
+            continue
+        retry = row.attempts < spec.retry.attempts
+        error = {
+            "code": "timeout",
+            "message": f"step ran past its timeout of {spec.timeout_s}s",
+            "details": {"timeout_s": spec.timeout_s},
+        }
+        key = StepKey(row.job_id, row.step_id, row.shard)
+        lease = Lease(row.lease_token, row.attempts)
+        delay = spec.retry.delay_s(row.attempts) if retry else None
+        fail_step(session, key, lease, error, retry_delay_s=delay, now=now)
+        redispatch.add(row.job_id)
+        count += 1
+    return count

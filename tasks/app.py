@@ -1,0 +1,54 @@
+"""The Celery app: JSON only, late acks, requeue on worker loss, one queue for steps.
+
+``celery -A tasks.app worker`` and ``flowbeat worker`` both load this module.
+"""
+
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+from service.constants import QUEUE_STEPS, TASK_SWEEP
+from service.settings import Settings, get_settings
+from tasks import runtime
+
+
+def create_celery(settings: Settings) -> Celery:
+    app = Celery("flowbeat", broker=settings.require_broker_url(), backend=settings.backend_url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        task_default_queue=QUEUE_STEPS,
+        task_track_started=False,
+        worker_prefetch_multiplier=settings.worker_prefetch,
+        worker_concurrency=settings.worker_concurrency,
+        worker_hijack_root_logger=False,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        result_expires=timedelta(seconds=settings.result_expires_s),
+        result_extended=False,
+        enable_utc=True,
+        timezone="UTC",
+        beat_schedule={
+            "flowbeat-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
+        },
+    )
+    app.conf.include = ["tasks.steps", "tasks.sweep"]
+    runtime.configure(settings)
+    return app
+
+
+@worker_process_init.connect
+def _fresh_connections_after_fork(**_: Any) -> None:
+    """A forked pool process must not share the parent's database connections."""
+    runtime.reset()
+
+
+app = create_celery(get_settings())

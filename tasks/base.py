@@ -1,0 +1,28 @@
+"""One base class maps the engine's small vocabulary of outcomes onto Celery."""
+
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore
+from sqlalchemy.exc import OperationalError
+
+from service.errors import RetryLater, StopChain
+
+DATABASE_RETRY_S = 2.0
+
+
+class FlowbeatTask(Task):  # type: ignore[misc]
+    """``RetryLater`` → deliver again later; ``StopChain`` → drop the rest of the canvas.
+
+    A database outage is a ``RetryLater`` too: the message stays ours until PostgreSQL is back.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except RetryLater as exc:
+            raise self.retry(countdown=exc.delay_s, max_retries=None) from None
+        except OperationalError:
+            raise self.retry(countdown=DATABASE_RETRY_S, max_retries=None) from None
+        except StopChain:
+            raise Ignore() from None

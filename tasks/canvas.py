@@ -1,0 +1,53 @@
+"""A job plan becomes a Celery canvas: chain across layers, group within one, chord at joins.
+
+Every signature is immutable and carries ids only; a step reads its inputs from PostgreSQL.
+"""
+
+from celery import Celery, chain, chord, group
+from celery.canvas import Signature
+
+from service.constants import (
+    STEP_TIMEOUT_GRACE_S,
+    TASK_FINISH_FANOUT,
+    TASK_RUN_LANE,
+    TASK_RUN_STEP,
+)
+from service.plan import JobPlan, StepPlan
+from service.steps import StepKey
+
+
+def _limits(timeout_s: int) -> dict[str, int]:
+    return {"soft_time_limit": timeout_s, "time_limit": timeout_s + STEP_TIMEOUT_GRACE_S}
+
+
+def lane(app: Celery, key: StepKey, timeout_s: int) -> Signature:
+    return app.signature(
+        TASK_RUN_LANE, args=(str(key.job_id), key.step_id, timeout_s), immutable=True
+    ).set(**_limits(timeout_s))
+
+
+def fan_out(app: Celery, key: StepKey, lanes: int, timeout_s: int) -> Signature:
+    """A dynamic chord: ``lanes`` workers drain the shards, then the results are gathered."""
+    finish = app.signature(TASK_FINISH_FANOUT, args=(str(key.job_id), key.step_id), immutable=True)
+    if lanes == 0:
+        return finish
+    return chord([lane(app, key, timeout_s) for _ in range(lanes)], finish)
+
+
+def _step(app: Celery, plan: JobPlan, step: StepPlan) -> Signature:
+    key = StepKey(plan.job_id, step.step_id)
+    if step.shards is not None:
+        return fan_out(app, key, min(step.max_parallel, len(step.shards)), step.timeout_s)
+    return app.signature(TASK_RUN_STEP, args=(str(plan.job_id), step.step_id), immutable=True).set(
+        **_limits(step.timeout_s)
+    )
+
+
+def job_canvas(app: Celery, plan: JobPlan) -> Signature:
+    layers = [
+        _step(app, plan, layer[0])
+        if len(layer) == 1
+        else group([_step(app, plan, s) for s in layer])
+        for layer in plan.layers
+    ]
+    return layers[0] if len(layers) == 1 else chain(*layers)

@@ -1,0 +1,30 @@
+"""The worker process's Runtime, built on first use so that forked children build their own."""
+
+import os
+
+from service.runtime import Runtime
+from service.settings import Settings
+
+_settings: Settings | None = None
+_runtime: Runtime | None = None
+_pid: int | None = None
+
+
+def configure(settings: Settings) -> None:
+    global _settings
+    _settings = settings
+    reset()
+
+
+def reset() -> None:
+    global _runtime, _pid
+    _runtime, _pid = None, None
+
+
+def get() -> Runtime:
+    global _runtime, _pid
+    if _runtime is None or _pid != os.getpid():
+        if _settings is None:
+            raise RuntimeError("tasks.runtime.configure() was not called")
+        _runtime, _pid = Runtime.start(_settings), os.getpid()
+    return _runtime

@@ -1,0 +1,45 @@
+"""The periodic sweeper: re-publish what the broker lost, fail what ran past its timeout."""
+
+import logging
+
+import redis
+
+from service import sweeper
+from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
+from service.db import unit_of_work
+from service.runner import utcnow
+from tasks import runtime
+from tasks.app import app
+from tasks.dispatch import dispatch_job
+
+log = logging.getLogger(__name__)
+
+
+def broker_was_reset(broker_url: str) -> bool:
+    """A marker key vanishes when Redis restarts without persistence or is flushed."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        return bool(client.set(BROKER_EPOCH_KEY, utcnow().isoformat(), nx=True))
+    finally:
+        client.close()
+
+
+@app.task(name=TASK_SWEEP, ignore_result=True)
+def sweep() -> dict[str, int]:
+    rt = runtime.get()
+    settings = rt.settings
+    lost = broker_was_reset(settings.require_broker_url())
+    with unit_of_work(rt.sessions) as session:
+        report = sweeper.sweep(
+            session,
+            now=utcnow(),
+            broker_lost=lost,
+            stall_after_s=settings.stall_after_s,
+            dispatch_grace_s=settings.dispatch_grace_s,
+        )
+    sent = sum(dispatch_job(app, rt, job_id) for job_id in sorted(report.redispatch))
+    if sent or report.timed_out:
+        log.warning(
+            "sweep: broker_lost=%s republished=%d timed_out=%d", lost, sent, report.timed_out
+        )
+    return {"republished": sent, "timed_out": report.timed_out}
