@@ -12,10 +12,14 @@ from celery.signals import worker_process_init
 from service.constants import QUEUE_STEPS, TASK_SWEEP
 from service.settings import Settings, get_settings
 from tasks import runtime
+from tasks.backend import backend_url
 
 
 def create_celery(settings: Settings) -> Celery:
-    app = Celery("flowbeat", broker=settings.require_broker_url(), backend=settings.backend_url)
+    results = settings.result_backend_url or settings.broker_url
+    app = Celery(
+        "flowbeat", broker=settings.broker_url, backend=backend_url(results) if results else None
+    )
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

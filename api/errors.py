@@ -1,0 +1,153 @@
+"""Every error leaves the API as ``{"error": {"code", "message", "details"}}``.
+
+Codes map to HTTP status in this one table, so a domain error gets the same status whichever
+route raised it. Body validation problems are 422; problems with query parameters are 400.
+"""
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import FlowbeatError
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_CODE: dict[str, int] = {
+    "profile_invalid": 422,
+    "params_invalid": 422,
+    "unknown_action": 422,
+    "bad_reference": 422,
+    "validation_error": 422,
+    "invalid_cursor": 400,
+    "invalid_query": 400,
+    "bad_request": 400,
+    "pipeline_not_found": 404,
+    "job_not_found": 404,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "job_conflict": 409,
+    "idempotency_conflict": 409,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "payload_too_large": 413,
+    "database_unavailable": 503,
+    "broker_unavailable": 503,
+    "internal_error": 500,
+}
+
+_CODE_BY_HTTP_STATUS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    422: "validation_error",
+}
+
+
+class ApiError(Exception):
+    """An error the API itself detects (query parameters, body limits), outside the domain."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+def status_for(code: str) -> int:
+    return STATUS_BY_CODE.get(code, 500)
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": jsonable_encoder(details or {})}}
+
+
+def error_response(
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    *,
+    status: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    status = status if status is not None else status_for(code)
+    headers = dict(headers or {})
+    if status == 401:
+        headers.setdefault("WWW-Authenticate", "Bearer")
+    return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
+
+
+async def _flowbeat_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FlowbeatError)
+    return error_response(exc.code, exc.message, exc.details)
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.code, exc.message, exc.details)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": list(err.get("loc", ())), "type": err.get("type"), "message": err.get("msg")}
+        for err in exc.errors()
+    ]
+    first = errors[0] if errors else {"loc": [], "message": "invalid request"}
+    where = ".".join(str(part) for part in first["loc"])
+    message = f"{where}: {first['message']}" if where else str(first["message"])
+    in_query = bool(errors) and all(e["loc"][:1] in (["query"], ["path"]) for e in errors)
+    code = "invalid_query" if in_query else "validation_error"
+    return error_response(code, message, {"errors": errors})
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _CODE_BY_HTTP_STATUS.get(exc.status_code, "internal_error")
+    if exc.status_code < 500 and code == "internal_error":
+        code = "bad_request"
+    message = exc.detail if isinstance(exc.detail, str) else "request failed"
+    limit = getattr(exc, "limit", None)
+    details = {"limit": limit} if limit is not None else {}
+    return error_response(
+        code, message, details, status=exc.status_code, headers=dict(exc.headers or {})
+    )
+
+
+async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", exc)
+    return error_response("database_unavailable", "the database is unreachable")
+
+
+async def _broker_error(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("broker unavailable: %s", exc)
+    return error_response("broker_unavailable", "the broker is unreachable")
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response("internal_error", "internal server error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(FlowbeatError, _flowbeat_error)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OperationalError, _database_error)
+    app.add_exception_handler(InterfaceError, _database_error)
+    app.add_exception_handler(KombuOperationalError, _broker_error)
+    app.add_exception_handler(RedisConnectionError, _broker_error)
+    app.add_exception_handler(RedisTimeoutError, _broker_error)
+    app.add_exception_handler(Exception, _unexpected)

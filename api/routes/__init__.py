@@ -1,0 +1,1 @@
+"""HTTP routes; each module holds one router."""

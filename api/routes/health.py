@@ -1,0 +1,65 @@
+"""Liveness with dependency checks: 200 only when PostgreSQL and the broker both answer."""
+
+import time
+from collections.abc import Callable
+
+import redis
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from api.schemas import Check, Health
+from service.constants import VERSION
+from service.runtime import Runtime
+from service.settings import Settings
+
+router = APIRouter(tags=["health"])
+
+BROKER_TIMEOUT_S = 1.0
+
+
+def _timed(probe: Callable[[], object]) -> Check:
+    start = time.perf_counter()
+    try:
+        probe()
+    except Exception as exc:
+        elapsed = (time.perf_counter() - start) * 1000
+        return Check(ok=False, latency_ms=round(elapsed, 2), error=f"{type(exc).__name__}: {exc}")
+    return Check(ok=True, latency_ms=round((time.perf_counter() - start) * 1000, 2))
+
+
+def _database(runtime: Runtime) -> None:
+    with runtime.sessions() as session:
+        session.execute(text("SELECT 1"))
+
+
+def _broker(settings: Settings) -> None:
+    client = redis.Redis.from_url(
+        settings.require_broker_url(),
+        socket_timeout=BROKER_TIMEOUT_S,
+        socket_connect_timeout=BROKER_TIMEOUT_S,
+    )
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+@router.get("/health", response_model=Health, responses={503: {"model": Health}})
+def health(request: Request) -> JSONResponse:
+    runtime: Runtime = request.app.state.runtime
+    settings: Settings = request.app.state.settings
+    checks = {
+        "database": _timed(lambda: _database(runtime)),
+        "broker": _timed(lambda: _broker(settings)),
+    }
+    ok = all(check.ok for check in checks.values())
+    body = Health(
+        status="ok" if ok else "degraded",
+        version=VERSION,
+        uptime_s=round(time.monotonic() - request.app.state.started_at, 3),
+        checks=checks,
+    )
+    return JSONResponse(
+        body.model_dump(mode="json", exclude_none=True), status_code=200 if ok else 503
+    )

@@ -1,0 +1,46 @@
+import pytest
+from fastapi.testclient import TestClient
+from kombu.exceptions import OperationalError as KombuOperationalError
+from sqlalchemy.exc import OperationalError
+
+from api.app import create_app
+from api.errors import STATUS_BY_CODE
+from service import errors
+from service.runtime import Runtime
+from service.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "code"),
+    [
+        (RuntimeError("boom"), 500, "internal_error"),
+        (OperationalError("SELECT 1", {}, Exception("down")), 503, "database_unavailable"),
+        (KombuOperationalError("down"), 503, "broker_unavailable"),
+        (errors.JobConflict("busy"), 409, "job_conflict"),
+    ],
+)
+def test_errors_leave_in_the_envelope(
+    settings: Settings, runtime: Runtime, exc: Exception, status: int, code: str
+) -> None:
+    app = create_app(settings, runtime=runtime, celery_app=object())  # type: ignore[arg-type]
+
+    def fail() -> None:
+        raise exc
+
+    app.add_api_route("/boom", fail)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.get("/boom")
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    if status == 500:
+        assert response.json()["error"]["message"] == "internal server error"
+
+
+def test_every_domain_code_has_a_status() -> None:
+    codes = {
+        cls.code
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.FlowbeatError)
+    }
+    api_facing = codes - {"action_failed", "cancelled"}
+    assert api_facing <= set(STATUS_BY_CODE)

@@ -1,0 +1,262 @@
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+
+from service.db import unit_of_work
+from service.models import JobRow
+from service.runtime import Runtime
+from tests.api.conftest import GREET, MAX_BODY, KeyFactory
+
+Headers = dict[str, str]
+QUEUE = "flowbeat.steps"
+
+
+def _error(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert error["code"] == code and error["message"] and isinstance(error["details"], dict)
+    return error
+
+
+def _submit(client: TestClient, headers: Headers, **body: Any) -> Any:
+    body.setdefault("pipeline", "greet")
+    body.setdefault("params", {"who": "ada"})
+    return client.post("/v1/jobs", json=body, headers=headers)
+
+
+def test_submit_stores_and_publishes(
+    client: TestClient, writer: Headers, broker: redis.Redis
+) -> None:
+    before = broker.llen(QUEUE)
+    response = _submit(client, writer)
+    assert response.status_code == 202, response.text
+    job = response.json()["job"]
+    assert job["status"] == "queued" and job["pipeline"] == "greet"
+    assert job["params"] == {"who": "ada", "count": 1} and job["trigger"] == "api"
+    assert job["created_at"].endswith("+00:00")
+    assert [s["step_id"] for s in job["steps"]] == ["first", "second"]
+    assert broker.llen(QUEUE) == before + 1
+    got = client.get(f"/v1/jobs/{job['id']}", headers=writer)
+    assert got.status_code == 200 and got.json()["job"]["id"] == job["id"]
+
+
+def test_idempotency(client: TestClient, writer: Headers, broker: redis.Redis) -> None:
+    first = _submit(client, writer, idempotency_key="k-1")
+    assert first.status_code == 202
+    published = broker.llen(QUEUE)
+    again = _submit(client, writer, idempotency_key="k-1")
+    assert again.status_code == 200 and again.json()["job"]["id"] == first.json()["job"]["id"]
+    assert broker.llen(QUEUE) == published
+    other = _submit(client, writer, idempotency_key="k-1", params={"who": "bob"})
+    _error(other, 409, "idempotency_conflict")
+
+
+def test_inline_profiles(client: TestClient, writer: Headers) -> None:
+    inline = {"name": "inline-one", "steps": [{"id": "only", "action": "noop"}]}
+    response = client.post("/v1/jobs", json={"pipeline": inline}, headers=writer)
+    assert response.status_code == 202 and response.json()["job"]["pipeline"] == "inline-one"
+    response = client.post(
+        "/v1/jobs", json={"pipeline": GREET, "params": {"who": "x"}}, headers=writer
+    )
+    assert response.status_code == 202 and response.json()["job"]["pipeline"] == "greet"
+
+
+def _inline(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": "bad", "steps": steps}
+
+
+BAD_BODIES: list[tuple[str, Any, int, str]] = [
+    ("unknown pipeline", {"pipeline": "nope"}, 404, "pipeline_not_found"),
+    ("bad yaml", {"pipeline": "name: x\nsteps: [\n  - {id: a"}, 422, "profile_invalid"),
+    ("bad json text", {"pipeline": '{"name": "x", "steps": [}'}, 422, "profile_invalid"),
+    (
+        "unknown action",
+        {"pipeline": _inline([{"id": "a", "action": "no.such"}])},
+        422,
+        "profile_invalid",
+    ),
+    (
+        "cycle",
+        {
+            "pipeline": _inline(
+                [
+                    {"id": "a", "action": "noop", "depends_on": ["b"]},
+                    {"id": "b", "action": "noop", "depends_on": ["a"]},
+                ]
+            )
+        },
+        422,
+        "profile_invalid",
+    ),
+    ("missing param", {"pipeline": "greet", "params": {}}, 422, "params_invalid"),
+    (
+        "wrong type",
+        {"pipeline": "greet", "params": {"who": "a", "count": "2"}},
+        422,
+        "params_invalid",
+    ),
+    ("unknown param", {"pipeline": "greet", "params": {"who": "a", "x": 1}}, 422, "params_invalid"),
+    ("extra field", {"pipeline": "greet", "params": {"who": "a"}, "x": 1}, 422, "validation_error"),
+    ("no pipeline", {"params": {}}, 422, "validation_error"),
+    (
+        "empty idempotency key",
+        {"pipeline": "greet", "idempotency_key": ""},
+        422,
+        "validation_error",
+    ),
+    ("body not an object", [1, 2], 422, "validation_error"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"), [case[1:] for case in BAD_BODIES], ids=[c[0] for c in BAD_BODIES]
+)
+def test_bad_submissions_store_nothing(
+    client: TestClient,
+    writer: Headers,
+    job_count: Callable[[], int],
+    body: Any,
+    status: int,
+    code: str,
+) -> None:
+    before = job_count()
+    _error(client.post("/v1/jobs", json=body, headers=writer), status, code)
+    assert job_count() == before
+
+
+def test_profile_errors_name_the_problem(client: TestClient, writer: Headers) -> None:
+    bad = _inline([{"id": "a", "action": "no.such"}])
+    error = _error(
+        client.post("/v1/jobs", json={"pipeline": bad}, headers=writer), 422, "profile_invalid"
+    )
+    assert error["details"]["errors"][0]["code"] == "unknown_action"
+
+
+def test_malformed_json_body(
+    client: TestClient, writer: Headers, job_count: Callable[[], int]
+) -> None:
+    before = job_count()
+    headers = {**writer, "Content-Type": "application/json"}
+    response = client.post("/v1/jobs", content=b'{"pipeline": ', headers=headers)
+    _error(response, 422, "validation_error")
+    assert job_count() == before
+
+
+def test_oversized_body(client: TestClient, writer: Headers, job_count: Callable[[], int]) -> None:
+    before = job_count()
+    body = {"pipeline": "greet", "params": {"who": "x" * (MAX_BODY + 10)}}
+    error = _error(client.post("/v1/jobs", json=body, headers=writer), 413, "payload_too_large")
+    assert error["details"]["limit"] == MAX_BODY
+    assert job_count() == before
+
+
+def test_oversized_chunked_body(
+    client: TestClient, writer: Headers, job_count: Callable[[], int]
+) -> None:
+    before = job_count()
+    payload = json.dumps({"pipeline": "greet", "params": {"who": "x" * (MAX_BODY * 2)}}).encode()
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(payload), 4096):
+            yield payload[start : start + 4096]
+
+    headers = {**writer, "Content-Type": "application/json"}
+    response = client.post("/v1/jobs", content=chunks(), headers=headers)
+    assert "content-length" not in {k.lower() for k in response.request.headers}
+    _error(response, 413, "payload_too_large")
+    assert job_count() == before
+
+
+def test_list_paging_and_filters(client: TestClient, make_key: KeyFactory) -> None:
+    headers = {"Authorization": f"Bearer {make_key('write')}"}
+    ids = [_submit(client, headers).json()["job"]["id"] for _ in range(5)]
+    inline = {"name": "other-pipe", "steps": [{"id": "only", "action": "noop"}]}
+    assert client.post("/v1/jobs", json={"pipeline": inline}, headers=headers).status_code == 202
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"pipeline": "greet", "limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/jobs", params=params, headers=headers)
+        assert page.status_code == 200, page.text
+        seen += [job["id"] for job in page.json()["jobs"]]
+        cursor = page.json()["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))
+    everything = client.get("/v1/jobs", headers=headers).json()["jobs"]
+    assert len(everything) == 6
+    client.post(f"/v1/jobs/{ids[0]}/cancel", headers=headers)
+    for query in ("status=cancelled", "status=cancelled,failed", "status=cancelled&status=failed"):
+        found = client.get(f"/v1/jobs?{query}", headers=headers).json()["jobs"]
+        assert [job["id"] for job in found] == [ids[0]]
+    queued = client.get("/v1/jobs?status=queued", headers=headers).json()["jobs"]
+    assert len(queued) == 5
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ("cursor=!!!notacursor", "invalid_cursor"),
+        ("cursor=Zm9v", "invalid_cursor"),
+        ("limit=0", "invalid_query"),
+        ("limit=100000", "invalid_query"),
+        ("limit=ten", "invalid_query"),
+        ("status=sleeping", "invalid_query"),
+    ],
+)
+def test_bad_list_queries_are_400(
+    client: TestClient, writer: Headers, query: str, code: str
+) -> None:
+    _error(client.get(f"/v1/jobs?{query}", headers=writer), 400, code)
+
+
+def test_unknown_and_malformed_job_ids_are_404(client: TestClient, writer: Headers) -> None:
+    for job_id in (str(uuid.uuid4()), "not-a-uuid"):
+        _error(client.get(f"/v1/jobs/{job_id}", headers=writer), 404, "job_not_found")
+        _error(client.post(f"/v1/jobs/{job_id}/cancel", headers=writer), 404, "job_not_found")
+
+
+def test_cancel(client: TestClient, writer: Headers, runtime: Runtime) -> None:
+    job_id = _submit(client, writer).json()["job"]["id"]
+    response = client.post(f"/v1/jobs/{job_id}/cancel", headers=writer)
+    assert response.status_code == 200, response.text
+    job = response.json()["job"]
+    assert job["status"] == "cancelled" and job["finished_at"]
+    assert {step["status"] for step in job["steps"]} == {"cancelled"}
+    again = client.post(f"/v1/jobs/{job_id}/cancel", headers=writer)
+    assert again.status_code == 200
+    done = _submit(client, writer).json()["job"]["id"]
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(
+            update(JobRow).where(JobRow.id == uuid.UUID(done)).values(status="succeeded")
+        )
+    _error(client.post(f"/v1/jobs/{done}/cancel", headers=writer), 409, "job_conflict")
+
+
+def test_read_key_cannot_cancel(client: TestClient, writer: Headers, make_key: KeyFactory) -> None:
+    job_id = _submit(client, writer).json()["job"]["id"]
+    reader = {"Authorization": f"Bearer {make_key('read')}"}
+    _error(client.post(f"/v1/jobs/{job_id}/cancel", headers=reader), 403, "forbidden")
+
+
+def test_broker_down_keeps_the_job(
+    broken_broker_client: TestClient, make_key: KeyFactory, job_count: Callable[[], int]
+) -> None:
+    headers = {"Authorization": f"Bearer {make_key('write')}"}
+    before = job_count()
+    error = _error(_submit(broken_broker_client, headers), 503, "broker_unavailable")
+    assert error["details"]["job_id"]
+    assert job_count() == before + 1
+
+
+def test_unknown_route_and_method(client: TestClient, writer: Headers) -> None:
+    _error(client.get("/v1/nothing", headers=writer), 404, "not_found")
+    _error(client.delete("/v1/jobs", headers=writer), 405, "method_not_allowed")

@@ -1,0 +1,70 @@
+"""Real PostgreSQL and Redis for every test run: a fresh database and Redis DB per process."""
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import (
+    admin_database_url,
+    allocate_redis_db,
+    create_test_database,
+    drop_test_database,
+    redis_base_url,
+    release_redis_db,
+)
+
+TEST_PROFILES = Path(__file__).parent / "profiles"
+
+
+class Stack:
+    """URLs and environment of one isolated test stack."""
+
+    def __init__(self, database_url: str, broker_url: str) -> None:
+        self.database_url = database_url
+        self.broker_url = broker_url
+        self.env = {
+            "FLOWBEAT_DATABASE_URL": database_url,
+            "FLOWBEAT_BROKER_URL": broker_url,
+            "FLOWBEAT_PROFILES_DIR": str(TEST_PROFILES),
+            "FLOWBEAT_ACTION_MODULES": "tests.drill_actions",
+            "FLOWBEAT_LEASE_S": "3",
+            "FLOWBEAT_VISIBILITY_TIMEOUT_S": "30",
+            "FLOWBEAT_SWEEP_INTERVAL_S": "1",
+            "FLOWBEAT_STALL_AFTER_S": "20",
+            "FLOWBEAT_DISPATCH_GRACE_S": "2",
+            "FLOWBEAT_WORKER_PREFETCH": "1",
+        }
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    owner = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    admin = admin_database_url()
+    name = f"flowbeat_test_{uuid.uuid4().hex[:10]}"
+    database_url = create_test_database(admin, name)
+    base = redis_base_url()
+    db = allocate_redis_db(base, owner)
+    broker_url = f"{base.rsplit('/', 1)[0]}/{db}"
+    from service.migrate import upgrade
+
+    upgrade(database_url)
+    stack = Stack(database_url, broker_url)
+    saved = {key: os.environ.get(key) for key in stack.env}
+    os.environ.update(stack.env)
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        yield stack
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        get_settings.cache_clear()
+        release_redis_db(base, db, owner)
+        drop_test_database(admin, name)

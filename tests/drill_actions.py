@@ -1,0 +1,30 @@
+"""Actions for end-to-end tests and fault drills: side effects a test can count from outside."""
+
+import os
+import time
+from typing import Any
+
+import redis
+
+from service.actions import StepContext, action
+
+
+def _redis() -> "redis.Redis[bytes]":
+    return redis.Redis.from_url(os.environ["FLOWBEAT_BROKER_URL"].rsplit("/", 1)[0] + "/0")
+
+
+def _key(ctx: StepContext, name: str) -> str:
+    return f"drill:{ctx.job_id}:{name}"
+
+
+@action("drill.count")
+def count(ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0) -> dict[str, Any]:
+    """Count one execution in Redis DB 0 (which flushing the broker's DB does not touch)."""
+    client = _redis()
+    client.incr(_key(ctx, f"{name}:started"))
+    client.set(_key(ctx, f"{name}:pid"), os.getpid())
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        ctx.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
+    client.incr(_key(ctx, f"{name}:finished"))
+    return {"name": name, "value": value}

@@ -1,0 +1,195 @@
+"""Real worker and beat processes for end-to-end tests and fault drills."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from tests.conftest import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+FINAL = {"succeeded", "failed", "cancelled"}
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll a condition instead of sleeping a fixed time; fail with what was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class Proc:
+    """A flowbeat process in its own process group, with its output in a log file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.handle = log.open("wb")
+        self.popen = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=self.handle, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, marker: str, timeout_s: float = 30) -> None:
+        wait_for(lambda: marker in self.output() or self.popen.poll() is not None, timeout_s, marker)
+        if self.popen.poll() is not None:
+            raise AssertionError(f"process exited early:\n{self.output()[-3000:]}")
+
+    def children(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.popen.pid)], capture_output=True, text=True, check=False
+        ).stdout
+        return [int(pid) for pid in out.split()]
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.handle.close()
+
+
+class Cluster:
+    """Starts workers and beat against one stack; stops whatever is left at the end."""
+
+    def __init__(self, stack: Stack, tmp: Path) -> None:
+        self.stack = stack
+        self.tmp = tmp
+        self.procs: list[Proc] = []
+        self.env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT)}
+
+    def worker(self, concurrency: int = 2) -> Proc:
+        name = f"w{len(self.procs)}-{uuid.uuid4().hex[:4]}@%h"
+        argv = [
+            sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "--pool=prefork",
+            f"--concurrency={concurrency}", "--loglevel=INFO", "-n", name,
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+        proc = Proc(argv, self.env, self.tmp / f"worker-{len(self.procs)}.log")
+        self.procs.append(proc)
+        proc.wait_ready("ready.")
+        return proc
+
+    def beat(self) -> Proc:
+        schedule = self.tmp / f"beat-{uuid.uuid4().hex[:6]}"
+        argv = [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", "--loglevel=INFO",
+                f"--schedule={schedule}"]
+        proc = Proc(argv, self.env, self.tmp / f"beat-{len(self.procs)}.log")
+        self.procs.append(proc)
+        proc.wait_ready("beat: Starting")
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+class Client:
+    """Submits jobs through the same service and publish path as the API, and reads them back."""
+
+    def __init__(self, stack: Stack) -> None:
+        from service.runtime import Runtime
+        from service.settings import get_settings
+        from tasks.app import app
+
+        self.settings = get_settings()
+        self.rt = Runtime.start(self.settings)
+        self.app = app
+        self.counters = redis.Redis.from_url(stack.broker_url.rsplit("/", 1)[0] + "/0")
+        self.broker = redis.Redis.from_url(stack.broker_url)
+
+    def submit(self, pipeline: str, **params: Any) -> uuid.UUID:
+        from service.db import unit_of_work
+        from service.jobs import JobRequest, submit_job
+        from service.plan import load_plan
+        from tasks.dispatch import publish_plan
+
+        with unit_of_work(self.rt.sessions) as session:
+            job, _ = submit_job(
+                session, JobRequest(pipeline=pipeline, params=params), owner="tests",
+                profiles_dir=self.settings.profiles_dir, known_actions=self.rt.registry.names(),
+            )
+        with unit_of_work(self.rt.sessions) as session:
+            plan = load_plan(session, job.id)
+        assert plan is not None
+        publish_plan(self.app, self.rt, plan)
+        return job.id
+
+    def view(self, job_id: uuid.UUID) -> Any:
+        from service.db import unit_of_work
+        from service.jobs import get_job, job_view
+
+        with unit_of_work(self.rt.sessions) as session:
+            return job_view(session, get_job(session, job_id))
+
+    def steps(self, job_id: uuid.UUID) -> dict[str, Any]:
+        return {step.step_id: step for step in self.view(job_id).steps}
+
+    def wait_final(self, job_id: uuid.UUID, timeout_s: float = 60) -> Any:
+        return wait_for(
+            lambda: (v := self.view(job_id)).job.status in FINAL and v, timeout_s,
+            f"job {job_id} to finish",
+        )
+
+    def count(self, job_id: uuid.UUID, name: str, what: str = "finished") -> int:
+        raw = self.counters.get(f"drill:{job_id}:{name}:{what}")
+        return int(raw) if raw else 0
+
+    def checkpoints(self, job_id: uuid.UUID, step_id: str) -> int:
+        from service.db import unit_of_work
+        from service.models import CheckpointRow
+
+        with unit_of_work(self.rt.sessions) as session:
+            return int(session.scalar(
+                select(func.count()).select_from(CheckpointRow).where(
+                    CheckpointRow.job_id == job_id, CheckpointRow.step_id == step_id
+                )
+            ) or 0)
+
+    def close(self) -> None:
+        self.counters.close()
+        self.broker.close()
+
+
+@pytest.fixture(scope="session")
+def client(stack: Stack) -> Iterator[Client]:
+    client = Client(stack)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def cluster(stack: Stack, tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(stack, tmp_path)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def shared_worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    cluster = Cluster(stack, tmp_path_factory.mktemp("shared"))
+    worker = cluster.worker()
+    yield worker
+    cluster.close()
