@@ -103,8 +103,15 @@ def beat() -> None:
 
 
 @contextmanager
-def _processes(commands: list[list[str]]) -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [subprocess.Popen(command, env=os.environ.copy()) for command in commands]
+def _processes(
+    commands: list[list[str]], log: Path | None = None
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Child processes for the duration of a command; with ``log``, their output goes there."""
+    sink = log.open("ab") if log else None
+    procs = [
+        subprocess.Popen(command, env=os.environ.copy(), stdout=sink, stderr=sink)
+        for command in commands
+    ]
     try:
         yield procs
     finally:
@@ -115,6 +122,8 @@ def _processes(commands: list[list[str]]) -> Iterator[list[subprocess.Popen[byte
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if sink:
+            sink.close()
 
 
 def _flowbeat(*args: str) -> list[str]:
@@ -202,7 +211,9 @@ def run(
         if (local_worker or (local_worker is None and embedded))
         else []
     )
-    with _processes(commands):
+    if commands:
+        console.print(f"worker log: {settings.data_dir / 'worker.log'}")
+    with _processes(commands, settings.data_dir / "worker.log"):
         status = _follow(settings, job_id, timeout_s)
     raise typer.Exit(code=0 if status == "succeeded" else 1)
 
@@ -238,32 +249,41 @@ def _submit(
     return job.id
 
 
-def _follow(settings: Settings, job_id: uuid.UUID, timeout_s: float) -> str:
+def _print_changes(view: Any, seen: dict[str, str]) -> None:
+    for step in view.steps:
+        if seen.get(step.step_id) != step.status:
+            seen[step.step_id] = step.status
+            shards = step.shards or {}
+            items = f" ({shards.get('succeeded', 0)}/{shards['total']} items)" if shards else ""
+            console.print(f"  {step.step_id:<24} {step.status}{items}")
+
+
+def _print_outcome(view: Any) -> None:
+    colour = {"succeeded": "green", "failed": "red"}.get(view.job.status, "yellow")
+    console.print(f"job {view.job.id}: [{colour}]{view.job.status}[/{colour}]")
+    if view.job.error:
+        console.print(f"  {view.job.error.get('message')}")
+    if view.job.result is not None:
+        console.print_json(data=view.job.result)
+
+
+def _view(settings: Settings, job_id: uuid.UUID) -> Any:
     from service.jobs import get_job, job_view
 
     sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        return job_view(session, get_job(session, job_id))
+
+
+def _follow(settings: Settings, job_id: uuid.UUID, timeout_s: float) -> str:
     seen: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with unit_of_work(sessions) as session:
-            view = job_view(session, get_job(session, job_id))
-        for step in view.steps:
-            if seen.get(step.step_id) != step.status:
-                seen[step.step_id] = step.status
-                shards = (
-                    f" ({step.shards.get('succeeded', 0)}/{step.shards['total']} items)"
-                    if step.shards
-                    else ""
-                )
-                console.print(f"  {step.step_id:<24} {step.status}{shards}")
+        view = _view(settings, job_id)
+        _print_changes(view, seen)
         if view.job.status in FINAL:
-            colour = "green" if view.job.status == "succeeded" else "red"
-            console.print(f"job {job_id}: [{colour}]{view.job.status}[/{colour}]")
-            if view.job.error:
-                console.print(f"  {view.job.error.get('message')}")
-            if view.job.result is not None:
-                console.print_json(data=view.job.result)
-            return view.job.status
+            _print_outcome(view)
+            return str(view.job.status)
         time.sleep(0.3)
     console.print(f"[red]gave up waiting after {timeout_s:.0f}s[/red]")
     return "timeout"
@@ -314,8 +334,12 @@ def jobs_list(pipeline: str | None = None, status: str | None = None, limit: int
 @jobs_cli.command("show")
 def jobs_show(job_id: uuid.UUID) -> None:
     """One job with its steps."""
-    settings = _settings()
-    _follow(settings, job_id, timeout_s=0.001)
+    view = _view(_settings(), job_id)
+    _print_changes(view, {})
+    if view.job.status in FINAL:
+        _print_outcome(view)
+    else:
+        console.print(f"job {job_id}: {view.job.status}")
 
 
 if __name__ == "__main__":

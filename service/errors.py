@@ -1,4 +1,4 @@
-"""Domain errors. Each carries a stable machine code; the API maps codes to HTTP status in one place."""
+"""Domain errors with stable machine codes; the API maps codes to HTTP status in one place."""
 
 from typing import Any
 

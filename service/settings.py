@@ -49,10 +49,6 @@ class Settings(BaseSettings):
             raise RuntimeError("FLOWBEAT_BROKER_URL is not set (or run `flowbeat dev`)")
         return self.broker_url
 
-    @property
-    def backend_url(self) -> str:
-        return self.result_backend_url or self.require_broker_url()
-
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

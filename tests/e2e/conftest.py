@@ -38,7 +38,11 @@ class Proc:
         self.log = log
         self.handle = log.open("wb")
         self.popen = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=self.handle, stderr=subprocess.STDOUT,
+            argv,
+            env=env,
+            cwd=ROOT,
+            stdout=self.handle,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -46,7 +50,9 @@ class Proc:
         return self.log.read_text(errors="replace")
 
     def wait_ready(self, marker: str, timeout_s: float = 30) -> None:
-        wait_for(lambda: marker in self.output() or self.popen.poll() is not None, timeout_s, marker)
+        wait_for(
+            lambda: marker in self.output() or self.popen.poll() is not None, timeout_s, marker
+        )
         if self.popen.poll() is not None:
             raise AssertionError(f"process exited early:\n{self.output()[-3000:]}")
 
@@ -83,9 +89,20 @@ class Cluster:
     def worker(self, concurrency: int = 2) -> Proc:
         name = f"w{len(self.procs)}-{uuid.uuid4().hex[:4]}@%h"
         argv = [
-            sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "--pool=prefork",
-            f"--concurrency={concurrency}", "--loglevel=INFO", "-n", name,
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "worker",
+            "--pool=prefork",
+            f"--concurrency={concurrency}",
+            "--loglevel=INFO",
+            "-n",
+            name,
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ]
         proc = Proc(argv, self.env, self.tmp / f"worker-{len(self.procs)}.log")
         self.procs.append(proc)
@@ -94,8 +111,16 @@ class Cluster:
 
     def beat(self) -> Proc:
         schedule = self.tmp / f"beat-{uuid.uuid4().hex[:6]}"
-        argv = [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", "--loglevel=INFO",
-                f"--schedule={schedule}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "beat",
+            "--loglevel=INFO",
+            f"--schedule={schedule}",
+        ]
         proc = Proc(argv, self.env, self.tmp / f"beat-{len(self.procs)}.log")
         self.procs.append(proc)
         proc.wait_ready("beat: Starting")
@@ -128,8 +153,11 @@ class Client:
 
         with unit_of_work(self.rt.sessions) as session:
             job, _ = submit_job(
-                session, JobRequest(pipeline=pipeline, params=params), owner="tests",
-                profiles_dir=self.settings.profiles_dir, known_actions=self.rt.registry.names(),
+                session,
+                JobRequest(pipeline=pipeline, params=params),
+                owner="tests",
+                profiles_dir=self.settings.profiles_dir,
+                known_actions=self.rt.registry.names(),
             )
         with unit_of_work(self.rt.sessions) as session:
             plan = load_plan(session, job.id)
@@ -149,7 +177,8 @@ class Client:
 
     def wait_final(self, job_id: uuid.UUID, timeout_s: float = 60) -> Any:
         return wait_for(
-            lambda: (v := self.view(job_id)).job.status in FINAL and v, timeout_s,
+            lambda: (v := self.view(job_id)).job.status in FINAL and v,
+            timeout_s,
             f"job {job_id} to finish",
         )
 
@@ -162,11 +191,14 @@ class Client:
         from service.models import CheckpointRow
 
         with unit_of_work(self.rt.sessions) as session:
-            return int(session.scalar(
-                select(func.count()).select_from(CheckpointRow).where(
-                    CheckpointRow.job_id == job_id, CheckpointRow.step_id == step_id
+            return int(
+                session.scalar(
+                    select(func.count())
+                    .select_from(CheckpointRow)
+                    .where(CheckpointRow.job_id == job_id, CheckpointRow.step_id == step_id)
                 )
-            ) or 0)
+                or 0
+            )
 
     def close(self) -> None:
         self.counters.close()

@@ -12,8 +12,11 @@ def test_a_dag_with_a_fan_out_runs_every_step_once_and_reports_its_result(client
     view = client.wait_final(job_id)
 
     assert view.job.status == "succeeded", view.job.error
-    assert view.job.result == {"items": [{"name": "fan", "value": v} for v in (3, 1, 2)],
-                               "key": "value", "count": 3}
+    assert view.job.result == {
+        "items": [{"name": "fan", "value": v} for v in (3, 1, 2)],
+        "key": "value",
+        "count": 3,
+    }
     steps = {s.step_id: s for s in view.steps}
     assert [s.status for s in steps.values()] == ["succeeded"] * 5
     assert steps["fan"].shards == {"total": 3, "succeeded": 3}

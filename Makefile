@@ -1,0 +1,35 @@
+# One entry point for people, CI and hooks.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+LOCAL_PG ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
+LOCAL_REDIS ?= redis://127.0.0.1:6379/0
+
+.PHONY: setup demo test lint unit bench clean
+
+$(BIN)/flowbeat: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/flowbeat
+
+demo: setup
+	env -u FLOWBEAT_DATABASE_URL -u FLOWBEAT_BROKER_URL $(BIN)/flowbeat run papers-digest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
+	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
+	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
+
+bench: setup
+	$(BIN)/python -m bench.chain_throughput --jobs 1000
+
+clean:
+	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache
