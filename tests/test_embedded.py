@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +25,16 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    target = tmp_path / "flowbeat"
-    yield target
-    stop_embedded(target)
+def data_dir() -> Iterator[Path]:
+    """A private directory, not ``tmp_path``: a concurrent pytest run prunes old numbered
+    ``pytest-of-<user>`` directories, which would delete a live cluster's files under it."""
+    root = Path(tempfile.mkdtemp(prefix="flowbeat-embedded-test-"))
+    target = root / "flowbeat"
+    try:
+        yield target
+    finally:
+        stop_embedded(target)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _conninfo(database_url: str) -> str:

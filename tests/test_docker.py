@@ -1,0 +1,164 @@
+"""The compose file and the image definition agree with the CLI and with the runbook."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+FLOWBEAT_SUBCOMMANDS = {"migrate", "api", "worker", "beat", "dev", "run", "jobs", "keys"}
+FLOWBEAT_SERVICES = {"migrate", "api", "worker", "beat"}
+SERVING = {"postgres", "redis", "api", "flower"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found = compose["services"]
+    assert isinstance(found, dict)
+    return found
+
+
+def _argv(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    assert isinstance(value, list)
+    return [str(item) for item in value]
+
+
+def _dockerfile_entrypoint() -> list[str]:
+    entrypoints = [
+        line.split(None, 1)[1]
+        for line in (DOCKER / "Dockerfile").read_text().splitlines()
+        if line.strip().upper().startswith("ENTRYPOINT")
+    ]
+    assert entrypoints, "the Dockerfile has no ENTRYPOINT"
+    parsed = yaml.safe_load(entrypoints[-1])
+    return _argv(parsed)
+
+
+def _command_line(service: dict[str, Any]) -> list[str]:
+    entrypoint = (
+        _argv(service["entrypoint"]) if "entrypoint" in service else _dockerfile_entrypoint()
+    )
+    if service.get("image", "").startswith(("postgres", "redis")):
+        entrypoint = []
+    return entrypoint + _argv(service.get("command"))
+
+
+def _depends(service: dict[str, Any]) -> dict[str, str]:
+    raw = service.get("depends_on", {})
+    assert isinstance(raw, dict), "depends_on must use the long form, with conditions"
+    return {name: spec["condition"] for name, spec in raw.items()}
+
+
+def test_expected_services(services: dict[str, dict[str, Any]]) -> None:
+    assert set(services) >= {"postgres", "redis", "migrate", "api", "worker", "beat", "flower"}
+
+
+def test_every_flowbeat_command_is_a_real_subcommand(services: dict[str, dict[str, Any]]) -> None:
+    seen = set()
+    for name, service in services.items():
+        argv = _command_line(service)
+        if argv and Path(argv[0]).name == "flowbeat":
+            assert len(argv) > 1, f"{name} runs bare `flowbeat`"
+            assert argv[1] in FLOWBEAT_SUBCOMMANDS, f"{name} runs unknown `flowbeat {argv[1]}`"
+            seen.add(name)
+    assert seen >= FLOWBEAT_SERVICES
+
+
+def test_api_and_flower_command_lines(services: dict[str, dict[str, Any]]) -> None:
+    assert _command_line(services["api"]) == [
+        "flowbeat",
+        "api",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ]
+    flower = _command_line(services["flower"])
+    assert flower[0] == "celery"
+    assert "flower" in flower
+    assert any(arg.startswith("--broker=redis://redis:6379") for arg in flower)
+
+
+def test_serving_services_have_healthchecks(services: dict[str, dict[str, Any]]) -> None:
+    for name in SERVING:
+        check = services[name].get("healthcheck")
+        assert check and check.get("test"), f"{name} has no healthcheck"
+    assert "pg_isready" in " ".join(_argv(services["postgres"]["healthcheck"]["test"]))
+    assert "redis-cli ping" in " ".join(_argv(services["redis"]["healthcheck"]["test"]))
+    assert "/health" in " ".join(_argv(services["api"]["healthcheck"]["test"]))
+
+
+def test_redis_persists(services: dict[str, dict[str, Any]]) -> None:
+    argv = _argv(services["redis"].get("command"))
+    assert "--appendonly" in argv
+    assert argv[argv.index("--appendonly") + 1] == "yes"
+    assert services["redis"]["image"].startswith("redis:7")
+
+
+def test_postgres_version(services: dict[str, dict[str, Any]]) -> None:
+    match = re.match(r"postgres:(\d+)", services["postgres"]["image"])
+    assert match and int(match.group(1)) >= 16
+
+
+def test_worker_is_scalable(services: dict[str, dict[str, Any]]) -> None:
+    worker = services["worker"]
+    assert "container_name" not in worker
+    assert "ports" not in worker
+    for name, service in services.items():
+        if name in {"worker", "beat"}:
+            assert "container_name" not in service
+
+
+def test_dependency_conditions(services: dict[str, dict[str, Any]]) -> None:
+    assert _depends(services["migrate"]) == {"postgres": "service_healthy"}
+    for name in ("api", "worker", "beat"):
+        depends = _depends(services[name])
+        assert depends.get("migrate") == "service_completed_successfully", name
+        assert depends.get("redis") == "service_healthy", name
+    assert _depends(services["flower"]).get("redis") == "service_healthy"
+    assert services["migrate"].get("restart") in (None, "no")
+
+
+def test_configuration_comes_from_environment(services: dict[str, dict[str, Any]]) -> None:
+    for name in FLOWBEAT_SERVICES:
+        env = services[name].get("environment", {})
+        assert isinstance(env, dict)
+        assert env["FLOWBEAT_DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert "@postgres:5432/" in env["FLOWBEAT_DATABASE_URL"]
+        assert env["FLOWBEAT_BROKER_URL"].startswith("redis://redis:6379")
+        assert not any("API_KEY" in key.upper() for key in env), f"{name} bakes in an API key"
+
+
+def test_dockerfile_runs_as_non_root() -> None:
+    lines = [line.strip() for line in (DOCKER / "Dockerfile").read_text().splitlines()]
+    stages = [i for i, line in enumerate(lines) if line.upper().startswith("FROM ")]
+    final = lines[stages[-1] :]
+    assert final[0].split()[1].startswith("python:3.11-slim")
+    users = [line.split(None, 1)[1] for line in final if line.upper().startswith("USER ")]
+    assert users, "the final stage never switches USER"
+    user = users[-1].split(":", 1)[0]
+    assert user not in {"root", "0"}
+    assert any("pip install ." in line for line in lines)
+    assert _dockerfile_entrypoint() == ["flowbeat"]
+
+
+def test_dockerignore_keeps_secrets_and_caches_out() -> None:
+    ignored = (DOCKER.parent / ".dockerignore").read_text().split()
+    assert ".git" in ignored
+    assert ".env" in ignored
