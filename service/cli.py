@@ -107,6 +107,8 @@ def _processes(
     commands: list[list[str]], log: Path | None = None
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Child processes for the duration of a command; with ``log``, their output goes there."""
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
     sink = log.open("ab") if log else None
     procs = [
         subprocess.Popen(command, env=os.environ.copy(), stdout=sink, stderr=sink)

@@ -3,7 +3,7 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -20,3 +20,9 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One transaction: commit on success, roll back on any error."""
     with factory() as session, session.begin():
         yield session
+
+
+def ping(factory: sessionmaker[Session]) -> None:
+    """Raise unless the database answers a trivial query."""
+    with factory() as session:
+        session.execute(text("SELECT 1"))

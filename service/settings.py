@@ -20,6 +20,7 @@ class Settings(BaseSettings):
 
     lease_s: float = 30.0
     visibility_timeout_s: int = 300
+    unacked_restore_interval_s: int = 10
     sweep_interval_s: float = 10.0
     stall_after_s: float = 300.0
     dispatch_grace_s: float = 10.0

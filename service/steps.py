@@ -369,7 +369,7 @@ def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
         select(StepRunRow.step_id, StepRunRow.status).where(
             StepRunRow.job_id == job_id, StepRunRow.shard == SHARD_NONE
         )
-    ).tuples()
+    )
     statuses = {step_id: status for step_id, status in rows}
     if any(status not in STEP_FINAL for status in statuses.values()):
         return

@@ -115,7 +115,7 @@ def _fail_timed_out(session: Session, now: datetime, redispatch: set[uuid.UUID])
             StepRunRow.lease_token.is_not(None),
             StepRunRow.started_at < now - timedelta(seconds=STEP_TIMEOUT_GRACE_S),
         )
-    ).tuples()
+    )
     count = 0
     for row, job in list(rows):
         spec = job_profile(job).step(row.step_id)

@@ -33,7 +33,11 @@ def create_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=settings.worker_prefetch,
         worker_concurrency=settings.worker_concurrency,
         worker_hijack_root_logger=False,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "unacked_restore_interval": settings.unacked_restore_interval_s,
+            "unacked_restore_throttle": 1,
+        },
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         broker_connection_retry_on_startup=True,
         result_expires=timedelta(seconds=settings.result_expires_s),

@@ -6,10 +6,10 @@ from collections.abc import Callable
 import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from api.schemas import Check, Health
 from service.constants import VERSION
+from service.db import ping
 from service.runtime import Runtime
 from service.settings import Settings
 
@@ -26,11 +26,6 @@ def _timed(probe: Callable[[], object]) -> Check:
         elapsed = (time.perf_counter() - start) * 1000
         return Check(ok=False, latency_ms=round(elapsed, 2), error=f"{type(exc).__name__}: {exc}")
     return Check(ok=True, latency_ms=round((time.perf_counter() - start) * 1000, 2))
-
-
-def _database(runtime: Runtime) -> None:
-    with runtime.sessions() as session:
-        session.execute(text("SELECT 1"))
 
 
 def _broker(settings: Settings) -> None:
@@ -50,7 +45,7 @@ def health(request: Request) -> JSONResponse:
     runtime: Runtime = request.app.state.runtime
     settings: Settings = request.app.state.settings
     checks = {
-        "database": _timed(lambda: _database(runtime)),
+        "database": _timed(lambda: ping(runtime.sessions)),
         "broker": _timed(lambda: _broker(settings)),
     }
     ok = all(check.ok for check in checks.values())

@@ -86,7 +86,8 @@ class Cluster:
         self.procs: list[Proc] = []
         self.env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT)}
 
-    def worker(self, concurrency: int = 2) -> Proc:
+    def worker(self, concurrency: int = 2, **settings: str) -> Proc:
+        """A worker; ``settings`` override FLOWBEAT_* values for this process only."""
         name = f"w{len(self.procs)}-{uuid.uuid4().hex[:4]}@%h"
         argv = [
             sys.executable,
@@ -104,7 +105,8 @@ class Cluster:
             "--without-mingle",
             "--without-heartbeat",
         ]
-        proc = Proc(argv, self.env, self.tmp / f"worker-{len(self.procs)}.log")
+        env = {**self.env, **{f"FLOWBEAT_{k.upper()}": v for k, v in settings.items()}}
+        proc = Proc(argv, env, self.tmp / f"worker-{len(self.procs)}.log")
         self.procs.append(proc)
         proc.wait_ready("ready.")
         return proc
@@ -198,6 +200,19 @@ class Client:
                     .where(CheckpointRow.job_id == job_id, CheckpointRow.step_id == step_id)
                 )
                 or 0
+            )
+
+    def task_id(self, job_id: uuid.UUID, step_id: str) -> str:
+        from service.db import unit_of_work
+        from service.models import StepRunRow
+
+        with unit_of_work(self.rt.sessions) as session:
+            return str(
+                session.scalar(
+                    select(StepRunRow.task_id).where(
+                        StepRunRow.job_id == job_id, StepRunRow.step_id == step_id
+                    )
+                )
             )
 
     def close(self) -> None:

@@ -68,3 +68,23 @@ def test_a_broker_wiped_mid_job_loses_nothing(client: Client, cluster: Cluster) 
         assert client.count(job_id, name) == 1, name
     assert client.count(job_id, "gather") == 3
     assert client.checkpoints(job_id, "gather") == 4
+
+
+def test_a_message_redelivered_while_its_step_runs_elsewhere_does_not_start_a_second_copy(
+    client: Client, cluster: Cluster
+) -> None:
+    quick = {"visibility_timeout_s": "1", "unacked_restore_interval_s": "1"}
+    first = cluster.worker(concurrency=1, **quick)
+    job_id = client.submit("slow", hold_s=6)
+    wait_for(lambda: client.count(job_id, "slow", "started"), 30, "the slow step to start")
+    second = cluster.worker(concurrency=1, **quick)
+
+    view = client.wait_final(job_id, timeout_s=60)
+
+    assert view.job.status == "succeeded", view.job.error
+    assert client.count(job_id, "slow", "started") == 1
+    assert client.steps(job_id)["slow"].attempts == 1
+    assert client.count(job_id, "after", "started") == 1
+    task_id = client.task_id(job_id, "slow")
+    deliveries = sum(proc.output().count(f"[{task_id}] received") for proc in (first, second))
+    assert deliveries >= 2, "the visibility timeout never redelivered the running step's message"

@@ -96,3 +96,14 @@ def test_cancel_stops_a_running_step_and_nothing_after_it_runs(
     wait_for(lambda: client.steps(job_id)["slow"].status == "cancelled", 10, "step cancelled")
     assert client.count(job_id, "slow") == 0
     assert client.count(job_id, "after", "started") == 0
+
+
+def test_a_fan_out_beside_another_step_joins_only_after_both(client: Client) -> None:
+    job_id = client.submit("nested")
+    view = client.wait_final(job_id)
+
+    assert view.job.status == "succeeded", view.job.error
+    join = view.job.result["join"]["value"]
+    assert [shard["value"] for shard in join] == [1, 2, 3, 4]
+    for name, runs in {"start": 1, "fan": 4, "beside": 1, "join": 1}.items():
+        assert client.count(job_id, name) == runs, name

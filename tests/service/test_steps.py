@@ -1,0 +1,134 @@
+"""Step state in PostgreSQL: leases fence out stale workers, checkpoints are written once."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from service.db import unit_of_work
+from service.errors import RetryLater, StopChain
+from service.jobs import JobRequest, cancel_job, submit_job
+from service.models import CheckpointRow, JobRow, StepRunRow
+from service.runner import utcnow
+from service.runtime import Runtime
+from service.steps import Claimed, Lease, StepKey, claim_step, complete_step, fail_step
+
+LEASE_S = 30.0
+
+
+def _submit(rt: Runtime, pipeline: str = "slow") -> uuid.UUID:
+    with unit_of_work(rt.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline=pipeline, params={}),
+            owner="steps-test",
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    return job.id
+
+
+def _claim(rt: Runtime, key: StepKey, now_offset_s: float = 0.0) -> Claimed:
+    with unit_of_work(rt.sessions) as session:
+        now = utcnow() + timedelta(seconds=now_offset_s)
+        claim = claim_step(session, key, task_id=uuid.uuid4().hex, lease_s=LEASE_S, now=now)
+    assert isinstance(claim, Claimed)
+    return claim
+
+
+def _row(rt: Runtime, key: StepKey) -> StepRunRow:
+    with unit_of_work(rt.sessions) as session:
+        return session.scalars(
+            select(StepRunRow).where(
+                StepRunRow.job_id == key.job_id, StepRunRow.step_id == key.step_id
+            )
+        ).one()
+
+
+def test_a_claimed_step_resolves_its_inputs_and_takes_a_lease(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    claim = _claim(runtime, StepKey(job_id, "before"))
+
+    assert claim.inputs == {"name": "before"}
+    assert claim.lease.attempt == 1
+    row = _row(runtime, claim.key)
+    assert row.status == "running" and row.lease_token == claim.lease.token
+
+
+def test_a_step_waits_while_its_upstream_is_unsettled(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    with pytest.raises(RetryLater), unit_of_work(runtime.sessions) as session:
+        claim_step(session, StepKey(job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow())
+
+
+def test_a_second_delivery_waits_while_the_lease_is_live(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    _claim(runtime, StepKey(job_id, "before"))
+
+    with pytest.raises(RetryLater), unit_of_work(runtime.sessions) as session:
+        claim_step(session, StepKey(job_id, "before"), task_id="t", lease_s=LEASE_S, now=utcnow())
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_holder_cannot_finish(
+    runtime: Runtime,
+) -> None:
+    key = StepKey(_submit(runtime), "before")
+    stale = _claim(runtime, key)
+    fresh = _claim(runtime, key, now_offset_s=LEASE_S + 1)
+
+    with unit_of_work(runtime.sessions) as session:
+        complete_step(session, key, stale.lease, {"from": "stale"}, utcnow())
+    assert _row(runtime, key).status == "running"
+
+    with unit_of_work(runtime.sessions) as session:
+        complete_step(session, key, fresh.lease, {"from": "fresh"}, utcnow())
+        complete_step(session, key, fresh.lease, {"from": "again"}, utcnow())
+        outputs = session.scalars(
+            select(CheckpointRow.output).where(CheckpointRow.job_id == key.job_id)
+        ).all()
+    assert outputs == [{"from": "fresh"}]
+    assert _row(runtime, key).attempts == 2
+
+
+def test_a_failure_reported_under_a_lost_lease_is_ignored(runtime: Runtime) -> None:
+    key = StepKey(_submit(runtime), "before")
+    _claim(runtime, key)
+    error = {"code": "x", "message": "late", "details": {}}
+    with unit_of_work(runtime.sessions) as session:
+        over = fail_step(
+            session, key, Lease("not-mine", 1), error, retry_delay_s=None, now=utcnow()
+        )
+
+    assert over is False
+    assert _row(runtime, key).status == "running"
+
+
+def test_a_retryable_failure_frees_the_step_for_the_next_attempt(runtime: Runtime) -> None:
+    key = StepKey(_submit(runtime), "before")
+    claim = _claim(runtime, key)
+    error = {"code": "x", "message": "flaky", "details": {}}
+    with unit_of_work(runtime.sessions) as session:
+        fail_step(session, key, claim.lease, error, retry_delay_s=1.0, now=utcnow())
+
+    assert _row(runtime, key).status == "retrying"
+    assert _claim(runtime, key).lease.attempt == 2
+
+
+def test_a_cancelled_job_stops_every_later_claim(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    claim = _claim(runtime, StepKey(job_id, "before"))
+    with unit_of_work(runtime.sessions) as session:
+        _, task_ids = cancel_job(session, job_id, owner=None, now=utcnow())
+    assert len(task_ids) == 1
+
+    with pytest.raises(StopChain), unit_of_work(runtime.sessions) as session:
+        claim_step(session, StepKey(job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow())
+    with unit_of_work(runtime.sessions) as session:
+        complete_step(session, claim.key, claim.lease, {"late": True}, utcnow())
+        checkpoints = session.scalar(
+            select(func.count()).select_from(CheckpointRow).where(CheckpointRow.job_id == job_id)
+        )
+        job = session.get(JobRow, job_id)
+        assert job is not None and job.status == "cancelled"
+    assert checkpoints == 0

@@ -1,0 +1,109 @@
+"""The sweeper finds work the broker lost and steps stuck past their timeout."""
+
+import uuid
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from service.db import unit_of_work
+from service.jobs import JobRequest, mark_dispatched, submit_job
+from service.models import JobRow, StepRunRow
+from service.runner import utcnow
+from service.runtime import Runtime
+from service.steps import Claimed, StepKey, claim_step
+from service.sweeper import SweepReport, sweep
+
+STALL_S = 60.0
+GRACE_S = 5.0
+
+
+def _submit(rt: Runtime, pipeline: str = "slow") -> uuid.UUID:
+    with unit_of_work(rt.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline=pipeline, params={}),
+            owner="sweeper-test",
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    return job.id
+
+
+def _sweep(rt: Runtime, *, after_s: float = 0.0, broker_lost: bool = False) -> SweepReport:
+    with unit_of_work(rt.sessions) as session:
+        return sweep(
+            session,
+            now=utcnow() + timedelta(seconds=after_s),
+            broker_lost=broker_lost,
+            stall_after_s=STALL_S,
+            dispatch_grace_s=GRACE_S,
+        )
+
+
+def _dispatched(rt: Runtime, job_id: uuid.UUID) -> None:
+    with unit_of_work(rt.sessions) as session:
+        mark_dispatched(session, job_id, utcnow())
+
+
+def test_a_job_never_sent_is_sent_after_the_grace_period(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+
+    assert job_id not in _sweep(runtime).redispatch
+    assert job_id in _sweep(runtime, after_s=GRACE_S + 1).redispatch
+
+
+def test_a_sent_job_with_a_live_step_is_left_alone(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    with unit_of_work(runtime.sessions) as session:
+        claim_step(session, StepKey(job_id, "before"), task_id="t", lease_s=600, now=utcnow())
+
+    assert job_id not in _sweep(runtime, after_s=STALL_S + 1).redispatch
+
+
+def test_an_expired_lease_gets_its_job_sent_again(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    with unit_of_work(runtime.sessions) as session:
+        claim_step(session, StepKey(job_id, "before"), task_id="t", lease_s=2, now=utcnow())
+
+    assert job_id in _sweep(runtime, after_s=3).redispatch
+
+
+def test_a_stalled_job_is_sent_again(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+
+    assert job_id not in _sweep(runtime, after_s=1).redispatch
+    assert job_id in _sweep(runtime, after_s=STALL_S + 1).redispatch
+
+
+def test_a_reset_broker_gets_every_open_job_sent_again(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+
+    assert job_id in _sweep(runtime, broker_lost=True).redispatch
+
+
+def test_a_step_past_its_timeout_is_failed_even_while_its_lease_is_renewed(
+    runtime: Runtime,
+) -> None:
+    job_id = _submit(runtime, "timeout")
+    _dispatched(runtime, job_id)
+    key = StepKey(job_id, "stuck")
+    with unit_of_work(runtime.sessions) as session:
+        claim = claim_step(session, key, task_id="t", lease_s=600, now=utcnow())
+        assert isinstance(claim, Claimed)
+        session.execute(
+            update(StepRunRow)
+            .where(StepRunRow.job_id == job_id, StepRunRow.step_id == "stuck")
+            .values(started_at=utcnow() - timedelta(seconds=60))
+        )
+
+    report = _sweep(runtime)
+
+    assert report.timed_out >= 1
+    with unit_of_work(runtime.sessions) as session:
+        job = session.get(JobRow, job_id)
+        assert job is not None and job.status == "failed"
+        assert job.error is not None and job.error["code"] == "timeout"
