@@ -1,0 +1,1 @@
+"""Benchmarks (see BRIEF §Performance). Run each as ``python -m bench.<name>``."""

@@ -1,0 +1,651 @@
+"""Persisted step throughput of flowbeat against raw Celery running the same no-op chain.
+
+    python -m bench.chain_throughput --jobs 1000 [--json] [--py-spy DIR]
+
+One run, one machine, one Redis server, the same worker settings for both sides (prefork,
+``--concurrency 2``, the prefetch multiplier of ``Settings.worker_prefetch``), one worker at a
+time so each side has every core:
+
+A. raw Celery (``bench.raw_app``): N chains ``noop.si() | noop.si() | noop.si()``; the client
+   waits on the AsyncResult of each chain's last task. tasks/s = 3N / (first submit .. last result).
+B. flowbeat: a fresh PostgreSQL database, the API under uvicorn and a worker as subprocesses,
+   N jobs of a 3-step chain profile (a -> b -> c, ``noop`` actions) POSTed to ``/v1/jobs`` by a
+   few client threads; the database is polled until every job is final.
+   persisted steps/s = 3N / (first POST .. last job final). Enqueue latency p50/p99 and rate too.
+
+Each side first runs a short warm-up (not timed) so imports, connection pools and the pool
+processes are hot. Everything started here (processes, the database, the Redis DBs, the temp
+directory) is removed on the way out, failures and SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from psycopg import sql
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ADMIN_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+CLAIM_PREFIX = "flowbeat-test:db:"  # the claims of tests/support/servers.py: we share the pool
+CLAIM_TTL_S = 1800
+PREFERRED_DBS = (13, 14)
+FINAL = ("succeeded", "failed", "cancelled")
+PIPELINE = "bench_chain"
+PROFILE_YAML = f"""\
+name: {PIPELINE}
+description: three no-op steps in a chain, for bench.chain_throughput
+steps:
+  - id: a
+    action: noop
+  - id: b
+    action: noop
+    depends_on: [a]
+  - id: c
+    action: noop
+    depends_on: [b]
+"""
+STEPS_PER_JOB = 3
+WORKER_FLAGS = [
+    "--pool=prefork",
+    "--concurrency=2",
+    "--without-gossip",
+    "--without-mingle",
+    "--without-heartbeat",
+]
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SELECT', tonumber(ARGV[2]))
+redis.call('FLUSHDB')
+redis.call('SELECT', 0)
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared resources: Redis DB claims, a PostgreSQL database, subprocesses
+
+
+def redis_db_url(base: str, number: int) -> str:
+    scheme, _, rest = base.partition("?")[0].partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}/{number}"
+
+
+@contextmanager
+def claimed_redis_db(base: str, owner: str, taken: set[int]) -> Iterator[int]:
+    """Claim an empty Redis DB number (SET NX in db 0, as the tests do); flush and release it."""
+    claims = redis.Redis.from_url(redis_db_url(base, 0), socket_timeout=10)
+    order = [n for n in PREFERRED_DBS if n not in taken]
+    order += [n for n in range(1, 16) if n not in order and n not in taken]
+    number = None
+    try:
+        for candidate in order:
+            key = f"{CLAIM_PREFIX}{candidate}"
+            if not claims.set(key, owner, nx=True, ex=CLAIM_TTL_S):
+                continue
+            db = redis.Redis.from_url(redis_db_url(base, candidate), socket_timeout=10)
+            try:
+                empty = db.dbsize() == 0
+            finally:
+                db.close()
+            if empty:
+                number = candidate
+                break
+            claims.delete(key)  # someone's data lives there without a claim: leave it alone
+        if number is None:
+            raise RuntimeError("no free, empty Redis DB number in 1..15")
+        taken.add(number)
+        yield number
+    finally:
+        if number is not None:
+            claims.eval(_RELEASE, 1, f"{CLAIM_PREFIX}{number}", owner, str(number))
+        claims.close()
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@contextmanager
+def fresh_database(admin_url: str) -> Iterator[str]:
+    name = f"bench_{secrets.token_hex(6)}"
+    with psycopg.connect(_libpq(admin_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        base = admin_url.rsplit("/", 1)[0]
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(_libpq(admin_url), autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+        log(f"dropped database {name}")
+
+
+@contextmanager
+def subprocess_group(
+    argv: list[str], env: dict[str, str], log_path: Path, name: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child in its own session; TERM to it on exit, then KILL to whatever is left of its group
+    (prefork pool processes included)."""
+    out = log_path.open("wb")
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    log(f"started {name} pid {proc.pid} (log {log_path})")
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of this group only
+        out.close()
+        log(f"stopped {name} pid {proc.pid} (exit {proc.returncode})")
+
+
+def worker_argv(app_module: str, queue: str, node: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app_module,
+        "worker",
+        *WORKER_FLAGS,
+        "-Q",
+        queue,
+        "-n",
+        node,
+        "--loglevel=WARNING",
+    ]
+
+
+def wait_for_worker(
+    celery_app: Any,
+    node: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+    timeout_s: float = 60.0,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker {node} exited ({proc.returncode}):\n{tail(log_path)}")
+        if celery_app.control.ping(destination=[node], timeout=0.5):
+            return
+    raise RuntimeError(f"worker {node} did not answer a ping in {timeout_s}s:\n{tail(log_path)}")
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@contextmanager
+def py_spy(out_dir: Path | None, pid: int, name: str) -> Iterator[None]:
+    """Sample ``pid`` and its children with py-spy while the timed section runs (optional)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if out_dir is None or not Path(exe).exists():
+        if out_dir is not None:
+            log("py-spy not found; not profiling")
+        yield
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{name}.txt"
+    argv = [
+        exe,
+        "record",
+        "--subprocesses",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--rate",
+        "200",
+        "--output",
+        str(target),
+        "--pid",
+        str(pid),
+    ]
+    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        try:
+            _, err = spy.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            _, err = spy.communicate()
+        if spy.returncode not in (0, None) or not target.exists():
+            log(f"py-spy {name}: exit {spy.returncode}: {err.decode(errors='replace')[-500:]}")
+        else:
+            log(f"py-spy {name}: {target}")
+
+
+# --------------------------------------------------------------------------------------------
+# A. raw Celery
+
+
+@dataclass
+class RawResult:
+    chains: int
+    tasks: int
+    submit_s: float
+    wall_s: float
+    tasks_per_s: float
+
+
+def run_raw(n: int, warmup: int, redis_url: str, tmp: Path, timeout_s: float) -> RawResult:
+    os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
+    from celery import chain
+
+    from bench import raw_app
+
+    env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
+    node = f"bench-raw-{os.getpid()}@{socket.gethostname()}"
+    log_path = tmp / "raw-worker.log"
+    noop = raw_app.noop
+
+    def submit(count: int) -> list[Any]:
+        return [chain(noop.si(), noop.si(), noop.si()).apply_async() for _ in range(count)]
+
+    def wait(results: list[Any], deadline: float) -> None:
+        for result in results:
+            result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
+
+    argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
+    with subprocess_group(argv, env, log_path, "raw celery worker") as proc:
+        wait_for_worker(raw_app.app, node, proc, log_path)
+        if warmup:
+            wait(submit(warmup), time.monotonic() + timeout_s)
+        log(f"A: submitting {n} chains of {STEPS_PER_JOB} no-op tasks")
+        t0 = time.perf_counter()
+        results = submit(n)
+        t_submitted = time.perf_counter()
+        wait(results, time.monotonic() + timeout_s)
+        t1 = time.perf_counter()
+    wall = t1 - t0
+    return RawResult(n, STEPS_PER_JOB * n, t_submitted - t0, wall, STEPS_PER_JOB * n / wall)
+
+
+# --------------------------------------------------------------------------------------------
+# B. flowbeat
+
+
+@dataclass
+class FlowbeatResult:
+    jobs: int
+    steps: int
+    wall_s: float
+    steps_per_s: float
+    enqueue_wall_s: float
+    enqueue_rate_jobs_per_s: float
+    enqueue_p50_ms: float
+    enqueue_p99_ms: float
+    enqueue_max_ms: float
+    http_errors: int
+    succeeded: int
+    not_succeeded: dict[str, int] = field(default_factory=dict)
+
+
+def _count_final(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT status, count(*) FROM jobs WHERE status = ANY(%s) GROUP BY status", (list(FINAL),)
+    ).fetchall()
+    return {status: count for status, count in rows}
+
+
+def _wait_final(
+    conn: psycopg.Connection[Any],
+    total: int,
+    deadline: float,
+    stop: Callable[[], bool] = lambda: False,
+) -> dict[str, int]:
+    while True:
+        counts = _count_final(conn)
+        if sum(counts.values()) >= total:
+            return counts
+        if time.monotonic() > deadline or stop():
+            raise TimeoutError(f"only {counts} of {total} jobs final")
+        time.sleep(0.05)
+
+
+def _post_jobs(
+    base_url: str, key: str, count: int, threads: int, latencies: list[float], errors: list[str]
+) -> None:
+    """``count`` POSTs spread over ``threads`` clients, each with its own connection."""
+    counter = iter(range(count))
+    lock = threading.Lock()
+    body = {"pipeline": PIPELINE, "params": {}}
+
+    def client_loop() -> None:
+        with httpx.Client(
+            base_url=base_url, timeout=60.0, headers={"Authorization": f"Bearer {key}"}
+        ) as client:
+            while True:
+                with lock:
+                    if next(counter, None) is None:
+                        return
+                started = time.perf_counter()
+                try:
+                    response = client.post("/v1/jobs", json=body)
+                    elapsed = time.perf_counter() - started
+                    if response.status_code != 202:
+                        errors.append(f"{response.status_code} {response.text[:200]}")
+                    else:
+                        latencies.append(elapsed)
+                except httpx.HTTPError as exc:
+                    errors.append(repr(exc))
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for future in [pool.submit(client_loop) for _ in range(threads)]:
+            future.result()
+
+
+def _database_with_key(stack: ExitStack, admin_db: str) -> tuple[str, str]:
+    """A fresh, migrated database (dropped when ``stack`` closes) and an admin API key in it."""
+    from service.auth import create_api_key
+    from service.db import make_engine, make_session_factory, unit_of_work
+    from service.migrate import upgrade
+
+    db_url = stack.enter_context(fresh_database(admin_db))
+    log("B: migrating")
+    upgrade(db_url)
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        with unit_of_work(make_session_factory(engine)) as session:
+            key, _ = create_api_key(session, owner="bench", scopes=["admin"])
+    finally:
+        engine.dispose()
+    return db_url, key
+
+
+def _start_api(
+    stack: ExitStack, env: dict[str, str], tmp: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """uvicorn with the API factory as a subprocess; returns once /health answers 200."""
+    port = free_port()
+    api_argv = [sys.executable, "-m", "uvicorn", "--factory", "api.app:app_from_env"]
+    api_argv += ["--host", "127.0.0.1", "--port", str(port)]
+    api_argv += ["--log-level", "warning", "--no-access-log"]
+    api_log = tmp / "api.log"
+    api_proc = stack.enter_context(subprocess_group(api_argv, env, api_log, "flowbeat api"))
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        if api_proc.poll() is not None:
+            raise RuntimeError(f"API exited ({api_proc.returncode}):\n{tail(api_log)}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return api_proc, base_url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"API not healthy in 60s:\n{tail(api_log)}")
+        time.sleep(0.2)
+
+
+def run_flowbeat(
+    n: int,
+    warmup: int,
+    threads: int,
+    redis_url: str,
+    admin_db: str,
+    tmp: Path,
+    timeout_s: float,
+    spy_dir: Path | None,
+) -> FlowbeatResult:
+    from celery import Celery
+
+    from service.constants import QUEUE_STEPS
+    from service.profiles import load_profile_file
+
+    profiles = tmp / "profiles"
+    profiles.mkdir()
+    (profiles / f"{PIPELINE}.yaml").write_text(PROFILE_YAML)
+    load_profile_file(profiles / f"{PIPELINE}.yaml")  # fail here, not in 1000 requests
+
+    with ExitStack() as stack:
+        db_url, key = _database_with_key(stack, admin_db)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("FLOWBEAT_")},
+            "FLOWBEAT_DATABASE_URL": db_url,
+            "FLOWBEAT_BROKER_URL": redis_url,
+            "FLOWBEAT_PROFILES_DIR": str(profiles),
+            "FLOWBEAT_DATA_DIR": str(tmp / "data"),
+            "PYTHONPATH": str(REPO),
+        }
+        api_proc, base_url = _start_api(stack, env, tmp)
+        api_log = tmp / "api.log"
+
+        node = f"bench-flowbeat-{os.getpid()}@{socket.gethostname()}"
+        worker_log = tmp / "flowbeat-worker.log"
+        worker = stack.enter_context(
+            subprocess_group(
+                worker_argv("tasks.app", QUEUE_STEPS, node), env, worker_log, "flowbeat worker"
+            )
+        )
+        control = Celery("bench-control", broker=redis_url)
+        stack.callback(control.close)
+        wait_for_worker(control, node, worker, worker_log)
+
+        conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
+
+        def dead() -> bool:
+            return worker.poll() is not None or api_proc.poll() is not None
+
+        if warmup:
+            errors: list[str] = []
+            _post_jobs(base_url, key, warmup, min(threads, warmup), [], errors)
+            if errors:
+                raise RuntimeError(f"warm-up POSTs failed: {errors[:3]}\n{tail(api_log)}")
+            _wait_final(conn, warmup, time.monotonic() + timeout_s, dead)
+
+        log(f"B: POSTing {n} jobs of {STEPS_PER_JOB} no-op steps with {threads} client threads")
+        latencies: list[float] = []
+        errors = []
+        with ExitStack() as spies:
+            spies.enter_context(py_spy(spy_dir, worker.pid, "flowbeat-worker"))
+            spies.enter_context(py_spy(spy_dir, api_proc.pid, "flowbeat-api"))
+            t0 = time.perf_counter()
+            poster = threading.Thread(
+                target=_post_jobs, args=(base_url, key, n, threads, latencies, errors), daemon=True
+            )
+            poster.start()
+            poster.join()
+            t_posted = time.perf_counter()
+            counts = _wait_final(conn, warmup + len(latencies), time.monotonic() + timeout_s, dead)
+            t1 = time.perf_counter()
+        if errors:
+            log(f"B: {len(errors)} POSTs failed, e.g. {errors[0]}")
+        if dead() or any(status != "succeeded" for status in counts):
+            log(f"worker log:\n{tail(worker_log)}")
+        return _flowbeat_result(latencies, len(errors), counts, warmup, t1 - t0, t_posted - t0)
+
+
+def _flowbeat_result(
+    latencies: list[float],
+    http_errors: int,
+    counts: dict[str, int],
+    warmup: int,
+    wall: float,
+    enqueue_wall: float,
+) -> FlowbeatResult:
+    accepted = len(latencies)
+    lat_ms = [x * 1000 for x in latencies]
+    not_ok = {s: c for s, c in counts.items() if s != "succeeded" and c}
+    if not_ok:
+        log(f"B: jobs not succeeded: {not_ok}")
+    return FlowbeatResult(
+        jobs=accepted,
+        steps=STEPS_PER_JOB * accepted,
+        wall_s=wall,
+        steps_per_s=STEPS_PER_JOB * accepted / wall,
+        enqueue_wall_s=enqueue_wall,
+        enqueue_rate_jobs_per_s=accepted / enqueue_wall,
+        enqueue_p50_ms=pct(lat_ms, 0.50),
+        enqueue_p99_ms=pct(lat_ms, 0.99),
+        enqueue_max_ms=max(lat_ms) if lat_ms else float("nan"),
+        http_errors=http_errors,
+        succeeded=counts.get("succeeded", 0) - warmup,
+        not_succeeded=not_ok,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds the ExitStacks: processes, database, Redis DBs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chain_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--jobs", type=int, default=1000, help="chains / jobs per side")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed chains/jobs per side")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP client threads")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--only", choices=["raw", "flowbeat"], help="run one side only")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="record py-spy profiles of the flowbeat worker and API into DIR "
+        "(slows them down: the figures of such a run are not comparable)",
+    )
+    args = parser.parse_args(argv)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
+    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
+    owner = f"bench-chain-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    raw: RawResult | None = None
+    fb: FlowbeatResult | None = None
+    with ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
+        stack.callback(shutil.rmtree, tmp, True)
+        taken: set[int] = set()
+        db_a = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+        db_b = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+        log(f"Redis DBs: raw={db_a} flowbeat={db_b}; temp dir {tmp}")
+        if args.only in (None, "raw"):
+            raw = run_raw(args.jobs, args.warmup, redis_db_url(redis_base, db_a), tmp, args.timeout)
+            log(f"A: {raw.tasks_per_s:.0f} tasks/s")
+        if args.only in (None, "flowbeat"):
+            fb = run_flowbeat(
+                args.jobs,
+                args.warmup,
+                args.clients,
+                redis_db_url(redis_base, db_b),
+                admin_db,
+                tmp,
+                args.timeout,
+                args.py_spy,
+            )
+            log(f"B: {fb.steps_per_s:.0f} persisted steps/s")
+
+    ratio = fb.steps_per_s / raw.tasks_per_s if raw and fb else None
+    from service.settings import Settings
+
+    figures = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "worker": {
+            "pool": "prefork",
+            "concurrency": 2,
+            "prefetch_multiplier": Settings().worker_prefetch,
+        },
+        "jobs": args.jobs,
+        "clients": args.clients,
+        "raw_celery": asdict(raw) if raw else None,
+        "flowbeat": asdict(fb) if fb else None,
+        "ratio": ratio,
+        "target_ratio": 0.80,
+    }
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print()
+        print(
+            f"chain throughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps, "
+            f"prefork concurrency 2, {os.cpu_count()} cpus"
+        )
+        x = f"{raw.tasks_per_s:.0f}" if raw else "-"
+        y = f"{fb.steps_per_s:.0f}" if fb else "-"
+        r = f"{ratio:.2f}" if ratio is not None else "-"
+        print(
+            f"  raw celery: {x} tasks/s | flowbeat: {y} persisted steps/s | "
+            f"ratio: Y/X = {r} (target >= 0.80)"
+        )
+        if fb:
+            print(
+                f"  enqueue latency p50={fb.enqueue_p50_ms:.1f}ms p99={fb.enqueue_p99_ms:.1f}ms, "
+                f"rate={fb.enqueue_rate_jobs_per_s:.0f} jobs/s ({args.clients} clients)"
+            )
+            if fb.http_errors or fb.not_succeeded:
+                print(
+                    f"  problems: {fb.http_errors} POST errors, not succeeded: {fb.not_succeeded}"
+                )
+    ok = fb is None or (not fb.http_errors and not fb.not_succeeded)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
