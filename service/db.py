@@ -8,7 +8,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    return create_engine(url, pool_size=pool_size, max_overflow=10, pool_pre_ping=True)
+    """No pre-ping: a dead connection fails one unit of work, which callers already retry (tasks)
+    or answer with 503 (the API), and SQLAlchemy then drops the whole stale pool."""
+    return create_engine(url, pool_size=pool_size, max_overflow=10)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

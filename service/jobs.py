@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobN
 from service.models import JobRow, StepRunRow
 from service.profiles import Profile, find_profile, resolve_params, validate_profile
 from service.states import JOB_FINAL, JobStatus, StepStatus
-from service.steps import close_open_steps
+from service.steps import close_open_steps, step_facts
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ def submit_job(
         parent_job_id=request.parent_job_id,
         idempotency_key=request.idempotency_key,
         request_hash=request_hash,
+        created_at=datetime.now(UTC),
     )
     try:
         with session.begin_nested():
@@ -109,6 +110,8 @@ def submit_job(
                     shard=SHARD_NONE,
                     status=StepStatus.PENDING,
                     attempts=0,
+                    depends_on=list(step.depends_on),
+                    inputs_from=sorted(step_facts(profile, step.id)[0]),
                 )
                 for step in profile.steps
             )
@@ -170,6 +173,14 @@ def job_view(session: Session, job: JobRow) -> JobView:
         )
         for row in rows
         if row.shard == SHARD_NONE
+    ]
+    return JobView(job=job, steps=steps)
+
+
+def new_job_view(job: JobRow, profile: Profile) -> JobView:
+    """The view of a job just submitted, without reading back what was just written."""
+    steps = [
+        StepView(step.id, StepStatus.PENDING, 0, None, None, None, None) for step in profile.steps
     ]
     return JobView(job=job, steps=steps)
 

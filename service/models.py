@@ -95,6 +95,8 @@ class StepRunRow(Base):
     lease_until: Mapped[datetime | None]
     task_id: Mapped[str | None] = mapped_column(String(64))
     item: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    depends_on: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
+    inputs_from: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     error: Mapped[dict[str, Any] | None]

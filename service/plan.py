@@ -66,6 +66,15 @@ def _plan_step(profile: Profile, step_id: str, row: StepRunRow, shards: list[int
     )
 
 
+def initial_plan(profile: Profile, job_id: uuid.UUID) -> JobPlan:
+    """Every step of a job that has not started yet."""
+    layers = [
+        [StepPlan(step_id=step_id, timeout_s=profile.step(step_id).timeout_s) for step_id in layer]
+        for layer in profile.layers()
+    ]
+    return JobPlan(job_id=job_id, layers=layers)
+
+
 def load_plan(session: Session, job_id: uuid.UUID) -> JobPlan | None:
     """The plan of a job that is still open, or ``None`` when it is over."""
     job = session.get(JobRow, job_id)

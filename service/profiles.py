@@ -13,11 +13,20 @@ import math
 import random
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from service import dag
@@ -144,6 +153,7 @@ class ResultSpec(BaseModel):
 
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    _content_hash: str | None = PrivateAttr(default=None)
 
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
@@ -170,8 +180,10 @@ class Profile(BaseModel):
 
     def content_hash(self) -> str:
         """Identifies a profile version by meaning: key order and YAML formatting do not count."""
-        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        if self._content_hash is None:
+            canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+            self._content_hash = hashlib.sha256(canonical.encode()).hexdigest()
+        return self._content_hash
 
 
 def _error(code: str, message: str, field: str = "", step: str | None = None) -> ErrorEntry:
@@ -400,6 +412,15 @@ def _profile_path(profiles_dir: Path, name: str) -> Path | None:
     return None
 
 
+@lru_cache(maxsize=256)
+def _load_file_cached(
+    path: Path, mtime_ns: int, size: int, known_actions: frozenset[str] | None
+) -> Profile:
+    """Saved profiles are read on every job; parse each version of a file once."""
+    del mtime_ns, size
+    return load_profile_file(path, known_actions=known_actions)
+
+
 def find_profile(
     profiles_dir: Path, name: str, *, known_actions: Collection[str] | None = None
 ) -> Profile:
@@ -408,7 +429,9 @@ def find_profile(
     path = _profile_path(profiles_dir, name)
     if path is None:
         raise ProfileNotFound(f"no profile named {name!r}", {"name": name})
-    profile = load_profile_file(path, known_actions=known_actions)
+    stat = path.stat()
+    actions = frozenset(known_actions) if known_actions is not None else None
+    profile = _load_file_cached(path, stat.st_mtime_ns, stat.st_size, actions)
     if profile.name != name:
         message = f"profile name {profile.name!r} does not match file name {name!r}"
         _raise_invalid(str(path), [_error("name_mismatch", message, "name")])

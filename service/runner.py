@@ -3,14 +3,9 @@
 Task adapters call these functions and translate ``RetryLater`` and ``StopChain`` for Celery.
 """
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from sqlalchemy.exc import OperationalError
 
 from service.actions import StepContext
 from service.constants import SHARD_NONE
@@ -20,15 +15,16 @@ from service.runtime import Runtime
 from service.steps import (
     Claimed,
     FannedOut,
-    Lease,
     StepKey,
     Unresolvable,
     claim_next_shard,
     claim_step,
     complete_step,
     fail_step,
+    fast_claim,
     finish_fanout,
-    renew_lease,
+    settle_job,
+    use_fast_claim,
 )
 
 
@@ -50,8 +46,14 @@ def run_step(
     timeout_errors: tuple[type[BaseException], ...] = (),
 ) -> FannedOut | None:
     """Run a step once. A for_each step returns its shards for the caller to fan out."""
+    now, lease_s = utcnow(), rt.settings.lease_s
+    with rt.autocommit.connect() as conn:
+        fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
     with unit_of_work(rt.sessions) as session:
-        claim = claim_step(session, key, task_id=task_id, lease_s=rt.settings.lease_s, now=utcnow())
+        if fast is None:
+            claim = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
+        else:
+            claim = use_fast_claim(session, key, fast, now)
     if isinstance(claim, FannedOut):
         return claim
     _run_claim(rt, claim, timeout_errors)
@@ -91,8 +93,12 @@ def _run_claim(
     if isinstance(outcome, _Failure):
         _settle_failure(rt, claim, outcome)
         return
-    with unit_of_work(rt.sessions) as session:
-        complete_step(session, claim.key, claim.lease, outcome, utcnow())
+    now = utcnow()
+    with rt.autocommit.connect() as conn:
+        written = complete_step(conn, claim.key, claim.lease, outcome, now)
+    if written and claim.sink:
+        with unit_of_work(rt.sessions) as session:
+            settle_job(session, claim.key.job_id, now)
 
 
 def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]) -> Any:
@@ -106,7 +112,7 @@ def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseExcepti
         settings=rt.settings,
     )
     try:
-        with _heartbeat(rt, key, claim.lease, ctx.cancel_event):
+        with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
             return rt.registry.call(claim.action, ctx, claim.inputs)
     except StepCancelled as exc:
         raise StopChain("cancelled") from exc
@@ -137,34 +143,6 @@ def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> None:
         raise RetryLater(delay, f"attempt {attempt} failed: {error['message']}")
     if over:
         raise StopChain(error["message"])
-
-
-@contextmanager
-def _heartbeat(
-    rt: Runtime, key: StepKey, lease: Lease, cancel_event: threading.Event
-) -> Iterator[None]:
-    """Renew the lease while the action runs; a lost lease or a cancelled job sets the event."""
-    stop = threading.Event()
-    interval_s = min(1.0, rt.settings.lease_s / 3)
-
-    def beat() -> None:
-        while not stop.wait(interval_s):
-            try:
-                with unit_of_work(rt.sessions) as session:
-                    held = renew_lease(session, key, lease, rt.settings.lease_s, utcnow())
-            except OperationalError:
-                continue
-            if not held:
-                cancel_event.set()
-                return
-
-    thread = threading.Thread(target=beat, name=f"lease-{key.step_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def run_finish_fanout(rt: Runtime, key: StepKey) -> None:

@@ -5,12 +5,14 @@ deliveries of the same message cannot both run a step, and a checkpoint is writt
 """
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import and_, bindparam, or_, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
@@ -44,6 +46,7 @@ class Claimed:
     inputs: dict[str, Any]
     params: dict[str, Any]
     retry: RetryPolicy
+    sink: bool
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,34 @@ _PROFILE_CACHE: dict[str, Profile] = {}
 _PROFILE_CACHE_SIZE = 256
 
 
-def job_profile(job: JobRow) -> Profile:
-    """The job's profile snapshot, parsed once per process for each content hash."""
-    profile = _PROFILE_CACHE.get(job.profile_hash)
+def _cached_profile(profile_hash: str, load: Callable[[], dict[str, Any]]) -> Profile:
+    """A job's profile snapshot, parsed once per process for each content hash."""
+    profile = _PROFILE_CACHE.get(profile_hash)
     if profile is None:
         if len(_PROFILE_CACHE) >= _PROFILE_CACHE_SIZE:
             _PROFILE_CACHE.clear()
-        profile = _PROFILE_CACHE[job.profile_hash] = Profile.model_validate(job.profile)
+        profile = _PROFILE_CACHE[profile_hash] = Profile.model_validate(load())
     return profile
+
+
+def job_profile(job: JobRow) -> Profile:
+    return _cached_profile(job.profile_hash, lambda: job.profile)
+
+
+_FACTS: dict[tuple[str, str], tuple[frozenset[str], bool]] = {}
+
+
+def step_facts(profile: Profile, step_id: str) -> tuple[frozenset[str], bool]:
+    """Steps a step's inputs reference, and whether it is a sink (nothing depends on it)."""
+    cache_key = (profile.content_hash(), step_id)
+    facts = _FACTS.get(cache_key)
+    if facts is None:
+        if len(_FACTS) >= _PROFILE_CACHE_SIZE * 16:
+            _FACTS.clear()
+        referenced = frozenset(_referenced_steps(profile.step(step_id).with_))
+        sink = not any(step_id in other.depends_on for other in profile.steps)
+        facts = _FACTS[cache_key] = (referenced, sink)
+    return facts
 
 
 def _lock_step(session: Session, key: StepKey) -> StepRunRow:
@@ -152,12 +175,138 @@ def _take_lease(row: StepRunRow, job: JobRow, task_id: str, lease_s: float, now:
     return Lease(token=row.lease_token, attempt=row.attempts)
 
 
+_FAST_CLAIM = text(
+    """
+    WITH claimed AS (
+        UPDATE step_runs AS s
+           SET status = 'running', attempts = s.attempts + 1, lease_token = :token,
+               lease_until = :until, task_id = :task_id, started_at = :now, error = NULL
+          FROM jobs AS j
+         WHERE s.job_id = :job_id AND s.step_id = :step_id AND s.shard = -1
+           AND j.id = s.job_id AND j.status IN ('queued', 'running')
+           AND (s.status IN ('pending', 'retrying')
+                OR (s.status = 'running' AND s.lease_until < :now))
+           AND NOT EXISTS (
+               SELECT 1 FROM step_runs AS u
+                WHERE u.job_id = s.job_id AND u.shard = -1
+                  AND u.step_id = ANY(s.depends_on) AND u.status <> 'succeeded')
+        RETURNING s.attempts, s.inputs_from, j.status AS job_status, j.profile_hash, j.params
+    ), started AS (
+        UPDATE jobs SET status = 'running', started_at = :now
+         WHERE id = :job_id AND status = 'queued' AND EXISTS (SELECT 1 FROM claimed)
+    )
+    SELECT c.attempts, c.profile_hash, c.params,
+           (SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'::jsonb)
+              FROM step_checkpoints AS k
+             WHERE k.job_id = :job_id AND k.shard = -1
+               AND k.step_id = ANY(c.inputs_from)) AS outputs
+      FROM claimed AS c
+    """
+)
+
+
+@dataclass(frozen=True)
+class FastClaim:
+    lease: Lease
+    profile: Profile
+    params: dict[str, Any]
+    outputs: dict[str, Any]
+
+
+def fast_claim(
+    conn: Connection, key: StepKey, *, task_id: str, lease_s: float, now: datetime
+) -> FastClaim | None:
+    """The common case in one autocommitted statement: a ready step nobody holds.
+
+    ``None`` sends the caller down the locking path (``claim_step``) to find out why not: the
+    step is settled, held by a live lease, waiting on its upstream, or its job is over.
+    """
+    token = uuid.uuid4().hex
+    row = conn.execute(
+        _FAST_CLAIM,
+        {
+            "token": token,
+            "until": now + timedelta(seconds=lease_s),
+            "task_id": task_id,
+            "now": now,
+            "job_id": key.job_id,
+            "step_id": key.step_id,
+        },
+    ).one_or_none()
+    if row is None:
+        return None
+    profile = _cached_profile(row.profile_hash, lambda: _profile_json(conn, key.job_id))
+    return FastClaim(Lease(token, row.attempts), profile, row.params, row.outputs)
+
+
+def use_fast_claim(
+    session: Session, key: StepKey, claim: FastClaim, now: datetime
+) -> Claimed | FannedOut | Unresolvable | None:
+    """Turn a fast claim into work: resolve inputs, or fan out a for_each step."""
+    spec = claim.profile.step(key.step_id)
+    if spec.for_each is None:
+        return _claimed(
+            session, key, claim.lease, claim.profile, claim.params, None, now, claim.outputs
+        )
+    row = _lock_step(session, key)
+    if not holds_lease(row, claim.lease):
+        return None
+    try:
+        return _fan_out(session, _live_job(session, key.job_id), row, spec, now)
+    except ExpressionError as exc:
+        error = {"code": exc.code, "message": exc.message, "details": exc.details}
+        return Unresolvable(key, _record_failure(session, row, key, error, None, now))
+
+
 def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
 ) -> Claimed | FannedOut | Unresolvable | None:
-    """Take a step (or shard) for this worker. ``None`` means it is already settled."""
+    """Take a step for this worker under row locks. ``None`` means it is already settled."""
     job = _live_job(session, key.job_id)
     return _claim_row(session, job, _lock_step(session, key), task_id, lease_s, now)
+
+
+def _profile_json(conn: Connection, job_id: uuid.UUID) -> dict[str, Any]:
+    profile: dict[str, Any] = conn.execute(
+        select(JobRow.profile).where(JobRow.id == job_id)
+    ).scalar_one()
+    return profile
+
+
+def _claimed(
+    session: Session,
+    key: StepKey,
+    lease: Lease,
+    profile: Profile,
+    params: dict[str, Any],
+    item: Any,
+    now: datetime,
+    outputs: dict[str, Any] | None = None,
+) -> Claimed | Unresolvable:
+    spec = profile.step(key.step_id)
+    referenced, sink = step_facts(profile, key.step_id)
+    if outputs is None:
+        outputs = _outputs(session, key.job_id, set(referenced))
+    if key.shard == SHARD_NONE:
+        context = ExprContext(params=params, outputs=outputs)
+    else:
+        context = ExprContext(params=params, outputs=outputs, item=item)
+    try:
+        inputs: dict[str, Any] = resolve(spec.with_, context)
+    except ExpressionError as exc:
+        error = {"code": exc.code, "message": exc.message, "details": exc.details}
+        return Unresolvable(
+            key, _record_failure(session, _lock_step(session, key), key, error, None, now)
+        )
+    return Claimed(
+        key=key,
+        lease=lease,
+        action=spec.action,
+        inputs=inputs,
+        params=dict(params),
+        retry=spec.retry,
+        sink=sink and key.shard == SHARD_NONE,
+    )
 
 
 def claim_next_shard(
@@ -198,21 +347,13 @@ def _claim_row(
     if key.shard == SHARD_NONE and not _upstream_succeeded(session, row, spec, now):
         return None
     lease = _take_lease(row, job, task_id, lease_s, now)
-    try:
-        if spec.for_each is not None and key.shard == SHARD_NONE:
+    if spec.for_each is not None and key.shard == SHARD_NONE:
+        try:
             return _fan_out(session, job, row, spec, now)
-        inputs = _resolve_inputs(session, job, row, spec)
-    except ExpressionError as exc:
-        error = {"code": exc.code, "message": exc.message, "details": exc.details}
-        return Unresolvable(key, _record_failure(session, row, key, error, None, now))
-    return Claimed(
-        key=key,
-        lease=lease,
-        action=spec.action,
-        inputs=inputs,
-        params=dict(job.params),
-        retry=spec.retry,
-    )
+        except ExpressionError as exc:
+            error = {"code": exc.code, "message": exc.message, "details": exc.details}
+            return Unresolvable(key, _record_failure(session, row, key, error, None, now))
+    return _claimed(session, key, lease, job_profile(job), job.params, row.item, now)
 
 
 def _upstream_succeeded(session: Session, row: StepRunRow, spec: StepSpec, now: datetime) -> bool:
@@ -225,18 +366,6 @@ def _upstream_succeeded(session: Session, row: StepRunRow, spec: StepSpec, now: 
     _skip(row, now)
     settle_job(session, row.job_id, now)
     return False
-
-
-def _resolve_inputs(
-    session: Session, job: JobRow, row: StepRunRow, spec: StepSpec
-) -> dict[str, Any]:
-    outputs = _outputs(session, job.id, _referenced_steps(spec.with_))
-    if row.shard == SHARD_NONE:
-        context = ExprContext(params=job.params, outputs=outputs)
-    else:
-        context = ExprContext(params=job.params, outputs=outputs, item=row.item)
-    resolved: dict[str, Any] = resolve(spec.with_, context)
-    return resolved
 
 
 def _fan_out(
@@ -267,6 +396,8 @@ def _fan_out(
                     "status": StepStatus.PENDING,
                     "attempts": 0,
                     "item": item,
+                    "depends_on": [],
+                    "inputs_from": sorted(step_facts(job_profile(job), spec.id)[0]),
                 }
                 for index, item in enumerate(items)
             ]
@@ -327,15 +458,40 @@ def holds_lease(row: StepRunRow, lease: Lease) -> bool:
     return row.status == StepStatus.RUNNING and row.lease_token == lease.token
 
 
-def complete_step(session: Session, key: StepKey, lease: Lease, output: Any, now: datetime) -> None:
-    """Checkpoint a finished attempt, unless its lease was lost to another worker meanwhile."""
-    row = _lock_step(session, key)
-    if not holds_lease(row, lease):
-        return
-    _write_checkpoint(session, key, lease.attempt, output)
-    _succeed(row, now)
-    if key.shard == SHARD_NONE:
-        settle_job(session, key.job_id, now)
+_COMPLETE = text(
+    """
+    WITH done AS (
+        UPDATE step_runs
+           SET status = 'succeeded', finished_at = :now, lease_token = NULL, lease_until = NULL
+         WHERE job_id = :job_id AND step_id = :step_id AND shard = :shard
+           AND status = 'running' AND lease_token = :token
+        RETURNING job_id)
+    INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
+    SELECT job_id, :step_id, :shard, :attempt, :output, :now FROM done
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+    """
+).bindparams(bindparam("output", type_=JSONB))
+
+
+def complete_step(conn: Connection, key: StepKey, lease: Lease, output: Any, now: datetime) -> bool:
+    """Checkpoint a finished attempt in one statement, unless its lease was lost meanwhile.
+
+    Returns whether it was written.
+    """
+    written = conn.execute(
+        _COMPLETE,
+        {
+            "now": now,
+            "job_id": key.job_id,
+            "step_id": key.step_id,
+            "shard": key.shard,
+            "token": lease.token,
+            "attempt": lease.attempt,
+            "output": output,
+        },
+    ).scalar()
+    return written is not None
 
 
 def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:

@@ -44,8 +44,9 @@ def _step(app: Celery, plan: JobPlan, step: StepPlan) -> Signature:
 
 
 def job_canvas(app: Celery, plan: JobPlan) -> Signature:
+    """Results are stored only where a chord counts them; a lone step in a layer needs none."""
     layers = [
-        _step(app, plan, layer[0])
+        _step(app, plan, layer[0]).set(ignore_result=layer[0].shards is None)
         if len(layer) == 1
         else group([_step(app, plan, s) for s in layer])
         for layer in plan.layers

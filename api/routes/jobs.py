@@ -16,11 +16,20 @@ from api.schemas import ErrorEnvelope, JobCreate, JobEnvelope, JobList, JobPubli
 from service.auth import Principal
 from service.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
 from service.errors import JobNotFound
-from service.jobs import JobRequest, cancel_job, get_job, job_view, list_jobs, submit_job
-from service.plan import load_plan
+from service.jobs import (
+    JobRequest,
+    cancel_job,
+    get_job,
+    job_view,
+    list_jobs,
+    new_job_view,
+    submit_job,
+)
+from service.plan import initial_plan
 from service.profiles import NAME_PATTERN, load_profile_text
 from service.runner import utcnow
 from service.states import JobStatus
+from service.steps import job_profile
 from tasks.dispatch import publish_plan
 
 log = logging.getLogger(__name__)
@@ -90,13 +99,12 @@ def create_job(
         known_actions=known_actions,
     )
     session.commit()
-    envelope = JobEnvelope(job=JobPublic.of(job_view(session, job)))
-    plan = load_plan(session, job.id) if created else None
-    session.commit()
     if not created:
         response.status_code = 200
-    elif plan is not None and plan.layers:
-        publish_plan(celery_app, runtime, plan)
+        return JobEnvelope(job=JobPublic.of(job_view(session, job)))
+    profile = job_profile(job)
+    publish_plan(celery_app, runtime, initial_plan(profile, job.id))
+    envelope = JobEnvelope(job=JobPublic.of(new_job_view(job, profile)))
     return envelope
 
 

@@ -12,7 +12,15 @@ from service.jobs import JobRequest, cancel_job, submit_job
 from service.models import CheckpointRow, JobRow, StepRunRow
 from service.runner import utcnow
 from service.runtime import Runtime
-from service.steps import Claimed, Lease, StepKey, claim_step, complete_step, fail_step
+from service.steps import (
+    Claimed,
+    Lease,
+    StepKey,
+    claim_step,
+    complete_step,
+    fail_step,
+    fast_claim,
+)
 
 LEASE_S = 30.0
 
@@ -56,6 +64,40 @@ def test_a_claimed_step_resolves_its_inputs_and_takes_a_lease(runtime: Runtime) 
     assert row.status == "running" and row.lease_token == claim.lease.token
 
 
+def test_the_fast_claim_takes_a_ready_step_in_one_statement(runtime: Runtime) -> None:
+    key = StepKey(_submit(runtime), "before")
+    with runtime.autocommit.connect() as conn:
+        first = fast_claim(conn, key, task_id="t1", lease_s=LEASE_S, now=utcnow())
+        second = fast_claim(conn, key, task_id="t2", lease_s=LEASE_S, now=utcnow())
+        blocked = fast_claim(
+            conn, StepKey(key.job_id, "slow"), task_id="t3", lease_s=LEASE_S, now=utcnow()
+        )
+
+    assert first is not None and first.lease.attempt == 1
+    assert second is None and blocked is None
+    with unit_of_work(runtime.sessions) as session:
+        job = session.get(JobRow, key.job_id)
+        assert job is not None and job.status == "running" and job.started_at is not None
+
+
+def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtime) -> None:
+    key = StepKey(_submit(runtime), "before")
+    claim = _claim(runtime, key)
+    with runtime.autocommit.connect() as conn:
+        complete_step(conn, key, claim.lease, {"name": "up"}, utcnow())
+        slow = fast_claim(
+            conn, StepKey(key.job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow()
+        )
+        assert slow is not None
+        complete_step(conn, StepKey(key.job_id, "slow"), slow.lease, {"name": "slow"}, utcnow())
+        after = fast_claim(
+            conn, StepKey(key.job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow()
+        )
+
+    assert after is not None
+    assert after.outputs == {"slow": {"name": "slow"}}
+
+
 def test_a_step_waits_while_its_upstream_is_unsettled(runtime: Runtime) -> None:
     job_id = _submit(runtime)
     with pytest.raises(RetryLater), unit_of_work(runtime.sessions) as session:
@@ -77,13 +119,14 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_cannot_finish(
     stale = _claim(runtime, key)
     fresh = _claim(runtime, key, now_offset_s=LEASE_S + 1)
 
-    with unit_of_work(runtime.sessions) as session:
-        complete_step(session, key, stale.lease, {"from": "stale"}, utcnow())
+    with runtime.autocommit.connect() as conn:
+        assert not complete_step(conn, key, stale.lease, {"from": "stale"}, utcnow())
     assert _row(runtime, key).status == "running"
 
+    with runtime.autocommit.connect() as conn:
+        assert complete_step(conn, key, fresh.lease, {"from": "fresh"}, utcnow())
+        assert not complete_step(conn, key, fresh.lease, {"from": "again"}, utcnow())
     with unit_of_work(runtime.sessions) as session:
-        complete_step(session, key, fresh.lease, {"from": "fresh"}, utcnow())
-        complete_step(session, key, fresh.lease, {"from": "again"}, utcnow())
         outputs = session.scalars(
             select(CheckpointRow.output).where(CheckpointRow.job_id == key.job_id)
         ).all()
@@ -124,8 +167,9 @@ def test_a_cancelled_job_stops_every_later_claim(runtime: Runtime) -> None:
 
     with pytest.raises(StopChain), unit_of_work(runtime.sessions) as session:
         claim_step(session, StepKey(job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow())
+    with runtime.autocommit.connect() as conn:
+        assert not complete_step(conn, claim.key, claim.lease, {"late": True}, utcnow())
     with unit_of_work(runtime.sessions) as session:
-        complete_step(session, claim.key, claim.lease, {"late": True}, utcnow())
         checkpoints = session.scalar(
             select(func.count()).select_from(CheckpointRow).where(CheckpointRow.job_id == job_id)
         )

@@ -105,6 +105,8 @@ def upgrade() -> None:
         sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
         sa.Column("task_id", sa.String(length=64), nullable=True),
         sa.Column("item", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+        sa.Column("depends_on", postgresql.ARRAY(sa.String(length=64)), nullable=False),
+        sa.Column("inputs_from", postgresql.ARRAY(sa.String(length=64)), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("error", postgresql.JSONB(astext_type=sa.Text()), nullable=True),

@@ -1,0 +1,72 @@
+"""Lease renewal for the steps running in this process, on one background thread.
+
+A step that finishes within one renewal interval never touches the database for its lease, and
+no thread is started or joined per step.
+"""
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.db import unit_of_work
+from service.steps import Lease, StepKey, renew_lease
+
+
+@dataclass(frozen=True)
+class _Held:
+    key: StepKey
+    lease: Lease
+    lost: threading.Event
+    since: float
+
+
+class Heartbeats:
+    def __init__(self, sessions: sessionmaker[Session], lease_s: float) -> None:
+        self._sessions = sessions
+        self._lease_s = lease_s
+        self._interval_s = min(1.0, lease_s / 3)
+        self._held: dict[int, _Held] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def hold(self, key: StepKey, lease: Lease, lost: threading.Event) -> Iterator[None]:
+        """Keep ``lease`` alive while the block runs; ``lost`` is set if it is taken away."""
+        ident = next(self._ids)
+        with self._lock:
+            self._held[ident] = _Held(key, lease, lost, time.monotonic())
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._held[ident]
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._interval_s)
+            with self._lock:
+                due = [
+                    h for h in self._held.values() if time.monotonic() - h.since >= self._interval_s
+                ]
+            for held in due:
+                self._renew(held)
+
+    def _renew(self, held: _Held) -> None:
+        try:
+            with unit_of_work(self._sessions) as session:
+                kept = renew_lease(session, held.key, held.lease, self._lease_s, datetime.now(UTC))
+        except OperationalError:
+            return
+        if not kept:
+            held.lost.set()
