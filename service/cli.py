@@ -227,7 +227,7 @@ def _submit(
     from service.plan import load_plan
     from service.runtime import Runtime
     from tasks.app import app
-    from tasks.dispatch import publish_plan
+    from tasks.dispatch import publish_new_job
 
     rt = Runtime.start(settings)
     try:
@@ -247,7 +247,7 @@ def _submit(
             console.print(f"  - {problem}")
         raise typer.Exit(code=2) from exc
     if plan is not None:
-        publish_plan(app, rt, plan)
+        publish_new_job(app, rt, plan)
     return job.id
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -70,8 +70,13 @@ def submit_job(
     owner: str,
     profiles_dir: Path,
     known_actions: Collection[str],
+    publish_now: bool = True,
 ) -> tuple[JobRow, bool]:
     """Store a queued job and its steps. Returns the job and whether it is new.
+
+    With ``publish_now`` the job is recorded as sent: the caller publishes right after the
+    commit and calls ``mark_unsent`` if that fails. Should the caller die in between, the
+    sweeper finds the job as stalled.
 
     The same idempotency key with the same request returns the first job; with a different
     request it is refused, so a client retrying a timeout cannot start a second run.
@@ -85,44 +90,51 @@ def submit_job(
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:
             return _same_request(existing, request_hash), False
-    job = JobRow(
-        id=uuid.uuid4(),
-        owner=owner,
-        pipeline=profile.name,
-        profile=profile.to_json(),
-        profile_hash=profile.content_hash(),
-        params=params,
-        status=JobStatus.QUEUED,
-        trigger=request.trigger,
-        parent_job_id=request.parent_job_id,
-        idempotency_key=request.idempotency_key,
-        request_hash=request_hash,
-        created_at=datetime.now(UTC),
-    )
+    now = datetime.now(UTC)
+    job = {
+        "id": uuid.uuid4(),
+        "owner": owner,
+        "pipeline": profile.name,
+        "profile": profile.to_json(),
+        "profile_hash": profile.content_hash(),
+        "params": params,
+        "status": JobStatus.QUEUED,
+        "trigger": request.trigger,
+        "parent_job_id": request.parent_job_id,
+        "idempotency_key": request.idempotency_key,
+        "request_hash": request_hash,
+        "created_at": now,
+        "dispatched_at": now if publish_now else None,
+    }
+    steps = [
+        {
+            "job_id": job["id"],
+            "step_id": step.id,
+            "shard": SHARD_NONE,
+            "status": StepStatus.PENDING,
+            "attempts": 0,
+            "depends_on": list(step.depends_on),
+            "inputs_from": sorted(step_facts(profile, step.id)[0]),
+        }
+        for step in profile.steps
+    ]
+    if not request.idempotency_key:
+        _insert(session, job, steps)
+        return JobRow(**job), True
     try:
         with session.begin_nested():
-            session.add(job)
-            session.flush()
-            session.add_all(
-                StepRunRow(
-                    job_id=job.id,
-                    step_id=step.id,
-                    shard=SHARD_NONE,
-                    status=StepStatus.PENDING,
-                    attempts=0,
-                    depends_on=list(step.depends_on),
-                    inputs_from=sorted(step_facts(profile, step.id)[0]),
-                )
-                for step in profile.steps
-            )
-            session.flush()
+            _insert(session, job, steps)
     except IntegrityError:
-        assert request.idempotency_key is not None
         raced = _by_idempotency_key(session, owner, request.idempotency_key)
         if raced is None:
             raise
         return _same_request(raced, request_hash), False
-    return job, True
+    return JobRow(**job), True
+
+
+def _insert(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    session.execute(insert(JobRow), [job])
+    session.execute(insert(StepRunRow), steps)
 
 
 def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:
@@ -140,7 +152,8 @@ def _same_request(job: JobRow, request_hash: str) -> JobRow:
     return job
 
 
-def mark_dispatched(session: Session, job_id: uuid.UUID, now: datetime) -> None:
+def mark_dispatched(session: Session, job_id: uuid.UUID, now: datetime | None) -> None:
+    """``None`` marks a job as never sent, for the sweeper to send after its grace period."""
     session.execute(update(JobRow).where(JobRow.id == job_id).values(dispatched_at=now))
 
 

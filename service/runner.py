@@ -23,6 +23,7 @@ from service.steps import (
     fail_step,
     fast_claim,
     finish_fanout,
+    settle_after_sink,
     settle_job,
     use_fast_claim,
 )
@@ -96,7 +97,12 @@ def _run_claim(
     now = utcnow()
     with rt.autocommit.connect() as conn:
         written = complete_step(conn, claim.key, claim.lease, outcome, now)
-    if written and claim.sink:
+        settled = (
+            written
+            and claim.sink
+            and settle_after_sink(conn, claim.key, claim.profile, outcome, now)
+        )
+    if written and claim.sink and not settled:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, claim.key.job_id, now)
 

@@ -47,6 +47,7 @@ class Claimed:
     params: dict[str, Any]
     retry: RetryPolicy
     sink: bool
+    profile: Profile
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,7 @@ def _claimed(
         params=dict(params),
         retry=spec.retry,
         sink=sink and key.shard == SHARD_NONE,
+        profile=profile,
     )
 
 
@@ -514,6 +516,40 @@ def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:
     _write_checkpoint(session, key, row.attempts, list(outputs))
     _succeed(row, now)
     settle_job(session, key.job_id, now)
+
+
+_SUCCEED_JOB = text(
+    """
+    UPDATE jobs SET status = 'succeeded', finished_at = :now, result = :result
+     WHERE id = :job_id AND status IN ('queued', 'running')
+       AND NOT EXISTS (
+           SELECT 1 FROM step_runs
+            WHERE job_id = :job_id AND shard = -1 AND status <> 'succeeded')
+    RETURNING id
+    """
+).bindparams(bindparam("result", type_=JSONB))
+
+
+def settle_after_sink(
+    conn: Connection, key: StepKey, profile: Profile, output: Any, now: datetime
+) -> bool:
+    """Finish the job in one statement when the sink that just succeeded holds its result.
+
+    Returns ``False`` when the general ``settle_job`` must decide instead (another sink holds
+    the result, or a best-effort job may end with failures).
+    """
+    sinks = [s.id for s in profile.steps if step_facts(profile, s.id)[1]]
+    if profile.failure_policy != "fail_fast":
+        return False
+    if profile.result is not None and profile.result.step == key.step_id:
+        items = resolve_path(output, profile.result.items)
+        result: Any = {"items": items, "key": profile.result.key, "count": len(items)}
+    elif profile.result is None and sinks == [key.step_id]:
+        result = {key.step_id: output}
+    else:
+        return False
+    conn.execute(_SUCCEED_JOB, {"now": now, "job_id": key.job_id, "result": result})
+    return True
 
 
 def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:

@@ -16,8 +16,8 @@ from service.steps import settle_job
 from tasks.canvas import job_canvas
 
 
-def publish_plan(app: Celery, rt: Runtime, plan: JobPlan) -> None:
-    """Send the canvas, then note that it went out; raises BrokerUnavailable if it did not."""
+def publish_plan(app: Celery, plan: JobPlan) -> None:
+    """Send the canvas; raises BrokerUnavailable if the broker did not take it."""
     try:
         job_canvas(app, plan).apply_async()
     except (KombuOperationalError, RedisError, ConnectionError) as exc:
@@ -25,8 +25,16 @@ def publish_plan(app: Celery, rt: Runtime, plan: JobPlan) -> None:
             "the broker is unreachable; the job is stored and will be sent when it returns",
             {"job_id": str(plan.job_id)},
         ) from exc
-    with unit_of_work(rt.sessions) as session:
-        mark_dispatched(session, plan.job_id, utcnow())
+
+
+def publish_new_job(app: Celery, rt: Runtime, plan: JobPlan) -> None:
+    """Publish a job stored as sent (``submit_job(publish_now=True)``); undo that on failure."""
+    try:
+        publish_plan(app, plan)
+    except BrokerUnavailable:
+        with unit_of_work(rt.sessions) as session:
+            mark_dispatched(session, plan.job_id, None)
+        raise
 
 
 def dispatch_job(app: Celery, rt: Runtime, job_id: uuid.UUID) -> bool:
@@ -37,5 +45,7 @@ def dispatch_job(app: Celery, rt: Runtime, job_id: uuid.UUID) -> bool:
             settle_job(session, job_id, utcnow())
     if plan is None or not plan.layers:
         return False
-    publish_plan(app, rt, plan)
+    publish_plan(app, plan)
+    with unit_of_work(rt.sessions) as session:
+        mark_dispatched(session, job_id, utcnow())
     return True

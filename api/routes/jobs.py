@@ -30,7 +30,7 @@ from service.profiles import NAME_PATTERN, load_profile_text
 from service.runner import utcnow
 from service.states import JobStatus
 from service.steps import job_profile
-from tasks.dispatch import publish_plan
+from tasks.dispatch import publish_new_job
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def create_job(
         response.status_code = 200
         return JobEnvelope(job=JobPublic.of(job_view(session, job)))
     profile = job_profile(job)
-    publish_plan(celery_app, runtime, initial_plan(profile, job.id))
+    publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
     envelope = JobEnvelope(job=JobPublic.of(new_job_view(job, profile)))
     return envelope
 

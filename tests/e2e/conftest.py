@@ -151,7 +151,7 @@ class Client:
         from service.db import unit_of_work
         from service.jobs import JobRequest, submit_job
         from service.plan import load_plan
-        from tasks.dispatch import publish_plan
+        from tasks.dispatch import publish_new_job
 
         with unit_of_work(self.rt.sessions) as session:
             job, _ = submit_job(
@@ -164,7 +164,7 @@ class Client:
         with unit_of_work(self.rt.sessions) as session:
             plan = load_plan(session, job.id)
         assert plan is not None
-        publish_plan(self.app, self.rt, plan)
+        publish_new_job(self.app, self.rt, plan)
         return job.id
 
     def view(self, job_id: uuid.UUID) -> Any:

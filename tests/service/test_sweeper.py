@@ -23,6 +23,7 @@ def _submit(rt: Runtime, pipeline: str = "slow") -> uuid.UUID:
             session,
             JobRequest(pipeline=pipeline, params={}),
             owner="sweeper-test",
+            publish_now=False,
             profiles_dir=rt.settings.profiles_dir,
             known_actions=rt.registry.names(),
         )
