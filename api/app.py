@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.routes import health, jobs
+from service.auth import KeyCache
 from service.constants import VERSION
 from service.runtime import Runtime
 from service.settings import Settings, get_settings
@@ -45,6 +46,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.celery_app = celery_app
     app.state.started_at = time.monotonic()
+    app.state.keys = KeyCache(settings.auth_cache_s)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)

@@ -7,7 +7,7 @@ from celery import Celery
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from service.auth import SCOPES, Principal, authenticate
+from service.auth import SCOPES, KeyCache, Principal
 from service.errors import Unauthorized
 from service.runtime import Runtime
 from service.settings import Settings
@@ -49,10 +49,12 @@ def require(scope: str) -> Callable[..., Principal]:
         raise ValueError(f"unknown scope {scope!r}")
 
     def dependency(
+        request: Request,
         token: Annotated[str, Depends(bearer_token)],
         session: Annotated[Session, Depends(get_session)],
     ) -> Principal:
-        principal = authenticate(session, token)
+        keys: KeyCache = request.app.state.keys
+        principal = keys.authenticate(session, token)
         principal.require(scope)
         return principal
 

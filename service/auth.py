@@ -8,6 +8,8 @@ import hashlib
 import hmac
 import secrets
 import string
+import threading
+import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -122,3 +124,33 @@ def revoke_api_key(session: Session, prefix: str, *, now: datetime | None = None
     row.revoked_at = now or datetime.now(UTC)
     session.flush()
     return True
+
+
+class KeyCache:
+    """Remembers keys that authenticated for ``ttl_s``, so a busy client costs no query per call.
+
+    A revoked key stops working within ``ttl_s``. Entries are keyed by a hash of the key, and
+    the key itself is never kept.
+    """
+
+    def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
+        self._ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._entries: dict[str, tuple[Principal, float]] = {}
+        self._lock = threading.Lock()
+
+    def authenticate(self, session: Session, token: str) -> Principal:
+        if self._ttl_s <= 0:
+            return authenticate(session, token)
+        digest = hash_secret(token)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._entries.get(digest)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        principal = authenticate(session, token)
+        with self._lock:
+            if len(self._entries) >= self._max_entries:
+                self._entries.clear()
+            self._entries[digest] = (principal, now + self._ttl_s)
+        return principal

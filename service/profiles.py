@@ -154,6 +154,7 @@ class ResultSpec(BaseModel):
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     _content_hash: str | None = PrivateAttr(default=None)
+    _json: dict[str, Any] | None = PrivateAttr(default=None)
 
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
@@ -175,8 +176,19 @@ class Profile(BaseModel):
     def layers(self) -> list[list[str]]:
         return dag.topological_layers(self.deps())
 
+    def __eq__(self, other: object) -> bool:
+        """Equal by content; the cached hash and JSON form are not part of a profile."""
+        if not isinstance(other, Profile):
+            return NotImplemented
+        return self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        """The stored form; computed once, so treat the returned dict as read-only."""
+        if self._json is None:
+            self._json = self.model_dump(mode="json", by_alias=True)
+        return self._json
 
     def content_hash(self) -> str:
         """Identifies a profile version by meaning: key order and YAML formatting do not count."""

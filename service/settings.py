@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     result_expires_s: int = 3600
 
     max_body_bytes: int = 1_000_000
+    auth_cache_s: float = 5.0
     http_max_response_bytes: int = 10_000_000
     http_timeout_s: float = 30.0
 
