@@ -3,8 +3,8 @@
     python -m bench.chain_throughput --jobs 1000 [--json] [--py-spy DIR]
 
 One run, one machine, one Redis server, the same worker settings for both sides (prefork,
-``--concurrency 2``, the prefetch multiplier of ``Settings.worker_prefetch``), one worker at a
-time so each side has every core:
+``--concurrency 2``, or ``BENCH_CONCURRENCY``; the prefetch multiplier of
+``Settings.worker_prefetch``), one worker at a time so each side has every core:
 
 A. raw Celery (``bench.raw_app``): N chains ``noop.si() | noop.si() | noop.si()``; the client
    waits on the AsyncResult of each chain's last task. tasks/s = 3N / (first submit .. last result).
@@ -67,9 +67,10 @@ steps:
     depends_on: [b]
 """
 STEPS_PER_JOB = 3
+WORKER_CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
 WORKER_FLAGS = [
     "--pool=prefork",
-    "--concurrency=2",
+    f"--concurrency={WORKER_CONCURRENCY}",
     "--without-gossip",
     "--without-mingle",
     "--without-heartbeat",
@@ -609,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "worker": {
             "pool": "prefork",
-            "concurrency": 2,
+            "concurrency": WORKER_CONCURRENCY,
             "prefetch_multiplier": Settings().worker_prefetch,
         },
         "jobs": args.jobs,
@@ -625,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(
             f"chain throughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps, "
-            f"prefork concurrency 2, {os.cpu_count()} cpus"
+            f"prefork concurrency {WORKER_CONCURRENCY}, {os.cpu_count()} cpus"
         )
         x = f"{raw.tasks_per_s:.0f}" if raw else "-"
         y = f"{fb.steps_per_s:.0f}" if fb else "-"
