@@ -224,8 +224,9 @@ def _submit(
     settings: Settings, pipeline: str | dict[str, Any], params: dict[str, Any]
 ) -> uuid.UUID:
     from service.jobs import JobRequest, submit_job
-    from service.plan import load_plan
+    from service.plan import initial_plan
     from service.runtime import Runtime
+    from service.steps import job_profile
     from tasks.app import app
     from tasks.dispatch import publish_new_job
 
@@ -239,15 +240,12 @@ def _submit(
                 profiles_dir=settings.profiles_dir,
                 known_actions=rt.registry.names(),
             )
-        with unit_of_work(rt.sessions) as session:
-            plan = load_plan(session, job.id)
     except FlowbeatError as exc:
         console.print(f"[red]{exc.code}[/red]: {exc.message}")
         for problem in exc.details.get("errors", []):
             console.print(f"  - {problem}")
         raise typer.Exit(code=2) from exc
-    if plan is not None:
-        publish_new_job(app, rt, plan)
+    publish_new_job(app, rt, initial_plan(job_profile(job), job.id))
     return job.id
 
 

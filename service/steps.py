@@ -191,7 +191,7 @@ _FAST_CLAIM = text(
                SELECT 1 FROM step_runs AS u
                 WHERE u.job_id = s.job_id AND u.shard = -1
                   AND u.step_id = ANY(s.depends_on) AND u.status <> 'succeeded')
-        RETURNING s.attempts, s.inputs_from, j.status AS job_status, j.profile_hash, j.params
+        RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params
     ), started AS (
         UPDATE jobs SET status = 'running', started_at = :now
          WHERE id = :job_id AND status = 'queued' AND EXISTS (SELECT 1 FROM claimed)
