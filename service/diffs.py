@@ -6,6 +6,7 @@ into Python.
 """
 
 import base64
+import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -120,10 +121,10 @@ def store_result_items(session: Session, job: JobRow, spec: ResultSpec) -> DiffC
             "created_at": job.created_at,
         },
     ).scalar()
-    row = session.execute(_COUNTS, {"job_id": job.id, "previous": previous}).one()
+    total, counts = count_against(session, job.id, previous)
     job.previous_job_id = previous
-    job.item_count, job.new_count, job.removed_count = row.total, row.new, row.removed
-    return DiffCounts(new=row.new, removed=row.removed, unchanged=row.total - row.new)
+    job.item_count, job.new_count, job.removed_count = total, counts.new, counts.removed
+    return counts
 
 
 def _require_items(job: JobRow) -> None:
@@ -134,11 +135,26 @@ def _require_items(job: JobRow) -> None:
         )
 
 
+def count_against(
+    session: Session, job_id: uuid.UUID, previous: uuid.UUID | None
+) -> tuple[int, DiffCounts]:
+    """The number of items of a run, and its diff counts against ``previous``, in one query."""
+    row = session.execute(_COUNTS, {"job_id": job_id, "previous": previous}).one()
+    return row.total, DiffCounts(new=row.new, removed=row.removed, unchanged=row.total - row.new)
+
+
 def diff_counts(session: Session, job: JobRow) -> DiffCounts:
-    """Counts against the run this job was compared with when it succeeded."""
+    """Counts against the run this job was compared with when it succeeded.
+
+    They were stored then; they are counted again only when that run has since been deleted
+    (pruned), so that they agree with the pages, which now treat every item as new.
+    """
     _require_items(job)
-    row = session.execute(_COUNTS, {"job_id": job.id, "previous": job.previous_job_id}).one()
-    return DiffCounts(new=row.new, removed=row.removed, unchanged=row.total - row.new)
+    assert job.item_count is not None and job.new_count is not None
+    if job.previous_job_id is None and job.new_count != job.item_count:
+        return count_against(session, job.id, None)[1]
+    removed = job.removed_count or 0
+    return DiffCounts(job.new_count, removed, job.item_count - job.new_count)
 
 
 _PAGES = {

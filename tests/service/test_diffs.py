@@ -190,3 +190,16 @@ def test_deleting_a_job_deletes_its_items(runtime: Runtime) -> None:
 def test_an_empty_key_is_a_key_like_any_other(runtime: Runtime) -> None:
     job = run_items(runtime, _items("", "a", "b"), owner=_owner(), pipeline="empty-key")
     assert _all_pages(runtime, job, DiffKind.NEW, 1) == ["", "a", "b"]
+
+
+def test_counts_follow_the_pages_once_the_previous_run_is_deleted(runtime: Runtime) -> None:
+    owner = _owner()
+    first = run_items(runtime, _items("a", "b"), owner=owner, pipeline="pruned")
+    second = run_items(runtime, _items("b", "c"), owner=owner, pipeline="pruned")
+    with unit_of_work(runtime.sessions) as session:
+        session.delete(session.get(JobRow, first.id))
+    with unit_of_work(runtime.sessions) as session:
+        job = session.get(JobRow, second.id)
+        assert job is not None and job.previous_job_id is None
+        assert diff_counts(session, job).as_dict() == {"new": 2, "removed": 0, "unchanged": 0}
+    assert _all_pages(runtime, job, DiffKind.NEW, 10) == ["b", "c"]
