@@ -27,6 +27,12 @@ class JobCreate(BaseModel):
     )
     params: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+    diff_mode: bool = Field(
+        default=False, description="mark runs without new result items; notify only on new ones"
+    )
+    notify_url: str | None = Field(
+        default=None, description="http(s) URL that receives a signed POST when new items appear"
+    )
 
 
 class StepPublic(BaseModel):
@@ -63,6 +69,10 @@ class JobPublic(BaseModel):
     finished_at: UtcDatetime | None
     result: Any
     error: dict[str, Any] | None
+    diff_mode: bool
+    item_count: int | None
+    new_count: int | None
+    removed_count: int | None
     steps: list[StepPublic]
 
     @classmethod
@@ -80,6 +90,10 @@ class JobPublic(BaseModel):
             finished_at=job.finished_at,
             result=job.result,
             error=job.error,
+            diff_mode=bool(job.diff_mode),
+            item_count=job.item_count,
+            new_count=job.new_count,
+            removed_count=job.removed_count,
             steps=[StepPublic.of(step) for step in view.steps],
         )
 

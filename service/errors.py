@@ -99,3 +99,13 @@ class RetryLater(Exception):
 
 class StopChain(Exception):
     """Control flow for task adapters: the job is over, drop the rest of this canvas."""
+
+
+class NoResultItems(FlowbeatError):
+    """The job stored no result items: it has no ``result`` block or has not succeeded."""
+
+    code = "no_result_items"
+
+
+class NotifyUrlInvalid(FlowbeatError):
+    code = "notify_url_invalid"

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from service.constants import SHARD_NONE
 from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobNotFound
 from service.models import JobRow, StepRunRow
+from service.notices import validate_notify_url
 from service.profiles import Profile, find_profile, resolve_params, validate_profile
 from service.states import JOB_FINAL, JobStatus, StepStatus
 from service.steps import close_open_steps, step_facts
@@ -29,6 +30,8 @@ class JobRequest:
     idempotency_key: str | None = None
     trigger: str = "api"
     parent_job_id: uuid.UUID | None = None
+    diff_mode: bool = False
+    notify_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def submit_job(
     profile = resolve_profile(
         request.pipeline, profiles_dir=profiles_dir, known_actions=known_actions
     )
+    if request.notify_url is not None:
+        validate_notify_url(request.notify_url)
     params = resolve_params(profile, request.params)
     request_hash = _request_hash(profile, params)
     if request.idempotency_key:
@@ -105,6 +110,8 @@ def submit_job(
         "request_hash": request_hash,
         "created_at": now,
         "dispatched_at": now if publish_now else None,
+        "diff_mode": request.diff_mode,
+        "notify_url": request.notify_url,
     }
     steps = [
         {

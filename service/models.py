@@ -6,13 +6,16 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
     Integer,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
@@ -72,6 +75,14 @@ class JobRow(Base):
     dispatched_at: Mapped[datetime | None]
     result: Mapped[Any] = mapped_column(JSONB, nullable=True)
     error: Mapped[dict[str, Any] | None]
+    item_count: Mapped[int | None] = mapped_column(Integer)
+    new_count: Mapped[int | None] = mapped_column(Integer)
+    removed_count: Mapped[int | None] = mapped_column(Integer)
+    previous_job_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
+    )
+    diff_mode: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    notify_url: Mapped[str | None] = mapped_column(Text)
 
 
 class StepRunRow(Base):
@@ -114,4 +125,31 @@ class CheckpointRow(Base):
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
     output: Mapped[Any] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class ResultItemRow(Base):
+    """One result item of a succeeded job, keyed by its key field, so runs diff in SQL."""
+
+    __tablename__ = "result_items"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    item_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    item: Mapped[Any] = mapped_column(JSONB)
+
+
+class JobEventRow(Base):
+    """Something a job's owner may be told about: new items found, a notice sent or given up."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index(None, "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE")
+    )
+    kind: Mapped[str] = mapped_column(String(32))
+    data: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())

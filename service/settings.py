@@ -4,7 +4,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -30,6 +30,12 @@ class Settings(BaseSettings):
     auth_cache_s: float = 5.0
     http_max_response_bytes: int = 10_000_000
     http_timeout_s: float = 30.0
+
+    webhook_secret: SecretStr | None = None
+    notify_max_attempts: int = 5
+    notify_backoff_s: float = 2.0
+    notify_timeout_s: float = 10.0
+    notify_items_max: int = 20
 
     worker_concurrency: int = 2
     worker_prefetch: int = 4

@@ -16,9 +16,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
+from service.diffs import key_problem, store_result_items
 from service.errors import ExpressionError, RetryLater, StopChain
 from service.expressions import ExprContext, parse_refs, resolve
 from service.models import CheckpointRow, JobRow, StepRunRow
+from service.notices import note_new_items
 from service.profiles import Profile, RetryPolicy, StepSpec
 from service.states import JOB_FINAL, STEP_FINAL, JobStatus, StepStatus
 
@@ -536,19 +538,14 @@ def settle_after_sink(
     """Finish the job in one statement when the sink that just succeeded holds its result.
 
     Returns ``False`` when the general ``settle_job`` must decide instead (another sink holds
-    the result, or a best-effort job may end with failures).
+    the result, a best-effort job may end with failures, or result items must be stored).
     """
     sinks = [s.id for s in profile.steps if step_facts(profile, s.id)[1]]
-    if profile.failure_policy != "fail_fast":
+    if profile.failure_policy != "fail_fast" or profile.result is not None:
         return False
-    if profile.result is not None and profile.result.step == key.step_id:
-        items = resolve_path(output, profile.result.items)
-        result: Any = {"items": items, "key": profile.result.key, "count": len(items)}
-    elif profile.result is None and sinks == [key.step_id]:
-        result = {key.step_id: output}
-    else:
+    if sinks != [key.step_id]:
         return False
-    conn.execute(_SUCCEED_JOB, {"now": now, "job_id": key.job_id, "result": result})
+    conn.execute(_SUCCEED_JOB, {"now": now, "job_id": key.job_id, "result": {key.step_id: output}})
     return True
 
 
@@ -577,8 +574,25 @@ def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
             "details": {"steps": failed},
         }
     else:
-        job.status = JobStatus.SUCCEEDED
-        job.result = outcome
+        _succeed_job(session, job, profile, outcome)
+
+
+def _succeed_job(session: Session, job: JobRow, profile: Profile, outcome: Any) -> None:
+    """Succeed the job and store its result items with it, or fail it if they are unusable."""
+    spec = profile.result
+    problem = key_problem(outcome["items"], spec) if spec is not None else None
+    if problem is not None:
+        job.status = JobStatus.FAILED
+        job.error = problem
+        return
+    if spec is not None:
+        counts = store_result_items(session, job, spec)
+        if job.diff_mode and counts.new == 0:
+            outcome = {**outcome, "no_new_items": True}
+        elif job.diff_mode:
+            note_new_items(session, job, counts)
+    job.status = JobStatus.SUCCEEDED
+    job.result = outcome
 
 
 def result_of(

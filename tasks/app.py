@@ -48,7 +48,7 @@ def create_celery(settings: Settings) -> Celery:
             "flowbeat-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
         },
     )
-    app.conf.include = ["tasks.steps", "tasks.sweep"]
+    app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices"]
     runtime.configure(settings)
     return app
 

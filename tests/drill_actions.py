@@ -9,7 +9,7 @@ import redis
 from service.actions import StepContext, action
 
 
-def _redis() -> "redis.Redis[bytes]":
+def _redis() -> redis.Redis:
     return redis.Redis.from_url(os.environ["FLOWBEAT_BROKER_URL"].rsplit("/", 1)[0] + "/0")
 
 

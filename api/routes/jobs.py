@@ -90,6 +90,8 @@ def create_job(
         pipeline=_pipeline(body, known_actions),
         params=body.params,
         idempotency_key=body.idempotency_key,
+        diff_mode=body.diff_mode,
+        notify_url=body.notify_url,
     )
     job, created = submit_job(
         session,

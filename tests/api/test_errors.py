@@ -22,7 +22,7 @@ from service.settings import Settings
 def test_errors_leave_in_the_envelope(
     settings: Settings, runtime: Runtime, exc: Exception, status: int, code: str
 ) -> None:
-    app = create_app(settings, runtime=runtime, celery_app=object())  # type: ignore[arg-type]
+    app = create_app(settings, runtime=runtime, celery_app=object())
 
     def fail() -> None:
         raise exc

@@ -1,0 +1,156 @@
+"""Notices of new result items: an event row in the settling transaction, then a signed webhook.
+
+The settling transaction only queues the job id on its session; a task adapter sends it once
+that transaction has committed, so a receiver never hears of a run PostgreSQL does not hold.
+"""
+
+import hashlib
+import hmac
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy import insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.db import unit_of_work
+from service.diffs import DiffCounts, DiffKind, diff_page
+from service.errors import NotifyUrlInvalid
+from service.models import JobEventRow, JobRow
+from service.settings import Settings
+
+QUEUED_KEY = "flowbeat.notices"
+SIGNATURE_HEADER = "X-Flowbeat-Signature"
+TIMESTAMP_HEADER = "X-Flowbeat-Timestamp"
+MAX_URL_LENGTH = 2048
+
+
+def validate_notify_url(url: str) -> str:
+    """http or https to a named host, without credentials that would end up in logs."""
+    parts = urlsplit(url)
+    problem = None
+    if len(url) > MAX_URL_LENGTH:
+        problem = f"longer than {MAX_URL_LENGTH} characters"
+    elif parts.scheme not in ("http", "https"):
+        problem = "scheme must be http or https"
+    elif not parts.hostname:
+        problem = "no host"
+    elif parts.username is not None or parts.password is not None:
+        problem = "credentials are not allowed in the URL"
+    if problem:
+        raise NotifyUrlInvalid(f"notify_url is not usable: {problem}", {"notify_url": url})
+    return url
+
+
+def record_event(session: Session, job_id: uuid.UUID, kind: str, data: dict[str, Any]) -> None:
+    session.execute(insert(JobEventRow).values(job_id=job_id, kind=kind, data=data))
+
+
+def note_new_items(session: Session, job: JobRow, counts: DiffCounts) -> None:
+    """A diff-mode run that found new items: an event now, a webhook after the commit."""
+    record_event(
+        session,
+        job.id,
+        "new_items",
+        {
+            "counts": counts.as_dict(),
+            "previous_job_id": str(job.previous_job_id) if job.previous_job_id else None,
+        },
+    )
+    if job.notify_url:
+        session.info.setdefault(QUEUED_KEY, []).append(job.id)
+
+
+def take_queued(session: Session) -> list[uuid.UUID]:
+    queued: list[uuid.UUID] = session.info.pop(QUEUED_KEY, [])
+    return queued
+
+
+def sign(secret: bytes, timestamp: str, body: bytes) -> str:
+    """HMAC-SHA256 over ``<timestamp>.<body>``: a replayed body with a new timestamp fails."""
+    digest = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+@dataclass(frozen=True)
+class Notice:
+    url: str
+    body: bytes
+
+
+def build_notice(session: Session, job_id: uuid.UUID, items_max: int) -> Notice | None:
+    job = session.get(JobRow, job_id)
+    if job is None or not job.notify_url or job.item_count is None:
+        return None
+    first = diff_page(session, job, DiffKind.NEW, limit=items_max)
+    payload = {
+        "job_id": str(job.id),
+        "pipeline": job.pipeline,
+        "previous_job_id": str(job.previous_job_id) if job.previous_job_id else None,
+        "counts": {
+            "items": job.item_count,
+            "new": job.new_count,
+            "removed": job.removed_count,
+        },
+        "new_items": first.items,
+        "more_new_items": first.next_cursor is not None,
+    }
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return Notice(url=job.notify_url, body=body)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    ok: bool
+    retryable: bool
+    detail: str
+
+
+def deliver(notice: Notice, secret: bytes, timestamp: str, timeout_s: float) -> Delivery:
+    """One POST, no redirects: 2xx is delivered, 5xx/429/timeouts may succeed later."""
+    headers = {
+        "Content-Type": "application/json",
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(secret, timestamp, notice.body),
+    }
+    try:
+        response = httpx.post(notice.url, content=notice.body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return Delivery(ok=False, retryable=True, detail=f"{type(exc).__name__}: {exc}")
+    status = response.status_code
+    if 200 <= status < 300:
+        return Delivery(ok=True, retryable=False, detail=str(status))
+    return Delivery(ok=False, retryable=status >= 500 or status == 429, detail=str(status))
+
+
+def send_notice(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    job_id: uuid.UUID,
+    *,
+    attempt: int,
+    now_s: float,
+) -> float | None:
+    """Try one delivery. Returns the delay before the next attempt, or ``None`` when done.
+
+    Delays double from ``notify_backoff_s``. The outcome, delivered or given up, is recorded
+    as an event, so an owner can see a notice that never arrived.
+    """
+    with unit_of_work(sessions) as session:
+        notice = build_notice(session, job_id, settings.notify_items_max)
+    if notice is None:
+        return None
+    if settings.webhook_secret is None:
+        outcome = Delivery(ok=False, retryable=False, detail="FLOWBEAT_WEBHOOK_SECRET is not set")
+    else:
+        secret = settings.webhook_secret.get_secret_value().encode()
+        outcome = deliver(notice, secret, str(int(now_s)), settings.notify_timeout_s)
+    if not outcome.ok and outcome.retryable and attempt < settings.notify_max_attempts:
+        return float(settings.notify_backoff_s * 2 ** (attempt - 1))
+    kind = "notified" if outcome.ok else "notify_failed"
+    with unit_of_work(sessions) as session:
+        record_event(session, job_id, kind, {"attempts": attempt, "detail": outcome.detail})
+    return None

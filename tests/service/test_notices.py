@@ -1,0 +1,160 @@
+"""Notices: a signed webhook for runs with new items, retried with backoff, outcome recorded."""
+
+import hashlib
+import hmac
+import json
+import uuid
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import select
+
+from service.db import unit_of_work
+from service.errors import NotifyUrlInvalid
+from service.models import JobEventRow
+from service.notices import send_notice, sign, validate_notify_url
+from service.runtime import Runtime
+from service.settings import Settings
+from tests.support.runs import run_items
+from tests.support.webhook import Received, WebhookServer
+
+SECRET = "test-secret"
+
+
+def _settings(rt: Runtime, **overrides: object) -> Settings:
+    return rt.settings.model_copy(
+        update={"webhook_secret": SecretStr(SECRET), "notify_backoff_s": 0.5, **overrides}
+    )
+
+
+def _verified(got: Received) -> dict[str, object]:
+    timestamp = got.headers["X-Flowbeat-Timestamp"]
+    expected = hmac.new(
+        SECRET.encode(), timestamp.encode() + b"." + got.body, hashlib.sha256
+    ).hexdigest()
+    assert got.headers["X-Flowbeat-Signature"] == f"sha256={expected}"
+    payload: dict[str, object] = json.loads(got.body)
+    return payload
+
+
+def _events(rt: Runtime, job_id: uuid.UUID) -> list[tuple[str, dict[str, object]]]:
+    with unit_of_work(rt.sessions) as session:
+        rows = session.scalars(
+            select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
+        )
+        return [(row.kind, row.data) for row in rows]
+
+
+def test_a_notice_is_signed_and_retried_after_a_503(runtime: Runtime) -> None:
+    owner = f"notices-{uuid.uuid4().hex[:8]}"
+    with WebhookServer([503, 200]) as hook:
+        run_items(runtime, [{"id": "a"}], owner=owner, pipeline="n", diff_mode=True)
+        job = run_items(
+            runtime,
+            [{"id": "a"}, {"id": "b"}, {"id": "c"}],
+            owner=owner,
+            pipeline="n",
+            diff_mode=True,
+            notify_url=hook.url,
+        )
+        settings = _settings(runtime, notify_items_max=1)
+
+        first = send_notice(runtime.sessions, settings, job.id, attempt=1, now_s=1000.0)
+        second = send_notice(runtime.sessions, settings, job.id, attempt=2, now_s=1001.0)
+
+    assert first == 0.5 and second is None
+    assert len(hook.received) == 2
+    payload = _verified(hook.received[1])
+    assert payload == {
+        "job_id": str(job.id),
+        "pipeline": "n",
+        "previous_job_id": str(job.previous_job_id),
+        "counts": {"items": 3, "new": 2, "removed": 0},
+        "new_items": [{"id": "b"}],
+        "more_new_items": True,
+    }
+    assert [kind for kind, _ in _events(runtime, job.id)] == ["new_items", "notified"]
+
+
+def test_backoff_doubles_and_the_notice_is_given_up_after_the_last_attempt(
+    runtime: Runtime,
+) -> None:
+    with WebhookServer([503]) as hook:
+        job = run_items(
+            runtime,
+            [{"id": "a"}],
+            owner=f"notices-{uuid.uuid4().hex[:8]}",
+            pipeline="n",
+            diff_mode=True,
+            notify_url=hook.url,
+        )
+        settings = _settings(runtime, notify_max_attempts=3)
+        delays = [
+            send_notice(runtime.sessions, settings, job.id, attempt=n, now_s=1000.0)
+            for n in (1, 2, 3)
+        ]
+
+    assert delays == [0.5, 1.0, None]
+    assert len(hook.received) == 3
+    kinds = _events(runtime, job.id)
+    assert kinds[-1] == ("notify_failed", {"attempts": 3, "detail": "503"})
+
+
+def test_a_4xx_answer_is_not_retried(runtime: Runtime) -> None:
+    with WebhookServer([404]) as hook:
+        job = run_items(
+            runtime,
+            [{"id": "a"}],
+            owner=f"notices-{uuid.uuid4().hex[:8]}",
+            pipeline="n",
+            diff_mode=True,
+            notify_url=hook.url,
+        )
+        delay = send_notice(runtime.sessions, _settings(runtime), job.id, attempt=1, now_s=0.0)
+
+    assert delay is None
+    assert _events(runtime, job.id)[-1][0] == "notify_failed"
+
+
+def test_without_a_secret_nothing_is_sent_and_the_failure_is_recorded(runtime: Runtime) -> None:
+    with WebhookServer([200]) as hook:
+        job = run_items(
+            runtime,
+            [{"id": "a"}],
+            owner=f"notices-{uuid.uuid4().hex[:8]}",
+            pipeline="n",
+            diff_mode=True,
+            notify_url=hook.url,
+        )
+        settings = _settings(runtime, webhook_secret=None)
+        delay = send_notice(runtime.sessions, settings, job.id, attempt=1, now_s=0.0)
+
+    assert delay is None and hook.received == []
+    kind, data = _events(runtime, job.id)[-1]
+    assert kind == "notify_failed" and "FLOWBEAT_WEBHOOK_SECRET" in str(data["detail"])
+
+
+def test_the_signature_covers_the_timestamp() -> None:
+    assert sign(b"k", "1", b"{}") != sign(b"k", "2", b"{}")
+    assert sign(b"k", "1", b"{}").startswith("sha256=")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://example.org/hook",
+        "https://user:secret@example.org/hook",
+        "https://user@example.org/hook",
+        "https:///hook",
+        "example.org/hook",
+        "https://example.org/" + "x" * 3000,
+    ],
+)
+def test_unusable_notify_urls_are_refused(url: str) -> None:
+    with pytest.raises(NotifyUrlInvalid):
+        validate_notify_url(url)
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example.org/x?a=1", "http://127.0.0.1:8080/h"])
+def test_http_and_https_urls_are_accepted(url: str) -> None:
+    assert validate_notify_url(url) == url
