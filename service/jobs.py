@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from service.constants import SHARD_NONE
 from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobNotFound
 from service.models import JobRow, StepRunRow
+from service.pipelines import ResolvedPipeline, resolve_pipeline
 from service.profiles import Profile, find_profile, resolve_params, validate_profile
 from service.states import JOB_FINAL, JobStatus, StepStatus
 from service.steps import close_open_steps, step_facts
@@ -49,11 +50,43 @@ class JobView:
 
 
 def resolve_profile(
-    pipeline: str | Mapping[str, Any], *, profiles_dir: Path, known_actions: Collection[str]
+    pipeline: str | Mapping[str, Any],
+    *,
+    profiles_dir: Path,
+    known_actions: Collection[str],
+    session: Session | None = None,
+    owner: str | None = None,
 ) -> Profile:
-    if isinstance(pipeline, str):
-        return find_profile(profiles_dir, pipeline, known_actions=known_actions)
-    return validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
+    """With a session and an owner, a name may also be a saved pipeline (see
+    ``resolve_request``); without them only shipped profiles and inline ones resolve."""
+    return resolve_request(
+        session if owner is not None else None,
+        pipeline,
+        owner=owner or "",
+        profiles_dir=profiles_dir,
+        known_actions=known_actions,
+    ).profile
+
+
+def resolve_request(
+    session: Session | None,
+    pipeline: str | Mapping[str, Any],
+    *,
+    owner: str,
+    profiles_dir: Path,
+    known_actions: Collection[str],
+) -> ResolvedPipeline:
+    """A name resolves to the owner's saved pipeline, one shared with it, or a shipped profile,
+    in that order; an inline profile stands for itself and comes from no saved pipeline."""
+    if not isinstance(pipeline, str):
+        profile = validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
+        return ResolvedPipeline(profile, None, None)
+    if session is None:
+        profile = find_profile(profiles_dir, pipeline, known_actions=known_actions)
+        return ResolvedPipeline(profile, None, None)
+    return resolve_pipeline(
+        session, pipeline, owner=owner, profiles_dir=profiles_dir, known_actions=known_actions
+    )
 
 
 def _request_hash(profile: Profile, params: Mapping[str, Any]) -> str:
@@ -81,9 +114,14 @@ def submit_job(
     The same idempotency key with the same request returns the first job; with a different
     request it is refused, so a client retrying a timeout cannot start a second run.
     """
-    profile = resolve_profile(
-        request.pipeline, profiles_dir=profiles_dir, known_actions=known_actions
+    resolved = resolve_request(
+        session,
+        request.pipeline,
+        owner=owner,
+        profiles_dir=profiles_dir,
+        known_actions=known_actions,
     )
+    profile = resolved.profile
     params = resolve_params(profile, request.params)
     request_hash = _request_hash(profile, params)
     if request.idempotency_key:
@@ -105,6 +143,8 @@ def submit_job(
         "request_hash": request_hash,
         "created_at": now,
         "dispatched_at": now if publish_now else None,
+        "pipeline_id": resolved.pipeline_id,
+        "pipeline_version": resolved.version,
     }
     steps = [
         {

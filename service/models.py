@@ -12,6 +12,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
     func,
 )
@@ -72,6 +73,10 @@ class JobRow(Base):
     dispatched_at: Mapped[datetime | None]
     result: Mapped[Any] = mapped_column(JSONB, nullable=True)
     error: Mapped[dict[str, Any] | None]
+    pipeline_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="SET NULL"), index=True
+    )
+    pipeline_version: Mapped[int | None] = mapped_column(Integer)
 
 
 class StepRunRow(Base):
@@ -114,4 +119,36 @@ class CheckpointRow(Base):
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
     output: Mapped[Any] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PipelineRow(Base):
+    """A saved pipeline of one owner; its content lives in ``pipeline_versions``."""
+
+    __tablename__ = "pipelines"
+    __table_args__ = (UniqueConstraint("owner", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    owner: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    tags: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
+    shared_with: Mapped[list[str]] = mapped_column(ARRAY(String(128)), default=list)
+    current_version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PipelineVersionRow(Base):
+    """One saved content of a pipeline; a content hash is stored once per pipeline."""
+
+    __tablename__ = "pipeline_versions"
+    __table_args__ = (UniqueConstraint("pipeline_id", "content_hash"),)
+
+    pipeline_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    profile: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -31,10 +31,16 @@ class Settings(BaseSettings):
     http_max_response_bytes: int = 10_000_000
     http_timeout_s: float = 30.0
 
+    import_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    import_dir: Path | None = None
+    import_max_bytes: int = 100_000
+    import_timeout_s: float = 10.0
+    import_max_redirects: int = 5
+
     worker_concurrency: int = 2
     worker_prefetch: int = 4
 
-    @field_validator("action_modules", mode="before")
+    @field_validator("action_modules", "import_allowed_hosts", mode="before")
     @classmethod
     def _split_modules(cls, value: object) -> object:
         if isinstance(value, str):
