@@ -377,7 +377,7 @@ def list_pipelines(
         )
     if tag:
         query = query.where(PipelineRow.tags.contains([tag]))
-    pairs = list(session.execute(query).tuples())
+    pairs = [(row, stored) for row, stored in session.execute(query)]
     counts = _saved_run_counts(session, [row.id for row, _ in pairs])
     views = [
         _view(
