@@ -82,24 +82,33 @@ class TlsServer:
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
+    argv = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    argv += ["-nodes", "-days", "1", "-subj", f"/CN={HOST}", "-keyout", str(key), "-out", str(cert)]
+    argv += ["-addext", f"subjectAltName=DNS:{HOST},DNS:other.test"]
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
-        + ["-nodes", "-days", "1", "-subj", f"/CN={HOST}", "-keyout", str(key), "-out", str(cert)]
-        + ["-addext", f"subjectAltName=DNS:{HOST},DNS:other.test"],
+        argv,
         check=True,
         capture_output=True,
     )
     return cert, key
 
 
-@pytest.fixture
-def server(certificate: tuple[Path, Path]) -> Iterator[TlsServer]:
+@pytest.fixture(scope="module")
+def tls_server(certificate: tuple[Path, Path]) -> Iterator[TlsServer]:
     tls = TlsServer(*certificate)
     tls.thread.start()
     yield tls
     tls.release.set()
     tls.httpd.shutdown()
     tls.httpd.server_close()
+
+
+@pytest.fixture
+def server(tls_server: TlsServer) -> TlsServer:
+    """The module's server with no routes and no recorded requests."""
+    tls_server.routes.clear()
+    tls_server.requests.clear()
+    return tls_server
 
 
 @pytest.fixture
