@@ -247,8 +247,8 @@ def _stored_profile(row: PipelineRow, version: PipelineVersionRow) -> Profile:
 def _visible_row(
     session: Session, name: str, *, viewer: str, owner: str | None, admin: bool
 ) -> PipelineRow | None:
-    """The caller's own pipeline, else the first (oldest) one shared with it; with ``owner``,
-    that owner's pipeline if the caller may read it. Admins may read any owner's."""
+    """The caller's own pipeline, else the oldest one shared with it (any owner's for
+    admins); with ``owner``, that owner's pipeline if the caller may read it."""
     query = select(PipelineRow).where(PipelineRow.name == name)
     if owner is not None:
         row = session.scalars(query.where(PipelineRow.owner == owner)).one_or_none()
@@ -258,11 +258,9 @@ def _visible_row(
     own = session.scalars(query.where(PipelineRow.owner == viewer)).one_or_none()
     if own is not None:
         return own
-    return session.scalars(
-        query.where(PipelineRow.shared_with.contains([viewer])).order_by(
-            PipelineRow.created_at, PipelineRow.owner
-        )
-    ).first()
+    if not admin:
+        query = query.where(PipelineRow.shared_with.contains([viewer]))
+    return session.scalars(query.order_by(PipelineRow.created_at, PipelineRow.owner)).first()
 
 
 def _version_row(session: Session, row: PipelineRow, version: int | None) -> PipelineVersionRow:
