@@ -16,13 +16,15 @@ from service.settings import Settings
 from tests.api.conftest import KeyFactory, _client
 
 Headers = dict[str, str]
-YAML = {"Content-Type": "application/yaml"}
+YAML_TYPE = "application/yaml"
+STEPS = "steps: [{{id: a, action: noop}}]"
 
 
 def profile_text(name: str, *, tag: str = "lit", steps: int = 1) -> str:
     lines = [f"name: {name}", f"tags: [{tag}]", "description: a search", "steps:"]
     lines.append("  - {id: s1, action: noop}")
-    lines += [f"  - {{id: s{i}, action: noop, depends_on: [s{i - 1}]}}" for i in range(2, steps + 1)]
+    for i in range(2, steps + 1):
+        lines.append(f"  - {{id: s{i}, action: noop, depends_on: [s{i - 1}]}}")
     return "\n".join(lines) + "\n"
 
 
@@ -92,14 +94,14 @@ def test_put_yaml_then_json_of_the_same_profile_keeps_one_version(
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "code"),
     [
-        ("name: other\nsteps: [{{id: a, action: noop}}]", "application/yaml", 422, "pipeline_name_mismatch"),
-        ("name: {name}\nsteps: [{{id: a, action: nope}}]", "application/yaml", 422, "profile_invalid"),
+        (f"name: other\n{STEPS}", "application/yaml", 422, "pipeline_name_mismatch"),
+        ("name: {name}\nsteps: [{{id: a, action: nope}}]", YAML_TYPE, 422, "profile_invalid"),
         ("name: {name}\nsteps: [", "application/yaml", 422, "profile_invalid"),
-        ("name: {name}\nsteps: [{{id: a, action: noop}}]", "text/html", 415, "unsupported_media_type"),
-        ("name: {name}\nsteps: [{{id: a, action: noop}}]", "", 415, "unsupported_media_type"),
+        ("name: {name}\n" + STEPS, "text/html", 415, "unsupported_media_type"),
+        ("name: {name}\n" + STEPS, "", 415, "unsupported_media_type"),
         ("x" * 30_000, "application/yaml", 413, "payload_too_large"),
     ],
-)  # fmt: skip
+)
 def test_refused_saves_store_nothing(
     client: TestClient,
     writer: Headers,
@@ -141,7 +143,8 @@ def test_shipped_profiles_are_listed_readable_runnable_and_read_only(
     _error(put(client, writer, "greet", "name: greet\nsteps: [{id: a, action: noop}]"), 409,
            "pipeline_read_only")  # fmt: skip
     _error(client.delete("/v1/pipelines/greet", headers=writer), 409, "pipeline_read_only")
-    job = client.post("/v1/jobs", json={"pipeline": "greet", "params": {"who": "x"}}, headers=writer)
+    body = {"pipeline": "greet", "params": {"who": "x"}}
+    job = client.post("/v1/jobs", json=body, headers=writer)
     assert job.status_code == 202
     again = client.get("/v1/pipelines/greet", headers=writer).json()["pipeline"]
     assert again["run_count"] == 1
@@ -242,9 +245,7 @@ def import_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def import_client(
-    settings: Settings, runtime: Runtime, import_dir: Path
-) -> Iterator[TestClient]:
+def import_client(settings: Settings, runtime: Runtime, import_dir: Path) -> Iterator[TestClient]:
     configured = settings.model_copy(
         update={"import_dir": import_dir, "import_allowed_hosts": ["pipelines.test"]}
     )
