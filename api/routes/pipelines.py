@@ -172,9 +172,11 @@ def import_pipeline(
     settings: SettingsDep,
 ) -> PipelineEnvelope:
     """Fetch a profile from an allow-listed https URL or a file in the import directory, then
-    save it exactly as ``PUT`` would."""
+    save it exactly as ``PUT`` would. The authentication's transaction ends first, so no
+    database connection is held while a remote server takes its time."""
     if (body.url is None) == (body.path is None):
         raise ImportRequestInvalid("give exactly one of 'url' and 'path'", {})
+    session.commit()
     if body.url is not None:
         text = fetch_url(body.url, UrlPolicy.from_settings(settings))
     else:

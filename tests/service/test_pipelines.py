@@ -273,3 +273,18 @@ def test_an_unknown_version_is_not_found(rt: Runtime, session: Session) -> None:
     assert get_pipeline(session, name, viewer=owner, profiles_dir=PROFILES, version=1).version == 1
     with pytest.raises(ProfileNotFound):
         get_pipeline(session, name, viewer=owner, profiles_dir=PROFILES, version=2)
+
+
+def test_concurrent_saves_number_versions_without_gaps_or_duplicates(rt: Runtime) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    owner, name = unique_owner(), unique_name()
+    bodies = [weekly(name, tag=f"t{i % 3}") for i in range(9)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        outcomes = list(pool.map(lambda body: save(rt, owner, body, name), bodies))
+
+    assert sum(outcome.created_version for outcome in outcomes) == 3
+    with rt.sessions() as s:
+        versions = list_versions(s, name, viewer=owner)
+    assert sorted(v.version for v in versions) == [1, 2, 3]
+    assert len({v.content_hash for v in versions}) == 3
