@@ -86,6 +86,11 @@ def _parse(raw: str) -> httpx.URL:
         raise ImportSchemeRefused(f"not a URL: {raw!r}", {"url": raw}) from exc
 
 
+def _ascii_host(url: httpx.URL) -> str:
+    """The host as DNS and TLS see it (IDNA), whichever form the allow-list uses."""
+    return url.raw_host.decode("ascii").lower()
+
+
 def _check_url(url: httpx.URL, policy: UrlPolicy) -> None:
     if url.scheme != "https":
         raise ImportSchemeRefused(
@@ -94,7 +99,7 @@ def _check_url(url: httpx.URL, policy: UrlPolicy) -> None:
         )
     if url.userinfo:
         raise ImportSchemeRefused("URLs with credentials are refused", {"host": url.host})
-    if url.host.lower() not in policy.allowed_hosts:
+    if {url.host.lower(), _ascii_host(url)}.isdisjoint(policy.allowed_hosts):
         raise ImportHostNotAllowed(
             f"host {url.host!r} is not on the import allow-list",
             {"host": url.host, "allowed": sorted(policy.allowed_hosts)},
@@ -106,7 +111,7 @@ def _checked_address(url: httpx.URL, policy: UrlPolicy, resolver: Resolver) -> s
     the system could otherwise pick a private one on a later connection."""
     port = url.port or 443
     try:
-        addresses = resolver(url.host, port)
+        addresses = resolver(_ascii_host(url), port)
     except OSError as exc:
         raise ImportFetchFailed(f"cannot resolve {url.host!r}", {"host": url.host}) from exc
     if not addresses:
@@ -175,7 +180,7 @@ def _get(
         "GET",
         url.copy_with(host=address),
         headers={"Host": host_header, "Accept": ", ".join(sorted(ALLOWED_CONTENT_TYPES))},
-        extensions={"sni_hostname": url.host},
+        extensions={"sni_hostname": _ascii_host(url)},
     )
     response = client.send(request, stream=True)
     try:

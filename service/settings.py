@@ -47,6 +47,12 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("import_dir", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        """An empty ``FLOWBEAT_IMPORT_DIR`` disables file imports rather than meaning ``.``."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     def require_database_url(self) -> str:
         if not self.database_url:
             raise RuntimeError("FLOWBEAT_DATABASE_URL is not set (or run `flowbeat dev`)")

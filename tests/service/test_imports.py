@@ -323,3 +323,21 @@ def test_a_file_the_policy_refuses(import_dir: Path, path: str, code: str) -> No
 
 def test_file_imports_are_disabled_without_a_directory() -> None:
     refused("imports_disabled", read_import_file, "weekly.yaml", None, 100_000)
+
+
+def test_an_empty_import_dir_setting_disables_file_imports() -> None:
+    assert Settings(import_dir="").import_dir is None
+    assert Settings(import_dir="/srv/imports").import_dir == Path("/srv/imports")
+
+
+def test_international_host_names_are_checked_in_their_dns_form() -> None:
+    seen: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        seen.append(host)
+        return ["10.0.0.1"]
+
+    allowed = UrlPolicy(allowed_hosts=frozenset({"xn--bcher-kva.example"}))
+    refused("import_address_refused", fetch_url, "https://Bücher.example/p", allowed,
+            resolver=resolver)  # fmt: skip
+    assert seen == ["xn--bcher-kva.example"]
