@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import case, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -28,6 +28,7 @@ from service.errors import (
 from service.models import JobRow, PipelineRow, PipelineVersionRow
 from service.profiles import (
     NAME_PATTERN,
+    PROFILE_SUFFIXES,
     Profile,
     find_profile,
     list_profiles,
@@ -37,6 +38,11 @@ from service.profiles import (
 
 SYSTEM_OWNER = "system"
 MAX_OWNER_LENGTH = 128
+RESOLVED_CACHE_SIZE = 1024
+
+_RESOLVED: dict[tuple[uuid.UUID, int, frozenset[str]], Profile] = {}
+"""Validated profiles of saved versions. A (pipeline id, version) never changes content, so
+jobs that re-run a pipeline skip reading and validating its stored profile again."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ def _shipped(profiles_dir: Path, name: str) -> Profile | None:
 
 
 def _refuse_shipped_name(profiles_dir: Path, name: str) -> None:
-    if any((profiles_dir / f"{name}{suffix}").is_file() for suffix in (".yaml", ".yml")):
+    if any((profiles_dir / f"{name}{suffix}").is_file() for suffix in PROFILE_SUFFIXES):
         raise PipelineReadOnly(
             f"{name!r} is a shipped profile and cannot be changed",
             {"name": name, "owner": SYSTEM_OWNER},
@@ -255,12 +261,14 @@ def _visible_row(
         if row is None or admin or owner == viewer or viewer in row.shared_with:
             return row
         return None
-    own = session.scalars(query.where(PipelineRow.owner == viewer)).one_or_none()
-    if own is not None:
-        return own
     if not admin:
-        query = query.where(PipelineRow.shared_with.contains([viewer]))
-    return session.scalars(query.order_by(PipelineRow.created_at, PipelineRow.owner)).first()
+        query = query.where(
+            or_(PipelineRow.owner == viewer, PipelineRow.shared_with.contains([viewer]))
+        )
+    own_first = case((PipelineRow.owner == viewer, 0), else_=1)
+    return session.scalars(
+        query.order_by(own_first, PipelineRow.created_at, PipelineRow.owner).limit(1)
+    ).first()
 
 
 def _version_row(session: Session, row: PipelineRow, version: int | None) -> PipelineVersionRow:
@@ -496,10 +504,17 @@ def resolve_pipeline(
         return ResolvedPipeline(
             find_profile(profiles_dir, name, known_actions=known_actions), None, None
         )
-    stored = _version_row(session, row, None)
-    profile = validate_profile(
-        stored.profile,
-        source=f"pipeline {row.name} v{stored.version}",
-        known_actions=known_actions,
-    )
-    return ResolvedPipeline(profile, row.id, stored.version)
+    actions = frozenset(known_actions)
+    key = (row.id, row.current_version, actions)
+    profile = _RESOLVED.get(key)
+    if profile is None:
+        stored = _version_row(session, row, None)
+        profile = validate_profile(
+            stored.profile,
+            source=f"pipeline {row.name} v{stored.version}",
+            known_actions=actions,
+        )
+        if len(_RESOLVED) >= RESOLVED_CACHE_SIZE:
+            _RESOLVED.clear()
+        _RESOLVED[key] = profile
+    return ResolvedPipeline(profile, row.id, row.current_version)
