@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
-from api.routes import health, jobs, runs
+from api.routes import health, jobs, pipelines, runs
 from service.auth import KeyCache
 from service.constants import VERSION
 from service.runtime import Runtime
@@ -52,6 +52,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(runs.router)
+    app.include_router(pipelines.router)
     return app
 
 

@@ -44,6 +44,23 @@ STATUS_BY_CODE: dict[str, int] = {
     "database_unavailable": 503,
     "broker_unavailable": 503,
     "internal_error": 500,
+    "pipeline_read_only": 409,
+    "pipeline_name_mismatch": 422,
+    "unsupported_media_type": 415,
+    "invalid_share": 422,
+    "import_refused": 403,
+    "imports_disabled": 403,
+    "import_request_invalid": 422,
+    "import_scheme_refused": 422,
+    "import_host_not_allowed": 403,
+    "import_address_refused": 403,
+    "import_redirect_refused": 403,
+    "import_content_type_refused": 415,
+    "import_too_large": 413,
+    "import_timeout": 504,
+    "import_fetch_failed": 502,
+    "import_path_refused": 403,
+    "import_not_found": 404,
 }
 
 _CODE_BY_HTTP_STATUS = {

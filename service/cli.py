@@ -29,6 +29,8 @@ keys_cli = typer.Typer(no_args_is_help=True, help="API keys")
 jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs")
 cli.add_typer(keys_cli, name="keys")
 cli.add_typer(jobs_cli, name="jobs")
+pipelines_cli = typer.Typer(no_args_is_help=True, help="Saved pipelines")
+cli.add_typer(pipelines_cli, name="pipelines")
 console = Console()
 
 FINAL = {"succeeded", "failed", "cancelled"}
@@ -192,19 +194,24 @@ def _pipeline_ref(target: str) -> str | dict[str, Any]:
 
 @cli.command()
 def run(
-    target: Annotated[str, typer.Argument(help="a profile name in profiles/ or a YAML file")],
+    target: Annotated[
+        str, typer.Argument(help="a saved pipeline, a profile in profiles/, or a YAML file")
+    ],
     param: Annotated[list[str], typer.Option("-p", "--param", help="key=value")] = [],  # noqa: B006
     wait: Annotated[bool, typer.Option(help="follow the job until it ends")] = True,
     local_worker: Annotated[
         bool | None, typer.Option(help="start a worker for this run (default: embedded only)")
     ] = None,
     timeout_s: float = 600.0,
+    owner: Annotated[str, typer.Option(help="whose saved pipelines a name can resolve to")] = (
+        "default"
+    ),
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
     embedded = not (get_settings().database_url and get_settings().broker_url)
     settings = _settings()
     _migrate(settings)
-    job_id = _submit(settings, _pipeline_ref(target), _parse_params(param))
+    job_id = _submit(settings, _pipeline_ref(target), _parse_params(param), owner)
     console.print(f"job [bold]{job_id}[/bold] queued")
     if not wait:
         return
@@ -221,7 +228,7 @@ def run(
 
 
 def _submit(
-    settings: Settings, pipeline: str | dict[str, Any], params: dict[str, Any]
+    settings: Settings, pipeline: str | dict[str, Any], params: dict[str, Any], owner: str
 ) -> uuid.UUID:
     from service.jobs import JobRequest, submit_job
     from service.plan import initial_plan
@@ -236,7 +243,7 @@ def _submit(
             job, _ = submit_job(
                 session,
                 JobRequest(pipeline=pipeline, params=params, trigger="cli"),
-                owner="cli",
+                owner=owner,
                 profiles_dir=settings.profiles_dir,
                 known_actions=rt.registry.names(),
             )
@@ -340,6 +347,143 @@ def jobs_show(job_id: uuid.UUID) -> None:
         _print_outcome(view)
     else:
         console.print(f"job {job_id}: {view.job.status}")
+
+
+OwnerOption = Annotated[str, typer.Option(help="whose pipelines")]
+
+
+@contextmanager
+def _pipeline_session(settings: Settings) -> Iterator[Any]:
+    """One unit of work; a refused request prints its code and exits 2, like ``run``."""
+    from service.runtime import Runtime
+
+    rt = Runtime.start(settings)
+    try:
+        with unit_of_work(rt.sessions) as session:
+            yield session, rt
+    except FlowbeatError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        for problem in exc.details.get("errors", []):
+            console.print(f"  - {problem}")
+        raise typer.Exit(code=2) from exc
+    finally:
+        rt.sessions.kw["bind"].dispose()
+
+
+def _print_saved(outcome: Any) -> None:
+    view = outcome.view
+    verb = "saved as a new version" if outcome.created_version else "unchanged"
+    console.print(f"{view.name} v{view.version} ({view.content_hash[:12]}): {verb}")
+
+
+@pipelines_cli.command("save")
+def pipelines_save(
+    file: Annotated[Path, typer.Argument(help="a YAML or JSON profile", exists=True)],
+    name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
+    owner: OwnerOption = "default",
+) -> None:
+    """Save a profile file as a pipeline; an unchanged file makes no new version."""
+    from service.pipelines import save_pipeline
+
+    settings = _settings()
+    with _pipeline_session(settings) as (session, rt):
+        outcome = save_pipeline(
+            session,
+            owner=owner,
+            name=name,
+            body=file.read_text(encoding="utf-8"),
+            profiles_dir=settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    _print_saved(outcome)
+
+
+@pipelines_cli.command("list")
+def pipelines_list(tag: str | None = None, owner: OwnerOption = "default") -> None:
+    """Own, shared and shipped pipelines with their run counts."""
+    from service.pipelines import list_pipelines
+
+    settings = _settings()
+    with _pipeline_session(settings) as (session, _):
+        views = list_pipelines(session, viewer=owner, profiles_dir=settings.profiles_dir, tag=tag)
+    table = Table("name", "owner", "version", "tags", "runs", "read-only")
+    for view in views:
+        version = "-" if view.version is None else str(view.version)
+        table.add_row(
+            view.name,
+            view.owner,
+            version,
+            ",".join(view.tags),
+            str(view.run_count),
+            "yes" if view.read_only else "",
+        )
+    console.print(table)
+
+
+@pipelines_cli.command("show")
+def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = "default") -> None:
+    """A pipeline's profile as YAML, its current version unless ``--version`` is given."""
+    from service.pipelines import get_pipeline
+
+    settings = _settings()
+    with _pipeline_session(settings) as (session, _):
+        view = get_pipeline(
+            session, name, viewer=owner, profiles_dir=settings.profiles_dir, version=version
+        )
+    console.print(f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})")
+    typer.echo(yaml.safe_dump(view.profile.to_json(), sort_keys=False))
+
+
+@pipelines_cli.command("delete")
+def pipelines_delete(
+    name: str,
+    purge_history: Annotated[bool, typer.Option(help="delete its jobs too")] = False,
+    owner: OwnerOption = "default",
+) -> None:
+    """Delete a pipeline with its versions and schedule; its jobs only with --purge-history."""
+    from service.pipelines import delete_pipeline
+
+    settings = _settings()
+    with _pipeline_session(settings) as (session, _):
+        purged = delete_pipeline(
+            session,
+            name,
+            viewer=owner,
+            profiles_dir=settings.profiles_dir,
+            purge_history=purge_history,
+        )
+    console.print(f"deleted {name} ({purged} jobs purged)")
+
+
+@pipelines_cli.command("import")
+def pipelines_import(
+    url: Annotated[str | None, typer.Option(help="an https URL on the allow-list")] = None,
+    path: Annotated[str | None, typer.Option(help="a file in FLOWBEAT_IMPORT_DIR")] = None,
+    name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
+    owner: OwnerOption = "default",
+) -> None:
+    """Import a profile under the same rules as the API's import."""
+    from service.imports import UrlPolicy, fetch_url, read_import_file
+    from service.pipelines import save_pipeline
+
+    if (url is None) == (path is None):
+        raise typer.BadParameter("give exactly one of --url and --path")
+    settings = _settings()
+    with _pipeline_session(settings) as (session, rt):
+        if url is not None:
+            text = fetch_url(url, UrlPolicy.from_settings(settings))
+        else:
+            assert path is not None
+            text = read_import_file(path, settings.import_dir, settings.import_max_bytes)
+        outcome = save_pipeline(
+            session,
+            owner=owner,
+            name=name,
+            body=text,
+            profiles_dir=settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    _print_saved(outcome)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from service.constants import SHARD_NONE
 from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobNotFound
 from service.models import JobRow, StepRunRow
 from service.notices import validate_notify_url
+from service.pipelines import ResolvedPipeline, resolve_pipeline
 from service.profiles import Profile, find_profile, resolve_params, validate_profile
 from service.states import JOB_FINAL, JobStatus, StepStatus
 from service.steps import close_open_steps, step_facts
@@ -52,11 +53,43 @@ class JobView:
 
 
 def resolve_profile(
-    pipeline: str | Mapping[str, Any], *, profiles_dir: Path, known_actions: Collection[str]
+    pipeline: str | Mapping[str, Any],
+    *,
+    profiles_dir: Path,
+    known_actions: Collection[str],
+    session: Session | None = None,
+    owner: str | None = None,
 ) -> Profile:
-    if isinstance(pipeline, str):
-        return find_profile(profiles_dir, pipeline, known_actions=known_actions)
-    return validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
+    """With a session and an owner, a name may also be a saved pipeline (see
+    ``resolve_request``); without them only shipped profiles and inline ones resolve."""
+    return resolve_request(
+        session if owner is not None else None,
+        pipeline,
+        owner=owner or "",
+        profiles_dir=profiles_dir,
+        known_actions=known_actions,
+    ).profile
+
+
+def resolve_request(
+    session: Session | None,
+    pipeline: str | Mapping[str, Any],
+    *,
+    owner: str,
+    profiles_dir: Path,
+    known_actions: Collection[str],
+) -> ResolvedPipeline:
+    """A name resolves to the owner's saved pipeline, one shared with it, or a shipped profile,
+    in that order; an inline profile stands for itself and comes from no saved pipeline."""
+    if not isinstance(pipeline, str):
+        profile = validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
+        return ResolvedPipeline(profile, None, None)
+    if session is None:
+        profile = find_profile(profiles_dir, pipeline, known_actions=known_actions)
+        return ResolvedPipeline(profile, None, None)
+    return resolve_pipeline(
+        session, pipeline, owner=owner, profiles_dir=profiles_dir, known_actions=known_actions
+    )
 
 
 def _request_hash(profile: Profile, params: Mapping[str, Any]) -> str:
@@ -78,17 +111,22 @@ def submit_job(
     """Store a queued job and its steps. Returns the job and whether it is new.
 
     With ``publish_now`` the job is recorded as sent: the caller publishes right after the
-    commit and calls ``mark_unsent`` if that fails. Should the caller die in between, the
+    commit and marks it unsent if that fails. Should the caller die in between, the
     sweeper finds the job as stalled.
 
     The same idempotency key with the same request returns the first job; with a different
     request it is refused, so a client retrying a timeout cannot start a second run.
     """
-    profile = resolve_profile(
-        request.pipeline, profiles_dir=profiles_dir, known_actions=known_actions
+    resolved = resolve_request(
+        session,
+        request.pipeline,
+        owner=owner,
+        profiles_dir=profiles_dir,
+        known_actions=known_actions,
     )
     if request.notify_url is not None:
         validate_notify_url(request.notify_url)
+    profile = resolved.profile
     params = resolve_params(profile, request.params)
     request_hash = _request_hash(profile, params)
     if request.idempotency_key:
@@ -112,6 +150,8 @@ def submit_job(
         "dispatched_at": now if publish_now else None,
         "diff_mode": request.diff_mode,
         "notify_url": request.notify_url,
+        "pipeline_id": resolved.pipeline_id,
+        "pipeline_version": resolved.version,
     }
     steps = [
         {

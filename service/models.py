@@ -83,6 +83,10 @@ class JobRow(Base):
     )
     diff_mode: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     notify_url: Mapped[str | None] = mapped_column(Text)
+    pipeline_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="SET NULL"), index=True
+    )
+    pipeline_version: Mapped[int | None] = mapped_column(Integer)
 
 
 class StepRunRow(Base):
@@ -152,4 +156,36 @@ class JobEventRow(Base):
     )
     kind: Mapped[str] = mapped_column(String(32))
     data: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PipelineRow(Base):
+    """A saved pipeline of one owner; its content lives in ``pipeline_versions``."""
+
+    __tablename__ = "pipelines"
+    __table_args__ = (UniqueConstraint("owner", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    owner: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    tags: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
+    shared_with: Mapped[list[str]] = mapped_column(ARRAY(String(128)), default=list)
+    current_version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PipelineVersionRow(Base):
+    """One saved content of a pipeline; a content hash is stored once per pipeline."""
+
+    __tablename__ = "pipeline_versions"
+    __table_args__ = (UniqueConstraint("pipeline_id", "content_hash"),)
+
+    pipeline_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    profile: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -36,16 +36,27 @@ class Settings(BaseSettings):
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0
     notify_items_max: int = 20
+    import_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    import_dir: Path | None = None
+    import_max_bytes: int = 100_000
+    import_timeout_s: float = 10.0
+    import_max_redirects: int = 5
 
     worker_concurrency: int = 2
     worker_prefetch: int = 4
 
-    @field_validator("action_modules", mode="before")
+    @field_validator("action_modules", "import_allowed_hosts", mode="before")
     @classmethod
     def _split_modules(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("import_dir", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        """An empty ``FLOWBEAT_IMPORT_DIR`` disables file imports rather than meaning ``.``."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     def require_database_url(self) -> str:
         if not self.database_url:

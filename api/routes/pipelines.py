@@ -1,0 +1,347 @@
+"""Saved pipelines: save (YAML or JSON), read, list, version history, share, delete, import.
+
+Every pipeline a caller can see is its own, one shared with it, or a shipped profile (owner
+``system``); admin keys see every owner's and may name one with ``?owner=``.
+"""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
+from api.schemas import ErrorEnvelope, UtcDatetime
+from service.auth import Principal
+from service.errors import ImportRequestInvalid, UnsupportedMediaType
+from service.imports import UrlPolicy, fetch_url, read_import_file
+from service.pipelines import (
+    PipelineView,
+    SaveOutcome,
+    delete_pipeline,
+    get_pipeline,
+    list_pipelines,
+    list_versions,
+    save_pipeline,
+    set_share,
+)
+from service.settings import Settings
+
+router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
+
+BODY_MEDIA_TYPES = frozenset(
+    {"application/yaml", "application/x-yaml", "text/yaml", "application/json", "text/plain"}
+)
+OWNER_QUERY = Query(max_length=128, description="another owner's pipeline (admin, or shared)")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorEnvelope}
+    for status in (400, 401, 403, 404, 409, 413, 415, 422, 502, 503, 504)
+}
+
+
+class PipelinePublic(BaseModel):
+    name: str
+    owner: str
+    description: str
+    tags: list[str]
+    shared_with: list[str]
+    version: int | None = Field(description="null for shipped profiles, which are files")
+    content_hash: str
+    read_only: bool
+    run_count: int
+    created_at: UtcDatetime | None
+    updated_at: UtcDatetime | None
+
+    @classmethod
+    def of(cls, view: PipelineView) -> "PipelinePublic":
+        return cls(
+            name=view.name,
+            owner=view.owner,
+            description=view.description,
+            tags=view.tags,
+            shared_with=view.shared_with,
+            version=view.version,
+            content_hash=view.content_hash,
+            read_only=view.read_only,
+            run_count=view.run_count,
+            created_at=view.created_at,
+            updated_at=view.updated_at,
+        )
+
+
+class PipelineDetail(PipelinePublic):
+    profile: dict[str, Any]
+
+
+class PipelineEnvelope(BaseModel):
+    pipeline: PipelineDetail
+    created_version: bool | None = None
+
+
+class PipelineList(BaseModel):
+    pipelines: list[PipelinePublic]
+
+
+class VersionPublic(BaseModel):
+    version: int
+    content_hash: str
+    created_at: UtcDatetime
+    current: bool
+
+
+class VersionList(BaseModel):
+    versions: list[VersionPublic]
+
+
+class Shares(BaseModel):
+    name: str
+    shared_with: list[str]
+
+
+class Deleted(BaseModel):
+    name: str
+    purged_jobs: int
+
+
+class ImportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(default=None, max_length=2048)
+    path: str | None = Field(default=None, max_length=1024)
+    name: str | None = Field(default=None, max_length=64, description="must match the profile")
+
+
+def _detail(view: PipelineView) -> PipelineDetail:
+    return PipelineDetail(**PipelinePublic.of(view).model_dump(), profile=view.profile.to_json())
+
+
+def _admin(principal: Principal) -> bool:
+    return principal.has("admin")
+
+
+async def profile_body(request: Request) -> str:
+    """The raw body as text; a route parameter would make FastAPI parse it as JSON only."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type not in BODY_MEDIA_TYPES:
+        raise UnsupportedMediaType(
+            f"send the profile as YAML or JSON, not {media_type or 'no content type'!r}",
+            {"content_type": media_type, "allowed": sorted(BODY_MEDIA_TYPES)},
+        )
+    raw = await request.body()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnsupportedMediaType("the body is not UTF-8 text", {}) from None
+
+
+def _saved(outcome: SaveOutcome, response: Response) -> PipelineEnvelope:
+    response.status_code = 201 if outcome.created_version else 200
+    return PipelineEnvelope(pipeline=_detail(outcome.view), created_version=outcome.created_version)
+
+
+@router.get("", response_model=PipelineList, responses=_ERRORS)
+def index(
+    principal: Reader,
+    session: SessionDep,
+    settings: SettingsDep,
+    tag: Annotated[str | None, Query(max_length=64)] = None,
+) -> PipelineList:
+    views = list_pipelines(
+        session,
+        viewer=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        tag=tag or None,
+        admin=_admin(principal),
+    )
+    return PipelineList(pipelines=[PipelinePublic.of(view) for view in views])
+
+
+@router.post(
+    "/import",
+    status_code=201,
+    response_model=PipelineEnvelope,
+    responses={200: {"model": PipelineEnvelope}, **_ERRORS},
+)
+def import_pipeline(
+    body: ImportRequest,
+    response: Response,
+    principal: Writer,
+    session: SessionDep,
+    runtime: RuntimeDep,
+    settings: SettingsDep,
+) -> PipelineEnvelope:
+    """Fetch a profile from an allow-listed https URL or a file in the import directory, then
+    save it exactly as ``PUT`` would. The authentication's transaction ends first, so no
+    database connection is held while a remote server takes its time."""
+    if (body.url is None) == (body.path is None):
+        raise ImportRequestInvalid("give exactly one of 'url' and 'path'", {})
+    session.commit()
+    if body.url is not None:
+        text = fetch_url(body.url, UrlPolicy.from_settings(settings))
+    else:
+        assert body.path is not None
+        text = read_import_file(body.path, settings.import_dir, settings.import_max_bytes)
+    outcome = save_pipeline(
+        session,
+        owner=principal.owner,
+        name=body.name,
+        body=text,
+        profiles_dir=settings.profiles_dir,
+        known_actions=runtime.registry.names(),
+    )
+    session.commit()
+    return _saved(outcome, response)
+
+
+@router.put(
+    "/{name}",
+    status_code=201,
+    response_model=PipelineEnvelope,
+    responses={200: {"model": PipelineEnvelope}, **_ERRORS},
+)
+def save(
+    name: str,
+    text: Annotated[str, Depends(profile_body)],
+    response: Response,
+    principal: Writer,
+    session: SessionDep,
+    runtime: RuntimeDep,
+    settings: SettingsDep,
+) -> PipelineEnvelope:
+    """201 with a new version; 200 when the content is one already saved (no new version)."""
+    outcome = save_pipeline(
+        session,
+        owner=principal.owner,
+        name=name,
+        body=text,
+        profiles_dir=settings.profiles_dir,
+        known_actions=runtime.registry.names(),
+    )
+    session.commit()
+    return _saved(outcome, response)
+
+
+@router.get("/{name}", response_model=PipelineEnvelope, responses=_ERRORS)
+def read(
+    name: str,
+    principal: Reader,
+    session: SessionDep,
+    settings: SettingsDep,
+    version: Annotated[int | None, Query(ge=1)] = None,
+    owner: Annotated[str | None, OWNER_QUERY] = None,
+) -> PipelineEnvelope:
+    view = get_pipeline(
+        session,
+        name,
+        viewer=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        owner=owner,
+        version=version,
+        admin=_admin(principal),
+    )
+    return PipelineEnvelope(pipeline=_detail(view))
+
+
+@router.get("/{name}/versions", response_model=VersionList, responses=_ERRORS)
+def versions(
+    name: str,
+    principal: Reader,
+    session: SessionDep,
+    owner: Annotated[str | None, OWNER_QUERY] = None,
+) -> VersionList:
+    found = list_versions(
+        session, name, viewer=principal.owner, owner=owner, admin=_admin(principal)
+    )
+    return VersionList(
+        versions=[VersionPublic(**vars(version)) for version in found],
+    )
+
+
+@router.delete("/{name}", response_model=Deleted, responses=_ERRORS)
+def remove(
+    name: str,
+    principal: Writer,
+    session: SessionDep,
+    settings: SettingsDep,
+    purge_history: bool = False,
+    owner: Annotated[str | None, OWNER_QUERY] = None,
+) -> Deleted:
+    """Deletes the pipeline, its versions and its schedule; its jobs only with
+    ``purge_history=true``."""
+    purged = delete_pipeline(
+        session,
+        name,
+        viewer=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        owner=owner,
+        admin=_admin(principal),
+        purge_history=purge_history,
+    )
+    session.commit()
+    return Deleted(name=name, purged_jobs=purged)
+
+
+def _share(
+    name: str,
+    grantee: str,
+    *,
+    shared: bool,
+    owner: str | None,
+    principal: Principal,
+    session: Session,
+    settings: Settings,
+) -> Shares:
+    grantees = set_share(
+        session,
+        name,
+        grantee,
+        shared=shared,
+        viewer=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        owner=owner,
+        admin=_admin(principal),
+    )
+    session.commit()
+    return Shares(name=name, shared_with=grantees)
+
+
+@router.put("/{name}/shares/{grantee}", response_model=Shares, responses=_ERRORS)
+def share(
+    name: str,
+    grantee: str,
+    principal: Writer,
+    session: SessionDep,
+    settings: SettingsDep,
+    owner: Annotated[str | None, OWNER_QUERY] = None,
+) -> Shares:
+    """Let ``grantee`` read and run the pipeline, not change it. Owner or admin only."""
+    return _share(
+        name,
+        grantee,
+        shared=True,
+        owner=owner,
+        principal=principal,
+        session=session,
+        settings=settings,
+    )
+
+
+@router.delete("/{name}/shares/{grantee}", response_model=Shares, responses=_ERRORS)
+def unshare(
+    name: str,
+    grantee: str,
+    principal: Writer,
+    session: SessionDep,
+    settings: SettingsDep,
+    owner: Annotated[str | None, OWNER_QUERY] = None,
+) -> Shares:
+    return _share(
+        name,
+        grantee,
+        shared=False,
+        owner=owner,
+        principal=principal,
+        session=session,
+        settings=settings,
+    )

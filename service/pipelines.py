@@ -1,0 +1,520 @@
+"""Saved pipelines: versioned profiles in PostgreSQL, owned by one owner, shareable read-only.
+
+Shipped profiles (the files in ``profiles_dir``) appear as read-only pipelines of the owner
+``system``; their names cannot be saved over, so a name that runs a shipped profile today keeps
+doing so. A saved name resolves, for a caller, to the caller's own pipeline, then to one shared
+with the caller, then to a shipped profile. Functions flush; the caller commits.
+"""
+
+import re
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import case, delete, func, or_, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from service.errors import (
+    InvalidShare,
+    PipelineNameMismatch,
+    PipelineReadOnly,
+    ProfileInvalid,
+    ProfileNotFound,
+)
+from service.models import JobRow, PipelineRow, PipelineVersionRow
+from service.profiles import (
+    NAME_PATTERN,
+    PROFILE_SUFFIXES,
+    Profile,
+    find_profile,
+    list_profiles,
+    load_profile_text,
+    validate_profile,
+)
+
+SYSTEM_OWNER = "system"
+MAX_OWNER_LENGTH = 128
+RESOLVED_CACHE_SIZE = 1024
+
+_RESOLVED: dict[tuple[uuid.UUID, int, frozenset[str]], Profile] = {}
+"""Validated profiles of saved versions. A (pipeline id, version) never changes content, so
+jobs that re-run a pipeline skip reading and validating its stored profile again."""
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """A pipeline as a caller sees it; ``read_only`` when the caller may run but not change it."""
+
+    name: str
+    owner: str
+    description: str
+    tags: list[str]
+    shared_with: list[str]
+    version: int | None
+    content_hash: str
+    profile: Profile
+    read_only: bool
+    created_at: datetime | None
+    updated_at: datetime | None
+    run_count: int = 0
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    view: PipelineView
+    created_version: bool
+
+
+@dataclass(frozen=True)
+class VersionView:
+    version: int
+    content_hash: str
+    created_at: datetime
+    current: bool
+
+
+@dataclass(frozen=True)
+class ResolvedPipeline:
+    """What a job runs: the profile, and the saved pipeline and version it came from, if any."""
+
+    profile: Profile
+    pipeline_id: uuid.UUID | None
+    version: int | None
+
+
+def _check_name(name: str) -> None:
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise ProfileInvalid(
+            f"invalid pipeline name {name!r}",
+            {
+                "source": name,
+                "errors": [
+                    {
+                        "step": None,
+                        "field": "name",
+                        "code": "bad_name",
+                        "message": f"a name must match {NAME_PATTERN}",
+                    }
+                ],
+            },
+        )
+
+
+def _shipped(profiles_dir: Path, name: str) -> Profile | None:
+    try:
+        return find_profile(profiles_dir, name)
+    except ProfileNotFound:
+        return None
+
+
+def _refuse_shipped_name(profiles_dir: Path, name: str) -> None:
+    if any((profiles_dir / f"{name}{suffix}").is_file() for suffix in PROFILE_SUFFIXES):
+        raise PipelineReadOnly(
+            f"{name!r} is a shipped profile and cannot be changed",
+            {"name": name, "owner": SYSTEM_OWNER},
+        )
+
+
+def parse_body(
+    body: str | Mapping[str, Any], *, source: str, known_actions: Collection[str]
+) -> Profile:
+    """Validate a body exactly as a profile file is validated; JSON text is YAML too."""
+    if isinstance(body, str):
+        return load_profile_text(body, source=source, known_actions=known_actions)
+    return validate_profile(dict(body), source=source, known_actions=known_actions)
+
+
+def save_pipeline(
+    session: Session,
+    *,
+    owner: str,
+    name: str | None,
+    body: str | Mapping[str, Any],
+    profiles_dir: Path,
+    known_actions: Collection[str],
+    now: datetime | None = None,
+) -> SaveOutcome:
+    """Save a new version of ``owner``'s pipeline, or nothing when the content is unchanged.
+
+    Content already saved as an older version makes that version current again instead of
+    copying it, so one content hash always names one version. The pipeline row is locked while
+    a version number is chosen, so concurrent saves number versions without gaps or clashes.
+    """
+    source = f"pipeline {name}" if name else "pipeline"
+    profile = parse_body(body, source=source, known_actions=known_actions)
+    if name is not None and profile.name != name:
+        raise PipelineNameMismatch(
+            f"the profile is named {profile.name!r}, not {name!r}",
+            {"name": name, "profile_name": profile.name},
+        )
+    _refuse_shipped_name(profiles_dir, profile.name)
+    now = now or datetime.now(UTC)
+    content_hash = profile.content_hash()
+    session.execute(
+        insert(PipelineRow)
+        .values(
+            id=uuid.uuid4(),
+            owner=owner,
+            name=profile.name,
+            description=profile.description,
+            tags=list(profile.tags),
+            shared_with=[],
+            current_version=0,
+            created_at=now,
+            updated_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=["owner", "name"])
+    )
+    row = session.scalars(
+        select(PipelineRow)
+        .where(PipelineRow.owner == owner, PipelineRow.name == profile.name)
+        .with_for_update()
+    ).one()
+    existing = session.scalars(
+        select(PipelineVersionRow).where(
+            PipelineVersionRow.pipeline_id == row.id,
+            PipelineVersionRow.content_hash == content_hash,
+        )
+    ).one_or_none()
+    created = existing is None
+    if existing is None:
+        latest = session.scalar(
+            select(func.max(PipelineVersionRow.version)).where(
+                PipelineVersionRow.pipeline_id == row.id
+            )
+        )
+        version = (latest or 0) + 1
+        session.add(
+            PipelineVersionRow(
+                pipeline_id=row.id,
+                version=version,
+                content_hash=content_hash,
+                profile=profile.to_json(),
+                created_at=now,
+            )
+        )
+    else:
+        version = existing.version
+    if version != row.current_version:
+        row.current_version = version
+        row.description = profile.description
+        row.tags = list(profile.tags)
+        row.updated_at = now
+    session.flush()
+    return SaveOutcome(_view(row, profile, version, read_only=False), created)
+
+
+def _view(
+    row: PipelineRow, profile: Profile, version: int, *, read_only: bool, run_count: int = 0
+) -> PipelineView:
+    return PipelineView(
+        name=row.name,
+        owner=row.owner,
+        description=row.description,
+        tags=list(row.tags),
+        shared_with=[] if read_only else sorted(row.shared_with),
+        version=version,
+        content_hash=profile.content_hash(),
+        profile=profile,
+        read_only=read_only,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        run_count=run_count,
+    )
+
+
+def _system_view(profile: Profile, run_count: int = 0) -> PipelineView:
+    return PipelineView(
+        name=profile.name,
+        owner=SYSTEM_OWNER,
+        description=profile.description,
+        tags=list(profile.tags),
+        shared_with=[],
+        version=None,
+        content_hash=profile.content_hash(),
+        profile=profile,
+        read_only=True,
+        created_at=None,
+        updated_at=None,
+        run_count=run_count,
+    )
+
+
+def _stored_profile(row: PipelineRow, version: PipelineVersionRow) -> Profile:
+    """Stored content was valid when saved; it is validated again without the action check,
+    which ``resolve_pipeline`` makes against the actions this process knows now."""
+    return validate_profile(version.profile, source=f"pipeline {row.name} v{version.version}")
+
+
+def _visible_row(
+    session: Session, name: str, *, viewer: str, owner: str | None, admin: bool
+) -> PipelineRow | None:
+    """The caller's own pipeline, else the oldest one shared with it (any owner's for
+    admins); with ``owner``, that owner's pipeline if the caller may read it."""
+    query = select(PipelineRow).where(PipelineRow.name == name)
+    if owner is not None:
+        row = session.scalars(query.where(PipelineRow.owner == owner)).one_or_none()
+        if row is None or admin or owner == viewer or viewer in row.shared_with:
+            return row
+        return None
+    if not admin:
+        query = query.where(
+            or_(PipelineRow.owner == viewer, PipelineRow.shared_with.contains([viewer]))
+        )
+    own_first = case((PipelineRow.owner == viewer, 0), else_=1)
+    return session.scalars(
+        query.order_by(own_first, PipelineRow.created_at, PipelineRow.owner).limit(1)
+    ).first()
+
+
+def _version_row(session: Session, row: PipelineRow, version: int | None) -> PipelineVersionRow:
+    wanted = row.current_version if version is None else version
+    found = session.get(PipelineVersionRow, (row.id, wanted))
+    if found is None:
+        raise ProfileNotFound(
+            f"pipeline {row.name!r} has no version {wanted}",
+            {"name": row.name, "owner": row.owner, "version": wanted},
+        )
+    return found
+
+
+def _not_found(name: str) -> ProfileNotFound:
+    return ProfileNotFound(f"no pipeline named {name!r}", {"name": name})
+
+
+def get_pipeline(
+    session: Session,
+    name: str,
+    *,
+    viewer: str,
+    profiles_dir: Path,
+    owner: str | None = None,
+    version: int | None = None,
+    admin: bool = False,
+) -> PipelineView:
+    """A pipeline as ``viewer`` sees it, its current version unless ``version`` is given."""
+    _check_name(name)
+    row = None
+    if owner != SYSTEM_OWNER:
+        row = _visible_row(session, name, viewer=viewer, owner=owner, admin=admin)
+    if row is not None:
+        stored = _version_row(session, row, version)
+        read_only = row.owner != viewer and not admin
+        return _view(
+            row,
+            _stored_profile(row, stored),
+            stored.version,
+            read_only=read_only,
+            run_count=_saved_run_counts(session, [row.id]).get(row.id, 0),
+        )
+    if owner in (None, SYSTEM_OWNER) and version is None:
+        shipped = _shipped(profiles_dir, name)
+        if shipped is not None:
+            counts = _system_run_counts(session, [name], None if admin else viewer)
+            return _system_view(shipped, counts.get(name, 0))
+    raise _not_found(name)
+
+
+def list_versions(
+    session: Session, name: str, *, viewer: str, owner: str | None = None, admin: bool = False
+) -> list[VersionView]:
+    """Newest first."""
+    _check_name(name)
+    row = _visible_row(session, name, viewer=viewer, owner=owner, admin=admin)
+    if row is None:
+        raise _not_found(name)
+    versions = session.scalars(
+        select(PipelineVersionRow)
+        .where(PipelineVersionRow.pipeline_id == row.id)
+        .order_by(PipelineVersionRow.version.desc())
+    )
+    return [
+        VersionView(v.version, v.content_hash, v.created_at, v.version == row.current_version)
+        for v in versions
+    ]
+
+
+def _saved_run_counts(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(JobRow.pipeline_id, func.count())
+        .where(JobRow.pipeline_id.in_(ids))
+        .group_by(JobRow.pipeline_id)
+    )
+    return {pipeline_id: count for pipeline_id, count in rows if pipeline_id is not None}
+
+
+def _system_run_counts(session: Session, names: list[str], viewer: str | None) -> dict[str, int]:
+    """Runs of shipped profiles are jobs by name that came from no saved pipeline."""
+    if not names:
+        return {}
+    query = (
+        select(JobRow.pipeline, func.count())
+        .where(JobRow.pipeline.in_(names), JobRow.pipeline_id.is_(None))
+        .group_by(JobRow.pipeline)
+    )
+    if viewer is not None:
+        query = query.where(JobRow.owner == viewer)
+    return {name: count for name, count in session.execute(query)}
+
+
+def list_pipelines(
+    session: Session,
+    *,
+    viewer: str,
+    profiles_dir: Path,
+    tag: str | None = None,
+    admin: bool = False,
+) -> list[PipelineView]:
+    """Own, shared and shipped pipelines (every owner's for admins), by name then owner."""
+    query = select(PipelineRow, PipelineVersionRow).join(
+        PipelineVersionRow,
+        (PipelineVersionRow.pipeline_id == PipelineRow.id)
+        & (PipelineVersionRow.version == PipelineRow.current_version),
+    )
+    if not admin:
+        query = query.where(
+            or_(PipelineRow.owner == viewer, PipelineRow.shared_with.contains([viewer]))
+        )
+    if tag:
+        query = query.where(PipelineRow.tags.contains([tag]))
+    pairs = [(row, stored) for row, stored in session.execute(query)]
+    counts = _saved_run_counts(session, [row.id for row, _ in pairs])
+    views = [
+        _view(
+            row,
+            _stored_profile(row, stored),
+            stored.version,
+            read_only=row.owner != viewer and not admin,
+            run_count=counts.get(row.id, 0),
+        )
+        for row, stored in pairs
+    ]
+    shipped = [profile for profile in list_profiles(profiles_dir) if not tag or tag in profile.tags]
+    system_counts = _system_run_counts(
+        session, [profile.name for profile in shipped], None if admin else viewer
+    )
+    views += [_system_view(p, system_counts.get(p.name, 0)) for p in shipped]
+    return sorted(views, key=lambda view: (view.name, view.owner))
+
+
+def _owned_row(
+    session: Session, name: str, *, viewer: str, owner: str | None, admin: bool, profiles_dir: Path
+) -> PipelineRow:
+    """The row the caller may change: its own, or with ``owner`` any owner's for admins."""
+    _check_name(name)
+    _refuse_shipped_name(profiles_dir, name)
+    target = owner if owner is not None and admin else viewer
+    row = session.scalars(
+        select(PipelineRow)
+        .where(PipelineRow.owner == target, PipelineRow.name == name)
+        .with_for_update()
+    ).one_or_none()
+    if row is not None:
+        return row
+    shared = _visible_row(session, name, viewer=viewer, owner=owner, admin=admin)
+    if shared is not None:
+        raise PipelineReadOnly(
+            f"pipeline {name!r} of {shared.owner!r} is shared read-only",
+            {"name": name, "owner": shared.owner},
+        )
+    raise _not_found(name)
+
+
+def delete_pipeline(
+    session: Session,
+    name: str,
+    *,
+    viewer: str,
+    profiles_dir: Path,
+    owner: str | None = None,
+    admin: bool = False,
+    purge_history: bool = False,
+) -> int:
+    """Delete a pipeline with its versions (and whatever cascades from it, e.g. a schedule).
+    Its jobs stay as history unless ``purge_history``. Returns the number of jobs deleted."""
+    row = _owned_row(
+        session, name, viewer=viewer, owner=owner, admin=admin, profiles_dir=profiles_dir
+    )
+    purged = 0
+    if purge_history:
+        deleted = session.scalars(
+            delete(JobRow).where(JobRow.pipeline_id == row.id).returning(JobRow.id)
+        )
+        purged = len(deleted.all())
+    session.delete(row)
+    session.flush()
+    return purged
+
+
+def _check_grantee(grantee: str, row: PipelineRow) -> None:
+    if not grantee or len(grantee) > MAX_OWNER_LENGTH or grantee == SYSTEM_OWNER:
+        raise InvalidShare(f"cannot share with {grantee!r}", {"owner": grantee})
+    if grantee == row.owner:
+        raise InvalidShare("a pipeline cannot be shared with its owner", {"owner": grantee})
+
+
+def set_share(
+    session: Session,
+    name: str,
+    grantee: str,
+    *,
+    shared: bool,
+    viewer: str,
+    profiles_dir: Path,
+    owner: str | None = None,
+    admin: bool = False,
+) -> list[str]:
+    """Grant or revoke read-only use of a pipeline; both are idempotent. Returns the grantees."""
+    row = _owned_row(
+        session, name, viewer=viewer, owner=owner, admin=admin, profiles_dir=profiles_dir
+    )
+    _check_grantee(grantee, row)
+    grantees = set(row.shared_with)
+    if shared:
+        grantees.add(grantee)
+    else:
+        grantees.discard(grantee)
+    if grantees != set(row.shared_with):
+        row.shared_with = sorted(grantees)
+        row.updated_at = datetime.now(UTC)
+        session.flush()
+    return sorted(grantees)
+
+
+def resolve_pipeline(
+    session: Session,
+    name: str,
+    *,
+    owner: str,
+    profiles_dir: Path,
+    known_actions: Collection[str],
+) -> ResolvedPipeline:
+    """What a job named ``name`` submitted by ``owner`` runs: its own saved pipeline, one shared
+    with it, or a shipped profile. The current version is validated against the actions known
+    now, so a pipeline whose action was removed is refused before anything is stored."""
+    _check_name(name)
+    row = _visible_row(session, name, viewer=owner, owner=None, admin=False)
+    if row is None:
+        return ResolvedPipeline(
+            find_profile(profiles_dir, name, known_actions=known_actions), None, None
+        )
+    actions = frozenset(known_actions)
+    key = (row.id, row.current_version, actions)
+    profile = _RESOLVED.get(key)
+    if profile is None:
+        stored = _version_row(session, row, None)
+        profile = validate_profile(
+            stored.profile,
+            source=f"pipeline {row.name} v{stored.version}",
+            known_actions=actions,
+        )
+        if len(_RESOLVED) >= RESOLVED_CACHE_SIZE:
+            _RESOLVED.clear()
+        _RESOLVED[key] = profile
+    return ResolvedPipeline(profile, row.id, row.current_version)
