@@ -28,3 +28,4 @@ RATE_LIMIT_KEY_PREFIX: Final = "flowbeat:ratelimit:"
 NCBI_RATE_LIMIT_NAME: Final = "ncbi-eutils"
 LITERATURE_HTTP_ATTEMPTS: Final = 4
 LITERATURE_RETRY_AFTER_MAX_S: Final = 30.0
+NCBI_RATE_WINDOW_S: Final = 1.1
