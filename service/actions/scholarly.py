@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import redis
 
 from service.actions.context import StepContext
 from service.actions.http import _read_capped
@@ -47,6 +48,17 @@ def retry_after_s(header: str | None, fallback_s: float) -> float:
     return min(max(delay, 0.0), LITERATURE_RETRY_AFTER_MAX_S)
 
 
+def _take_slot(action: str, limiter: RateLimiter, ctx: StepContext) -> None:
+    try:
+        limiter.acquire(sleep=ctx.sleep)
+    except TimeoutError as exc:
+        raise ActionError(f"{action}: {exc}", {"reason": "rate_limited"}) from exc
+    except redis.RedisError as exc:
+        raise ActionError(
+            f"{action}: the rate limit in Redis is unavailable: {exc}", {"reason": "rate_limit"}
+        ) from exc
+
+
 def get_json(
     ctx: StepContext,
     action: str,
@@ -62,7 +74,7 @@ def get_json(
         for attempt in range(1, LITERATURE_HTTP_ATTEMPTS + 1):
             ctx.check_cancelled()
             if limiter is not None:
-                limiter.acquire(sleep=ctx.sleep)
+                _take_slot(action, limiter, ctx)
             backoff = BACKOFF_BASE_S * 2 ** (attempt - 1)
             try:
                 with client.stream("GET", url, params=dict(params)) as response:
@@ -72,7 +84,8 @@ def get_json(
                     f"{action}: GET {url} failed: {type(exc).__name__}: {exc}",
                     {"reason": "transport", "attempts": attempt},
                 )
-                ctx.sleep(backoff)
+                if attempt < LITERATURE_HTTP_ATTEMPTS:
+                    ctx.sleep(backoff)
                 continue
             status = response.status_code
             if status == 429 or status >= 500:
@@ -86,7 +99,11 @@ def get_json(
             if status >= 400:
                 raise ActionError(
                     f"{action}: GET {url} returned HTTP {status}",
-                    {"reason": "http_status", "status": status, "body": raw[:500].decode()},
+                    {
+                        "reason": "http_status",
+                        "status": status,
+                        "body": raw[:500].decode(errors="replace"),
+                    },
                     retryable=False,
                 )
             try:

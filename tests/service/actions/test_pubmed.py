@@ -166,3 +166,11 @@ def test_requests_reach_ncbi_at_most_at_the_rate_for_the_key(
     assert len(arrivals) == requests
     assert_no_window_exceeds(arrivals, limit, 1.0)
     assert busiest_second(arrivals) == limit
+
+
+def test_an_unreachable_server_is_retried_then_reported_as_retryable(stack: Stack) -> None:
+    ctx = make_ctx(pubmed_base_url="http://127.0.0.1:9/eutils", http_timeout_s=1)
+    with pytest.raises(ActionError) as info:
+        call(ctx, "pubmed.search", term=REMI_TERM)
+    assert info.value.retryable is True
+    assert info.value.details == {"reason": "transport", "attempts": 4}
