@@ -83,8 +83,10 @@ def download(
         parsed = None
     if parsed is None or parsed.scheme not in {"http", "https"} or not parsed.host:
         raise _bad("data.download", f"only http and https URLs are allowed, got {url!r}")
+    if isinstance(sha256, str):
+        sha256 = sha256.strip().lower()
     if sha256 is not None and (not isinstance(sha256, str) or not SHA256_PATTERN.match(sha256)):
-        raise _bad("data.download", "sha256 must be 64 lowercase hex digits")
+        raise _bad("data.download", "sha256 must be 64 hex digits")
     cap = ctx.settings.download_max_bytes
     if max_bytes is not None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:

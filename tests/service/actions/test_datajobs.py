@@ -81,7 +81,7 @@ def test_download_with_the_right_checksum_is_stored_by_content(
     server: str, ctx: StepContext, tmp_path: Path
 ) -> None:
     digest = hashlib.sha256(CSV).hexdigest()
-    out = call(ctx, "data.download", url=f"{server}/countries.csv", sha256=digest)
+    out = call(ctx, "data.download", url=f"{server}/countries.csv", sha256=digest.upper())
     assert out == {"path": f"downloads/{digest}.csv", "sha256": digest, "bytes": len(CSV)}
     assert (tmp_path / out["path"]).read_bytes() == CSV
     assert [p.name for p in (tmp_path / "downloads").iterdir()] == [f"{digest}.csv"]
