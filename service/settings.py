@@ -41,6 +41,17 @@ class Settings(BaseSettings):
     import_max_bytes: int = 100_000
     import_timeout_s: float = 10.0
     import_max_redirects: int = 5
+    pubmed_base_url: str = "https://eutils.ncbi.nlm.nih.gov/entrez/eutils"
+    europepmc_base_url: str = "https://www.ebi.ac.uk/europepmc/webservices/rest"
+    ncbi_api_key: str | None = None
+    ncbi_tool: str = "flowbeat"
+    ncbi_email: str | None = None
+    ncbi_rate_per_s: int = 3
+    ncbi_rate_per_s_with_key: int = 10
+
+    upsert_schema: str = "datasets"
+    download_max_bytes: int = 100_000_000
+    parse_max_rows: int = 1_000_000
 
     worker_concurrency: int = 2
     worker_prefetch: int = 4

@@ -1,14 +1,14 @@
-"""Built-in actions. Importing this module registers them, with those of ``http`` and ``data``."""
+"""Built-in actions. Importing this module registers them, with those of the sibling modules."""
 
 import math
 from typing import Any
 
-from service.actions import data, http
+from service.actions import data, datajobs, europepmc, http, pubmed
 from service.actions.context import StepContext
 from service.actions.registry import action
 from service.errors import ActionError
 
-__all__ = ["data", "fail", "http", "noop", "sleep", "text_stats"]
+__all__ = ["data", "datajobs", "europepmc", "fail", "http", "noop", "pubmed", "sleep", "text_stats"]
 
 
 @action("noop")

@@ -1,0 +1,82 @@
+"""A rate limit shared by every process of a deployment, kept in the broker's Redis.
+
+Workers run on many machines, so a per-process limiter would multiply the rate by the number of
+processes; NCBI blocks clients that go over 3 (or 10 with a key) requests per second. The limit
+is a sliding-window log: a sorted set of grant times, trimmed and checked in one Lua script so
+that two processes can never both take the last slot. Time comes from Redis itself, so clocks of
+different machines do not matter. ``acquire`` blocks until a slot is free.
+"""
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import redis
+
+from service.constants import RATE_LIMIT_KEY_PREFIX
+
+_ACQUIRE = """
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window_us = tonumber(ARGV[2])
+local member = ARGV[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window_us)
+if redis.call('ZCARD', key) < limit then
+  redis.call('ZADD', key, now, member)
+  redis.call('PEXPIRE', key, math.ceil(window_us / 1000) + 1000)
+  return {1, now}
+end
+local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+return {0, tonumber(oldest[2]) + window_us - now + 1}
+"""
+
+
+@lru_cache(maxsize=8)
+def redis_client(url: str) -> redis.Redis:
+    """One connection pool per Redis URL and process, shared by every limiter."""
+    return redis.Redis.from_url(url)
+
+
+@dataclass
+class RateLimiter:
+    """At most ``limit`` grants in any window of ``window_s`` seconds, across all processes."""
+
+    client: redis.Redis
+    name: str
+    limit: int
+    window_s: float = 1.0
+    _script: Callable[..., object] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.limit < 1 or self.window_s <= 0:
+            raise ValueError("a rate limit needs limit >= 1 and a positive window")
+        self._script = self.client.register_script(_ACQUIRE)
+
+    @property
+    def key(self) -> str:
+        return f"{RATE_LIMIT_KEY_PREFIX}{self.name}"
+
+    def try_acquire(self) -> tuple[bool, float]:
+        """``(True, grant time in s on the Redis clock)`` or ``(False, seconds to wait)``."""
+        window_us = int(self.window_s * 1_000_000)
+        reply = self._script(keys=[self.key], args=[self.limit, window_us, uuid.uuid4().hex])
+        assert isinstance(reply, list)
+        granted, value = reply
+        return bool(granted), int(value) / 1_000_000
+
+    def acquire(
+        self, sleep: Callable[[float], None] = time.sleep, timeout_s: float = 60.0
+    ) -> float:
+        """Wait for a slot and return its grant time; ``sleep`` lets a step stay cancellable."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            granted, value = self.try_acquire()
+            if granted:
+                return value
+            if time.monotonic() + value > deadline:
+                raise TimeoutError(f"rate limit {self.name!r}: no slot within {timeout_s}s")
+            sleep(value)

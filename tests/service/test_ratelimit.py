@@ -1,0 +1,73 @@
+"""The shared rate limit holds across threads and processes, on the real Redis."""
+
+import multiprocessing
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from service.ratelimit import RateLimiter
+from tests.conftest import Stack
+
+LIMIT = 5
+GRANTS_PER_THREAD = 3
+THREADS = 2
+PROCESSES = 3
+
+
+def _grants(url: str, name: str, out: "multiprocessing.Queue[list[float]]") -> None:
+    limiter = RateLimiter(redis.Redis.from_url(url), name, LIMIT)
+    with ThreadPoolExecutor(THREADS) as pool:
+        batches = pool.map(
+            lambda _: [limiter.acquire(timeout_s=30) for _ in range(GRANTS_PER_THREAD)],
+            range(THREADS),
+        )
+        out.put([t for batch in batches for t in batch])
+
+
+def assert_no_window_exceeds(times: list[float], limit: int, window_s: float) -> None:
+    ordered = sorted(times)
+    for first, later in zip(ordered, ordered[limit:], strict=False):
+        assert later - first >= window_s, f"{limit + 1} grants within {later - first:.3f}s"
+
+
+def test_no_one_second_window_exceeds_the_limit_across_processes(stack: Stack) -> None:
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    context = multiprocessing.get_context("spawn")
+    queue: multiprocessing.Queue[list[float]] = context.Queue()
+    procs = [
+        context.Process(target=_grants, args=(stack.broker_url, name, queue))
+        for _ in range(PROCESSES)
+    ]
+    for proc in procs:
+        proc.start()
+    times = [t for _ in procs for t in queue.get(timeout=60)]
+    for proc in procs:
+        proc.join(timeout=10)
+
+    assert len(times) == PROCESSES * THREADS * GRANTS_PER_THREAD
+    assert_no_window_exceeds(times, LIMIT, 1.0)
+    expected_span = len(times) / LIMIT - 1
+    assert expected_span <= max(times) - min(times) < expected_span + 2
+
+
+def test_a_full_window_says_how_long_to_wait(stack: Stack) -> None:
+    limiter = RateLimiter(redis.Redis.from_url(stack.broker_url), f"t-{uuid.uuid4().hex}", 2)
+    assert limiter.try_acquire()[0]
+    assert limiter.try_acquire()[0]
+    granted, wait_s = limiter.try_acquire()
+    assert not granted
+    assert 0 < wait_s <= 1.0
+
+
+def test_acquire_gives_up_after_its_timeout(stack: Stack) -> None:
+    limiter = RateLimiter(redis.Redis.from_url(stack.broker_url), f"t-{uuid.uuid4().hex}", 1, 60)
+    limiter.acquire()
+    with pytest.raises(TimeoutError):
+        limiter.acquire(timeout_s=0.2)
+
+
+def test_a_limit_below_one_is_refused(stack: Stack) -> None:
+    with pytest.raises(ValueError):
+        RateLimiter(redis.Redis.from_url(stack.broker_url), "x", 0)
