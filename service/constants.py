@@ -23,3 +23,6 @@ JOB_LIST_MAX_LIMIT: Final = 200
 JOB_LIST_DEFAULT_LIMIT: Final = 50
 API_KEY_PREFIX: Final = "fb_"
 SWEEP_ADVISORY_LOCK_ID: Final = 0x666C6F77
+BEAT_LOCK_KEY: Final = "flowbeat:beat-leader"
+TRIGGER_SCHEDULE: Final = "schedule"
+SCHEDULE_LIST_MAX: Final = 500

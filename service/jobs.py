@@ -29,6 +29,10 @@ class JobRequest:
     idempotency_key: str | None = None
     trigger: str = "api"
     parent_job_id: uuid.UUID | None = None
+    schedule_id: uuid.UUID | None = None
+    scheduled_for: datetime | None = None
+    diff_mode: bool = False
+    notify_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,10 @@ def submit_job(
         "request_hash": request_hash,
         "created_at": now,
         "dispatched_at": now if publish_now else None,
+        "schedule_id": request.schedule_id,
+        "scheduled_for": request.scheduled_for,
+        "diff_mode": request.diff_mode,
+        "notify_url": request.notify_url,
     }
     steps = [
         {

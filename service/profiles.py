@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from service import dag
+from service.cron import ScheduleSpec
 from service.errors import ExpressionError, ParamsInvalid, ProfileInvalid, ProfileNotFound
 from service.expressions import Ref, parse_path, parse_refs, whole_ref
 
@@ -163,6 +164,7 @@ class Profile(BaseModel):
     steps: list[StepSpec] = Field(min_length=1, max_length=200)
     result: ResultSpec | None = None
     failure_policy: Literal["fail_fast", "best_effort"] = "fail_fast"
+    schedule: ScheduleSpec | None = None
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     http_max_response_bytes: int = 10_000_000
     http_timeout_s: float = 30.0
 
+    schedule_min_interval_s: float = 3600.0
+    schedule_max_active_per_owner: int = 5
+    schedule_run_timeout_s: float = 300.0
+    runs_kept_per_pipeline: int = 100
+    beat_lock_ttl_s: float = 30.0
+
     worker_concurrency: int = 2
     worker_prefetch: int = 4
 
