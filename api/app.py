@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
-from api.routes import health, jobs
+from api.routes import health, jobs, schedules
 from service.auth import KeyCache
 from service.constants import VERSION
 from service.runtime import Runtime
@@ -51,6 +51,7 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(schedules.router)
     return app
 
 
