@@ -158,17 +158,21 @@ def delete_schedule(session: Session, *, owner: str, pipeline: str) -> None:
 
 def summarize(session: Session, rows: Collection[ScheduleRow]) -> list[ScheduleSummary]:
     ids = [row.id for row in rows]
-    counts = dict(
-        session.execute(
+    counts = {
+        schedule_id: count
+        for schedule_id, count in session.execute(
             select(ScheduleFireRow.schedule_id, func.count())
             .where(ScheduleFireRow.schedule_id.in_(ids), ScheduleFireRow.outcome == "created")
             .group_by(ScheduleFireRow.schedule_id)
-        ).tuples()
-    )
+        )
+    }
     last_ids = [row.last_job_id for row in rows if row.last_job_id is not None]
-    statuses = dict(
-        session.execute(select(JobRow.id, JobRow.status).where(JobRow.id.in_(last_ids))).tuples()
-    )
+    statuses = {
+        job_id: status
+        for job_id, status in session.execute(
+            select(JobRow.id, JobRow.status).where(JobRow.id.in_(last_ids))
+        )
+    }
     return [
         ScheduleSummary(
             schedule=row,
