@@ -1,4 +1,4 @@
-"""Schedule routes: saved per owner, refused with a distinct code per problem, nothing half-stored."""
+"""Schedule routes: one per owner and pipeline, each refusal with its own code, nothing half-stored."""
 
 from pathlib import Path
 from typing import Any
