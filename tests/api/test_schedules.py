@@ -1,4 +1,4 @@
-"""Schedule routes: one per owner and pipeline, each refusal with its own code, nothing half-stored."""
+"""Schedule routes: one per owner and pipeline; each refusal has its own code, nothing is stored."""
 
 from pathlib import Path
 from typing import Any

@@ -111,7 +111,8 @@ class Cluster:
         proc.wait_ready("ready.")
         return proc
 
-    def beat(self) -> Proc:
+    def beat(self, scheduler: str | None = None, **settings: str) -> Proc:
+        """A beat process; ``scheduler`` is a ``-S`` class, ``settings`` as for ``worker``."""
         schedule = self.tmp / f"beat-{uuid.uuid4().hex[:6]}"
         argv = [
             sys.executable,
@@ -122,8 +123,10 @@ class Cluster:
             "beat",
             "--loglevel=INFO",
             f"--schedule={schedule}",
+            *(["-S", scheduler] if scheduler else []),
         ]
-        proc = Proc(argv, self.env, self.tmp / f"beat-{len(self.procs)}.log")
+        env = {**self.env, **{f"FLOWBEAT_{k.upper()}": v for k, v in settings.items()}}
+        proc = Proc(argv, env, self.tmp / f"beat-{len(self.procs)}.log")
         self.procs.append(proc)
         proc.wait_ready("beat: Starting")
         return proc
