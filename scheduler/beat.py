@@ -78,7 +78,10 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         return max(MIN_SLEEP_S, min(static_s, fire_s, self.tick_s))
 
     def fire_due(self, now: datetime) -> float:
-        """Fire every due schedule; returns the seconds until the next known fire."""
+        """Fire every due schedule; returns the seconds until the next known fire.
+
+        A fire already due but held back by its jitter is checked again after one tick.
+        """
         settings = self.settings
         sessions = self.runtime.sessions
         with unit_of_work(sessions) as session:
@@ -99,7 +102,8 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.revoke(overdue.revoke)
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session)
-        return self.tick_s if wake is None else (wake - utcnow()).total_seconds()
+        until_s = self.tick_s if wake is None else (wake - utcnow()).total_seconds()
+        return until_s if until_s > 0 else self.tick_s
 
     def send(self, result: TickResult) -> None:
         """After the commit: publish new jobs, revoke cancelled tasks, prune old runs."""

@@ -30,8 +30,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from service import dag
-from service.cron import ScheduleSpec
-from service.errors import ExpressionError, ParamsInvalid, ProfileInvalid, ProfileNotFound
+from service.cron import ScheduleSpec, normalize
+from service.errors import (
+    ExpressionError,
+    FlowbeatError,
+    ParamsInvalid,
+    ProfileInvalid,
+    ProfileNotFound,
+)
 from service.expressions import Ref, parse_path, parse_refs, whole_ref
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -345,6 +351,19 @@ def _result_errors(profile: Profile) -> list[ErrorEntry]:
     ]
 
 
+def _schedule_errors(profile: Profile) -> list[ErrorEntry]:
+    """A schedule block is checked like a schedule body; operator limits apply only when an
+    operator actually schedules the pipeline, since they may differ between deployments."""
+    if profile.schedule is None:
+        return []
+    try:
+        schedule = normalize(profile.schedule)
+        resolve_params(profile, schedule.params)
+    except FlowbeatError as exc:
+        return [_error(exc.code, exc.message, "schedule")]
+    return []
+
+
 def validate_profile(
     data: object, *, source: str, known_actions: Collection[str] | None = None
 ) -> Profile:
@@ -361,6 +380,7 @@ def validate_profile(
         *_cycle_errors(profile, deps),
         *_reference_errors(profile, deps),
         *_result_errors(profile),
+        *_schedule_errors(profile),
     ]
     if errors:
         _raise_invalid(source, errors)
