@@ -8,6 +8,7 @@ standbys idle: exactly-once per fire comes from the ``schedule_fires`` fence in 
 """
 
 import logging
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from functools import cached_property
@@ -78,14 +79,15 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         return max(MIN_SLEEP_S, min(static_s, fire_s, self.tick_s))
 
     def fire_due(self, now: datetime) -> float:
-        """Fire every due schedule; returns the seconds until the next known fire.
+        """Fire every due schedule; returns the seconds until the next fire.
 
-        A fire already due but held back by its jitter is checked again after one tick.
+        Zero when a schedule fell due while this tick ran, so it fires without waiting a tick.
         """
         settings = self.settings
         sessions = self.runtime.sessions
         with unit_of_work(sessions) as session:
             due = due_schedule_ids(session, now)
+        held: dict[uuid.UUID, datetime] = {}
         for schedule_id in due:
             with unit_of_work(sessions) as session:
                 result = fire_schedule(
@@ -97,13 +99,17 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                     known_actions=self.runtime.registry.names(),
                 )
             self.send(result)
+            if result.held_until is not None:
+                held[schedule_id] = result.held_until
         with unit_of_work(sessions) as session:
             overdue = cancel_overdue(session, now=now, timeout_s=settings.schedule_run_timeout_s)
         self.revoke(overdue.revoke)
         with unit_of_work(sessions) as session:
-            wake = next_wakeup(session)
-        until_s = self.tick_s if wake is None else (wake - utcnow()).total_seconds()
-        return until_s if until_s > 0 else self.tick_s
+            wake = next_wakeup(session, held=held.keys())
+        wakes = [w for w in (wake, *held.values()) if w is not None]
+        if not wakes:
+            return self.tick_s
+        return max(0.0, (min(wakes) - utcnow()).total_seconds())
 
     def send(self, result: TickResult) -> None:
         """After the commit: publish new jobs, revoke cancelled tasks, prune old runs."""

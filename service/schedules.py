@@ -62,6 +62,7 @@ class TickResult:
     jobs: list[JobRow] = field(default_factory=list)
     revoke: list[str] = field(default_factory=list)
     fired: list[datetime] = field(default_factory=list)
+    held_until: datetime | None = None
 
 
 def timing_of(row: ScheduleRow) -> Timing:
@@ -201,11 +202,13 @@ def due_schedule_ids(session: Session, now: datetime) -> list[uuid.UUID]:
     )
 
 
-def next_wakeup(session: Session) -> datetime | None:
-    """The earliest next fire of any enabled schedule, for the scheduler's sleep."""
-    value: datetime | None = session.scalar(
-        select(func.min(ScheduleRow.next_fire_at)).where(ScheduleRow.enabled)
-    )
+def next_wakeup(session: Session, *, held: Collection[uuid.UUID] = ()) -> datetime | None:
+    """The earliest next fire of any enabled schedule but those ``held`` back by jitter (their
+    next fire time has passed already), for the scheduler's sleep."""
+    query = select(func.min(ScheduleRow.next_fire_at)).where(ScheduleRow.enabled)
+    if held:
+        query = query.where(ScheduleRow.id.not_in(held))
+    value: datetime | None = session.scalar(query)
     return value
 
 
@@ -339,7 +342,10 @@ def fire_schedule(
     timing = timing_of(row)
     fires = [row.next_fire_at, *fires_between(timing, row.next_fire_at, now)]
     newest = fires[-1]
-    waiting = now < newest + timedelta(seconds=jitter_s(str(row.id), newest, row.jitter_s))
+    release_at = newest + timedelta(seconds=jitter_s(str(row.id), newest, row.jitter_s))
+    waiting = now < release_at
+    if waiting:
+        result.held_until = release_at
     considered = fires[:-1] if waiting else fires
     for fire in due_fires(
         considered,
