@@ -111,8 +111,8 @@ class Cluster:
         proc.wait_ready("ready.")
         return proc
 
-    def beat(self, scheduler: str | None = None, **settings: str) -> Proc:
-        """A beat process; ``scheduler`` is a ``-S`` class, ``settings`` as for ``worker``."""
+    def beat(self, scheduler: str = "scheduler.beat:FlowbeatScheduler", **settings: str) -> Proc:
+        """A beat process as ``flowbeat beat`` runs it; ``settings`` as for ``worker``."""
         schedule = self.tmp / f"beat-{uuid.uuid4().hex[:6]}"
         argv = [
             sys.executable,
@@ -123,7 +123,8 @@ class Cluster:
             "beat",
             "--loglevel=INFO",
             f"--schedule={schedule}",
-            *(["-S", scheduler] if scheduler else []),
+            "-S",
+            scheduler,
         ]
         env = {**self.env, **{f"FLOWBEAT_{k.upper()}": v for k, v in settings.items()}}
         proc = Proc(argv, env, self.tmp / f"beat-{len(self.procs)}.log")

@@ -63,8 +63,7 @@ def test_killing_the_beat_leader_neither_doubles_nor_misses_a_fire(
     client: Client, cluster: Cluster
 ) -> None:
     cluster.worker()
-    scheduler = "scheduler.beat:FlowbeatScheduler"
-    beats = [cluster.beat(scheduler, beat_lock_ttl_s=str(LOCK_TTL_S)) for _ in range(3)]
+    beats = [cluster.beat(beat_lock_ttl_s=str(LOCK_TTL_S)) for _ in range(3)]
     _save(client, every=f"{EVERY_S}s", overlap="allow", params={"hold_s": 0})
 
     for _ in range(KILLS):
@@ -72,7 +71,7 @@ def test_killing_the_beat_leader_neither_doubles_nor_misses_a_fire(
         wait_for(lambda n=fired: len(_jobs(client)) >= n + 2, 20, "two fires under this leader")
         leader = wait_for(lambda: _leader(client.broker, beats), 10, "a leader")
         leader.kill()
-        beats.append(cluster.beat(scheduler, beat_lock_ttl_s=str(LOCK_TTL_S)))
+        beats.append(cluster.beat(beat_lock_ttl_s=str(LOCK_TTL_S)))
         wait_for(lambda: _leader(client.broker, beats), 2 * LOCK_TTL_S + 2, "a standby taking over")
     fired = len(_jobs(client))
     wait_for(lambda: len(_jobs(client)) >= fired + 2, 20, "fires under the last leader")

@@ -19,6 +19,7 @@ from service.schedules import (
     TickResult,
     cancel_overdue,
     fire_schedule,
+    list_schedules,
     prune_runs,
     put_schedule,
 )
@@ -120,6 +121,20 @@ def test_a_due_fire_creates_one_scheduled_job_with_its_fence_row(
     assert (row.last_fire_at, row.last_job_id) == (first, job.id)
     fence = session.scalars(select(ScheduleFireRow).where(ScheduleFireRow.schedule_id == row.id))
     assert [(f.fire_at, f.job_id, f.outcome) for f in fence] == [(first, job.id, "created")]
+
+
+def test_the_listing_counts_runs_and_shows_the_last_status(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, overlap="allow")
+    fire(session, runtime, row, T0 + timedelta(hours=1))
+    (job,) = fire(session, runtime, row, T0 + timedelta(hours=2)).jobs
+    set_status(session, job.id, "running")
+
+    (summary,) = list_schedules(session, owner=owner)
+
+    assert (summary.run_count, summary.last_status) == (2, "running")
+    assert summary.schedule.last_fire_at == T0 + timedelta(hours=2)
 
 
 def test_a_stale_scheduler_firing_the_same_fire_again_is_refused_by_the_fence(
