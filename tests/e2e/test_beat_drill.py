@@ -87,3 +87,15 @@ def test_killing_the_beat_leader_neither_doubles_nor_misses_a_fire(
     assert max(lags) <= timedelta(seconds=3 * LOCK_TTL_S), f"late fires: {lags}"
     assert {status for *_, status in jobs} == {"succeeded"}
     assert len(jobs) >= 2 * (KILLS + 1)
+
+
+@pytest.mark.drill
+def test_a_leader_stopped_cleanly_frees_the_lock_at_once(client: Client, cluster: Cluster) -> None:
+    leader = cluster.beat(beat_lock_ttl_s="60")
+    wait_for(lambda: _leader(client.broker, [leader]), 10, "the only replica to lead")
+
+    leader.stop()
+
+    assert inspect(client.broker, BEAT_LOCK_KEY).holder is None
+    standby = cluster.beat(beat_lock_ttl_s="60")
+    wait_for(lambda: _leader(client.broker, [standby]), 10, "a new replica to lead at once")
