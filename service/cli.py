@@ -95,13 +95,42 @@ def worker(
 
 
 @cli.command()
-def beat() -> None:
-    """Run celery beat (the periodic sweeper)."""
+def beat(
+    check: Annotated[
+        bool, typer.Option("--check", help="print the leader lock; exit 1 if nobody holds it")
+    ] = False,
+) -> None:
+    """Run celery beat with the schedule scheduler (one leader among replicas), or check it."""
     settings = _settings()
+    if check:
+        raise typer.Exit(code=_beat_check(settings))
     schedule = settings.data_dir / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", f"--schedule={schedule}"]
+    argv += ["-S", "scheduler.beat:FlowbeatScheduler", "--loglevel=INFO"]
     os.execv(sys.executable, argv)
+
+
+def _beat_check(settings: Settings) -> int:
+    import redis
+
+    from scheduler.lock import inspect
+    from service.constants import BEAT_LOCK_KEY
+
+    client = redis.Redis.from_url(settings.require_broker_url(), socket_timeout=5)
+    try:
+        state = inspect(client, BEAT_LOCK_KEY)
+    except redis.RedisError as exc:
+        console.print(f"[red]broker unreachable[/red]: {exc}")
+        return 1
+    finally:
+        client.close()
+    if state.holder is None:
+        console.print(f"[red]no leader[/red]: {BEAT_LOCK_KEY} is not held")
+        return 1
+    console.print(f"leader {state.holder}, lock expires in {state.ttl_ms / 1000:.1f}s")
+    console.print(f"lock TTL {settings.beat_lock_ttl_s:.0f}s, renewed every tick by its holder")
+    return 0
 
 
 @contextmanager

@@ -32,3 +32,6 @@ NCBI_RATE_LIMIT_NAME: Final = "ncbi-eutils"
 LITERATURE_HTTP_ATTEMPTS: Final = 4
 LITERATURE_RETRY_AFTER_MAX_S: Final = 30.0
 NCBI_RATE_WINDOW_S: Final = 1.1
+BEAT_LOCK_KEY: Final = "flowbeat:beat-leader"
+TRIGGER_SCHEDULE: Final = "schedule"
+SCHEDULE_LIST_MAX: Final = 500

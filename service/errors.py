@@ -183,3 +183,31 @@ class NoResultItems(FlowbeatError):
 
 class NotifyUrlInvalid(FlowbeatError):
     code = "notify_url_invalid"
+
+
+class CronInvalid(FlowbeatError):
+    code = "cron_invalid"
+
+
+class IntervalInvalid(FlowbeatError):
+    code = "interval_invalid"
+
+
+class TimezoneUnknown(FlowbeatError):
+    code = "timezone_unknown"
+
+
+class ScheduleTooFrequent(FlowbeatError):
+    """Fires closer together than the operator's minimum interval."""
+
+    code = "schedule_too_frequent"
+
+
+class ScheduleLimitReached(FlowbeatError):
+    """The owner already has as many enabled schedules as the operator allows."""
+
+    code = "schedule_limit_reached"
+
+
+class ScheduleNotFound(FlowbeatError):
+    code = "schedule_not_found"

@@ -31,6 +31,8 @@ class JobRequest:
     idempotency_key: str | None = None
     trigger: str = "api"
     parent_job_id: uuid.UUID | None = None
+    schedule_id: uuid.UUID | None = None
+    scheduled_for: datetime | None = None
     diff_mode: bool = False
     notify_url: str | None = None
 
@@ -152,6 +154,8 @@ def submit_job(
         "notify_url": request.notify_url,
         "pipeline_id": resolved.pipeline_id,
         "pipeline_version": resolved.version,
+        "schedule_id": request.schedule_id,
+        "scheduled_for": request.scheduled_for,
     }
     steps = [
         {

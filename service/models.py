@@ -87,6 +87,10 @@ class JobRow(Base):
         UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="SET NULL"), index=True
     )
     pipeline_version: Mapped[int | None] = mapped_column(Integer)
+    schedule_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="SET NULL"), index=True
+    )
+    scheduled_for: Mapped[datetime | None]
 
 
 class StepRunRow(Base):
@@ -188,4 +192,54 @@ class PipelineVersionRow(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     content_hash: Mapped[str] = mapped_column(String(64))
     profile: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class ScheduleRow(Base):
+    """When a pipeline runs on its own. ``next_fire_at`` is the next nominal fire time."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        UniqueConstraint("owner", "pipeline"),
+        Index(None, "enabled", "next_fire_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    owner: Mapped[str] = mapped_column(String(128))
+    pipeline: Mapped[str] = mapped_column(String(64))
+    cron: Mapped[str | None] = mapped_column(String(200))
+    every_s: Mapped[int | None] = mapped_column(Integer)
+    timezone: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]]
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    overlap: Mapped[str] = mapped_column(String(24))
+    catchup: Mapped[str] = mapped_column(String(16))
+    catchup_window_s: Mapped[int] = mapped_column(Integer)
+    jitter_s: Mapped[int] = mapped_column(Integer)
+    diff_mode: Mapped[bool] = mapped_column(Boolean)
+    notify_url: Mapped[str | None] = mapped_column(Text)
+    next_fire_at: Mapped[datetime | None]
+    buffered_fire_at: Mapped[datetime | None]
+    last_fire_at: Mapped[datetime | None]
+    last_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class ScheduleFireRow(Base):
+    """One row per (schedule, fire time): the fence that refuses a second job for a fire,
+    whichever scheduler replica tries. ``job_id`` is null for a fire skipped by policy."""
+
+    __tablename__ = "schedule_fires"
+    __table_args__ = (UniqueConstraint("schedule_id", "fire_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="CASCADE")
+    )
+    fire_at: Mapped[datetime]
+    job_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
+    )
+    outcome: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())

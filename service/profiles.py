@@ -30,7 +30,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from service import dag
-from service.errors import ExpressionError, ParamsInvalid, ProfileInvalid, ProfileNotFound
+from service.cron import ScheduleSpec, normalize
+from service.errors import (
+    ExpressionError,
+    FlowbeatError,
+    ParamsInvalid,
+    ProfileInvalid,
+    ProfileNotFound,
+)
 from service.expressions import Ref, parse_path, parse_refs, whole_ref
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -163,6 +170,7 @@ class Profile(BaseModel):
     steps: list[StepSpec] = Field(min_length=1, max_length=200)
     result: ResultSpec | None = None
     failure_policy: Literal["fail_fast", "best_effort"] = "fail_fast"
+    schedule: ScheduleSpec | None = None
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:
@@ -343,6 +351,23 @@ def _result_errors(profile: Profile) -> list[ErrorEntry]:
     ]
 
 
+def _schedule_errors(profile: Profile) -> list[ErrorEntry]:
+    """A schedule block is checked like a schedule body, except that it may leave required
+    params to the operator's PUT (a shipped data job cannot know its URL). Operator limits apply
+    only when an operator actually schedules the pipeline, since deployments differ."""
+    if profile.schedule is None:
+        return []
+    try:
+        schedule = normalize(profile.schedule)
+        resolve_params(profile, schedule.params)
+    except ParamsInvalid as exc:
+        wrong = [e for e in exc.details.get("errors", []) if e.get("code") != "missing_param"]
+        return [_error(exc.code, e["message"], "schedule.params") for e in wrong]
+    except FlowbeatError as exc:
+        return [_error(exc.code, exc.message, "schedule")]
+    return []
+
+
 def validate_profile(
     data: object, *, source: str, known_actions: Collection[str] | None = None
 ) -> Profile:
@@ -359,6 +384,7 @@ def validate_profile(
         *_cycle_errors(profile, deps),
         *_reference_errors(profile, deps),
         *_result_errors(profile),
+        *_schedule_errors(profile),
     ]
     if errors:
         _raise_invalid(source, errors)

@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     upsert_schema: str = "datasets"
     download_max_bytes: int = 100_000_000
     parse_max_rows: int = 1_000_000
+    schedule_min_interval_s: float = 3600.0
+    schedule_max_active_per_owner: int = 5
+    schedule_run_timeout_s: float = 300.0
+    runs_kept_per_pipeline: int = 100
+    beat_lock_ttl_s: float = 30.0
 
     worker_concurrency: int = 2
     worker_prefetch: int = 4

@@ -33,7 +33,6 @@ def raw(name: str) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.xfail(strict=False, reason="schedule block lands with the schedules branch")
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_the_file_loads_with_its_schedule(name: str) -> None:
     profile = load_profile_file(PROFILES / f"{name}.yaml", known_actions=REGISTRY.names())

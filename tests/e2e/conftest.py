@@ -111,7 +111,8 @@ class Cluster:
         proc.wait_ready("ready.")
         return proc
 
-    def beat(self) -> Proc:
+    def beat(self, scheduler: str = "scheduler.beat:FlowbeatScheduler", **settings: str) -> Proc:
+        """A beat process as ``flowbeat beat`` runs it; ``settings`` as for ``worker``."""
         schedule = self.tmp / f"beat-{uuid.uuid4().hex[:6]}"
         argv = [
             sys.executable,
@@ -122,8 +123,11 @@ class Cluster:
             "beat",
             "--loglevel=INFO",
             f"--schedule={schedule}",
+            "-S",
+            scheduler,
         ]
-        proc = Proc(argv, self.env, self.tmp / f"beat-{len(self.procs)}.log")
+        env = {**self.env, **{f"FLOWBEAT_{k.upper()}": v for k, v in settings.items()}}
+        proc = Proc(argv, env, self.tmp / f"beat-{len(self.procs)}.log")
         self.procs.append(proc)
         proc.wait_ready("beat: Starting")
         return proc

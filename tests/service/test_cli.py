@@ -70,3 +70,21 @@ def test_jobs_list_shows_recent_jobs(flowbeat: Cli) -> None:
 
     assert done.returncode == 0
     assert "dag" in done.stdout
+
+
+def test_beat_check_reports_the_leader_and_fails_without_one(flowbeat: Cli, stack: Stack) -> None:
+    import redis
+
+    from service.constants import BEAT_LOCK_KEY
+
+    client = redis.Redis.from_url(stack.broker_url)
+    try:
+        client.delete(BEAT_LOCK_KEY)
+        assert flowbeat("beat", "--check").returncode == 1
+        client.set(BEAT_LOCK_KEY, "host-1:4242:abc", px=20_000)
+        done = flowbeat("beat", "--check")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "host-1:4242:abc" in done.stdout
+    finally:
+        client.delete(BEAT_LOCK_KEY)
+        client.close()

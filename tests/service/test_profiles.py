@@ -232,6 +232,30 @@ def _add_step(step: dict[str, Any]) -> Mutation:
         pytest.param(
             _set("result/items", "a..b"), "schema", None, "result.items", id="result-path"
         ),
+        pytest.param(
+            _set("schedule", {"cron": "0 25 * * *"}), "cron_invalid", None, "schedule", id="cron"
+        ),
+        pytest.param(
+            _set("schedule", {"every": "1d", "timezone": "Moon/Base"}),
+            "timezone_unknown",
+            None,
+            "schedule",
+            id="schedule-zone",
+        ),
+        pytest.param(
+            _set("schedule", {"every": "1d", "params": {"limit": "many"}}),
+            "params_invalid",
+            None,
+            "schedule.params",
+            id="schedule-params",
+        ),
+        pytest.param(
+            _set("schedule", {"every": "1d", "when": "mondays"}),
+            "schema",
+            None,
+            "schedule.when",
+            id="schedule-extra-field",
+        ),
     ],
 )
 def test_validation_errors(mutate: Mutation, code: str, step: str | None, field: str) -> None:
@@ -245,6 +269,15 @@ def test_validation_errors(mutate: Mutation, code: str, step: str | None, field:
         {k: e[k] for k in ("step", "field", "code")} for e in details["errors"]
     ]
     assert info.value.message.startswith("profiles/x.yaml: ")
+
+
+def test_a_schedule_block_is_kept_as_the_default_schedule() -> None:
+    data = valid()
+    data["schedule"] = {"cron": "0 7 * * 1", "timezone": "Europe/Paris", "params": {"query": "x"}}
+    profile = validate_profile(data, source="x", known_actions=ACTIONS)
+    assert profile.schedule is not None
+    assert (profile.schedule.cron, profile.schedule.overlap) == ("0 7 * * 1", "skip")
+    assert profile.to_json()["schedule"]["timezone"] == "Europe/Paris"
 
 
 def test_transitive_dependency_is_enough_to_reference() -> None:

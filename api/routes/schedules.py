@@ -1,0 +1,139 @@
+"""Schedule routes. A saved or changed schedule is read by the elected scheduler at its next
+tick, so nothing is sent from here and no scheduler restarts."""
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Response
+from pydantic import BaseModel
+
+from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
+from api.errors import ApiError
+from api.schemas import ErrorEnvelope, UtcDatetime
+from service.auth import Principal
+from service.cron import ScheduleSpec
+from service.profiles import find_profile
+from service.runner import utcnow
+from service.schedules import (
+    ScheduleSummary,
+    delete_schedule,
+    get_schedule,
+    list_schedules,
+    put_schedule,
+    summarize,
+)
+
+router = APIRouter(prefix="/v1", tags=["schedules"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 422, 503)
+}
+
+
+class SchedulePublic(BaseModel):
+    id: uuid.UUID
+    pipeline: str
+    owner: str
+    cron: str | None
+    every_s: int | None
+    timezone: str
+    params: dict[str, Any]
+    enabled: bool
+    overlap: str
+    catchup: str
+    catchup_window_s: int
+    jitter_s: int
+    diff_mode: bool
+    notify_url: str | None
+    next_fire_at: UtcDatetime | None
+    last_fire_at: UtcDatetime | None
+    last_job_id: uuid.UUID | None
+    last_status: str | None
+    run_count: int
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+
+    @classmethod
+    def of(cls, summary: ScheduleSummary) -> "SchedulePublic":
+        row = summary.schedule
+        return cls(
+            id=row.id,
+            pipeline=row.pipeline,
+            owner=row.owner,
+            cron=row.cron,
+            every_s=row.every_s,
+            timezone=row.timezone,
+            params=row.params,
+            enabled=row.enabled,
+            overlap=row.overlap,
+            catchup=row.catchup,
+            catchup_window_s=row.catchup_window_s,
+            jitter_s=row.jitter_s,
+            diff_mode=row.diff_mode,
+            notify_url=row.notify_url,
+            next_fire_at=row.next_fire_at,
+            last_fire_at=row.last_fire_at,
+            last_job_id=row.last_job_id,
+            last_status=summary.last_status,
+            run_count=summary.run_count,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+class ScheduleEnvelope(BaseModel):
+    schedule: SchedulePublic
+
+
+class ScheduleList(BaseModel):
+    schedules: list[SchedulePublic]
+
+
+def _visible_to(principal: Principal) -> str | None:
+    return None if principal.has("admin") else principal.owner
+
+
+@router.put("/pipelines/{name}/schedule", response_model=ScheduleEnvelope, responses=_ERRORS)
+def save_schedule(
+    name: str,
+    principal: Writer,
+    session: SessionDep,
+    settings: SettingsDep,
+    runtime: RuntimeDep,
+    body: Annotated[ScheduleSpec | None, Body()] = None,
+) -> ScheduleEnvelope:
+    """An empty body takes the ``schedule:`` block of the pipeline's profile."""
+    profile = find_profile(settings.profiles_dir, name, known_actions=runtime.registry.names())
+    spec = body if body is not None else profile.schedule
+    if spec is None:
+        raise ApiError(
+            "validation_error",
+            f"no schedule given and pipeline {name!r} has no schedule block",
+            {"pipeline": name},
+        )
+    row = put_schedule(
+        session, owner=principal.owner, profile=profile, spec=spec, settings=settings, now=utcnow()
+    )
+    envelope = ScheduleEnvelope(schedule=SchedulePublic.of(summarize(session, [row])[0]))
+    session.commit()
+    return envelope
+
+
+@router.get("/pipelines/{name}/schedule", response_model=ScheduleEnvelope, responses=_ERRORS)
+def read_schedule(name: str, principal: Reader, session: SessionDep) -> ScheduleEnvelope:
+    row = get_schedule(session, owner=principal.owner, pipeline=name)
+    return ScheduleEnvelope(schedule=SchedulePublic.of(summarize(session, [row])[0]))
+
+
+@router.delete("/pipelines/{name}/schedule", status_code=204, responses=_ERRORS)
+def remove_schedule(name: str, principal: Writer, session: SessionDep) -> Response:
+    delete_schedule(session, owner=principal.owner, pipeline=name)
+    session.commit()
+    return Response(status_code=204)
+
+
+@router.get("/schedules", response_model=ScheduleList, responses=_ERRORS)
+def all_schedules(principal: Reader, session: SessionDep) -> ScheduleList:
+    """With next and last fire, the last run's status and how many runs it started."""
+    summaries = list_schedules(session, owner=_visible_to(principal))
+    return ScheduleList(schedules=[SchedulePublic.of(summary) for summary in summaries])

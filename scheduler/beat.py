@@ -1,0 +1,148 @@
+"""``celery beat -S scheduler.beat:FlowbeatScheduler``: schedules from PostgreSQL, one leader.
+
+Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
+static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
+scheduled runs past their timeout and prunes old runs. Schedules are read on every tick, so a
+change through the API applies at the next tick without a restart. The lock only keeps
+standbys idle: exactly-once per fire comes from the ``schedule_fires`` fence in PostgreSQL.
+"""
+
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+import redis
+from celery import beat
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
+from scheduler.lock import LeaderLock, make_token
+from service.constants import BEAT_LOCK_KEY
+from service.db import unit_of_work
+from service.errors import BrokerUnavailable
+from service.plan import initial_plan
+from service.runner import utcnow
+from service.runtime import Runtime
+from service.schedules import (
+    TickResult,
+    cancel_overdue,
+    due_schedule_ids,
+    fire_schedule,
+    next_wakeup,
+    prune_runs,
+)
+from service.settings import Settings, get_settings
+from service.steps import job_profile
+from tasks.dispatch import publish_new_job
+
+log = logging.getLogger(__name__)
+
+MIN_SLEEP_S = 0.05
+
+
+class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.settings: Settings = get_settings()
+        self.tick_s = max(MIN_SLEEP_S, self.settings.beat_lock_ttl_s / 3)
+        client: redis.Redis = redis.Redis.from_url(
+            self.settings.require_broker_url(), socket_timeout=self.tick_s
+        )
+        self.lock = LeaderLock(client, BEAT_LOCK_KEY, self.settings.beat_lock_ttl_s, make_token())
+        super().__init__(*args, **kwargs)
+
+    @cached_property
+    def runtime(self) -> Runtime:
+        return Runtime.start(self.settings, pool_size=2)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        was_leader = self.lock.held
+        try:
+            leader = self.lock.hold()
+        except RedisError as exc:
+            log.warning("beat: leader lock unreachable: %s", exc)
+            self.lock.held = False
+            return self.tick_s
+        if leader != was_leader:
+            log.info("beat: %s leader (%s)", "became" if leader else "no longer", self.lock.token)
+        if not leader:
+            return self.tick_s
+        static_s = float(super().tick(*args, **kwargs))
+        try:
+            fire_s = self.fire_due(utcnow())
+        except SQLAlchemyError as exc:
+            log.warning("beat: database unavailable, retrying next tick: %s", exc)
+            fire_s = self.tick_s
+        return max(MIN_SLEEP_S, min(static_s, fire_s, self.tick_s))
+
+    def fire_due(self, now: datetime) -> float:
+        """Fire every due schedule; returns the seconds until the next fire.
+
+        Zero when a schedule fell due while this tick ran, so it fires without waiting a tick.
+        """
+        settings = self.settings
+        sessions = self.runtime.sessions
+        with unit_of_work(sessions) as session:
+            due = due_schedule_ids(session, now)
+        held: dict[uuid.UUID, datetime] = {}
+        for schedule_id in due:
+            with unit_of_work(sessions) as session:
+                result = fire_schedule(
+                    session,
+                    schedule_id,
+                    now=now,
+                    grace_s=3 * settings.beat_lock_ttl_s,
+                    profiles_dir=settings.profiles_dir,
+                    known_actions=self.runtime.registry.names(),
+                )
+            self.send(result)
+            if result.held_until is not None:
+                held[schedule_id] = result.held_until
+        with unit_of_work(sessions) as session:
+            overdue = cancel_overdue(session, now=now, timeout_s=settings.schedule_run_timeout_s)
+        self.revoke(overdue.revoke)
+        with unit_of_work(sessions) as session:
+            wake = next_wakeup(session, held=held.keys())
+        wakes = [w for w in (wake, *held.values()) if w is not None]
+        if not wakes:
+            return self.tick_s
+        return max(0.0, (min(wakes) - utcnow()).total_seconds())
+
+    def send(self, result: TickResult) -> None:
+        """After the commit: publish new jobs, revoke cancelled tasks, prune old runs."""
+        for job in result.jobs:
+            try:
+                publish_new_job(self.app, self.runtime, initial_plan(job_profile(job), job.id))
+            except BrokerUnavailable:
+                log.warning(
+                    "beat: job %s stored; the sweeper sends it when the broker is back", job.id
+                )
+            log.info("beat: fired %s for %s as job %s", job.pipeline, job.scheduled_for, job.id)
+        self.revoke(result.revoke)
+        for owner, pipeline in {(job.owner, job.pipeline) for job in result.jobs}:
+            with unit_of_work(self.runtime.sessions) as session:
+                prune_runs(
+                    session,
+                    owner=owner,
+                    pipeline=pipeline,
+                    keep=self.settings.runs_kept_per_pipeline,
+                )
+
+    def revoke(self, task_ids: Iterable[str]) -> None:
+        ids = list(task_ids)
+        if not ids:
+            return
+        try:
+            self.app.control.revoke(ids, terminate=True, signal="SIGUSR1")
+        except (KombuOperationalError, RedisError, OSError) as exc:
+            log.warning("beat: could not revoke %s: %s", ids, exc)
+
+    def close(self) -> None:
+        try:
+            self.lock.release()
+        except RedisError as exc:
+            log.warning("beat: could not release the leader lock: %s", exc)
+        super().close()

@@ -1,0 +1,140 @@
+"""Schedule routes: one per owner and pipeline; each refusal has its own code, nothing is stored."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import KeyFactory
+
+Headers = dict[str, str]
+NAMES = [f"sched-{letter}" for letter in "abcdef"]
+
+
+def _profile(name: str) -> str:
+    return f"""\
+name: {name}
+params:
+  since: {{type: integer, default: 2020}}
+steps:
+  - id: only
+    action: noop
+schedule:
+  cron: "0 7 * * 1"
+  timezone: Europe/Paris
+  diff_mode: true
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scheduled_profiles(profiles_dir: Path) -> None:
+    for name in NAMES:
+        (profiles_dir / f"{name}.yaml").write_text(_profile(name), encoding="utf-8")
+
+
+def _error(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert error["code"] == code and error["message"]
+    return error
+
+
+def _put(client: TestClient, headers: Headers, name: str = "sched-a", **body: Any) -> Any:
+    return client.put(f"/v1/pipelines/{name}/schedule", json=body or None, headers=headers)
+
+
+def test_a_schedule_is_saved_read_listed_and_deleted(client: TestClient, writer: Headers) -> None:
+    saved = _put(
+        client,
+        writer,
+        cron="30 6 * * *",
+        timezone="America/New_York",
+        params={"since": 2024},
+        overlap="buffer_one",
+        catchup="all",
+        catchup_window="6h",
+        jitter="5m",
+    )
+    assert saved.status_code == 200, saved.text
+    schedule = saved.json()["schedule"]
+    assert schedule["cron"] == "30 6 * * *" and schedule["every_s"] is None
+    assert (schedule["catchup_window_s"], schedule["jitter_s"]) == (21600, 300)
+    assert schedule["next_fire_at"].endswith("+00:00")
+    assert (schedule["run_count"], schedule["last_status"], schedule["last_fire_at"]) == (
+        0,
+        None,
+        None,
+    )
+
+    assert client.get("/v1/pipelines/sched-a/schedule", headers=writer).json() == saved.json()
+    listed = client.get("/v1/schedules", headers=writer).json()["schedules"]
+    assert [s["pipeline"] for s in listed] == ["sched-a"]
+
+    assert client.delete("/v1/pipelines/sched-a/schedule", headers=writer).status_code == 204
+    _error(client.get("/v1/pipelines/sched-a/schedule", headers=writer), 404, "schedule_not_found")
+
+
+def test_an_empty_body_takes_the_profiles_schedule_block(
+    client: TestClient, writer: Headers
+) -> None:
+    saved = client.put("/v1/pipelines/sched-b/schedule", headers=writer)
+    assert saved.status_code == 200, saved.text
+    schedule = saved.json()["schedule"]
+    assert (schedule["cron"], schedule["timezone"], schedule["diff_mode"]) == (
+        "0 7 * * 1",
+        "Europe/Paris",
+        True,
+    )
+    _error(client.put("/v1/pipelines/greet/schedule", headers=writer), 422, "validation_error")
+
+
+def test_an_interval_schedule_is_stored_in_seconds(client: TestClient, writer: Headers) -> None:
+    saved = _put(client, writer, every="6h", enabled=False)
+    assert saved.json()["schedule"]["every_s"] == 21600
+    assert saved.json()["schedule"]["next_fire_at"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"cron": "61 * * * *"}, 422, "cron_invalid"),
+        ({"cron": "0 9 * * * *"}, 422, "cron_invalid"),
+        ({"cron": "0 9 * * *", "timezone": "Europe/Atlantis"}, 422, "timezone_unknown"),
+        ({"cron": "*/5 * * * *"}, 422, "schedule_too_frequent"),
+        ({"every": "30m"}, 422, "schedule_too_frequent"),
+        ({"every": "soon"}, 422, "interval_invalid"),
+        ({"every": "2h", "params": {"since": "x"}}, 422, "params_invalid"),
+        ({"every": "2h", "overlap": "queue"}, 422, "validation_error"),
+        ({"every": "2h", "surprise": 1}, 422, "validation_error"),
+    ],
+)
+def test_bad_schedules_are_refused_with_their_own_code_and_nothing_is_stored(
+    client: TestClient, writer: Headers, body: dict[str, Any], status: int, code: str
+) -> None:
+    _error(_put(client, writer, **body), status, code)
+    _error(client.get("/v1/pipelines/sched-a/schedule", headers=writer), 404, "schedule_not_found")
+
+
+def test_an_unknown_pipeline_cannot_be_scheduled(client: TestClient, writer: Headers) -> None:
+    _error(_put(client, writer, "nowhere", every="2h"), 404, "pipeline_not_found")
+
+
+def test_a_sixth_enabled_schedule_is_refused(client: TestClient, writer: Headers) -> None:
+    for name in NAMES[:5]:
+        assert _put(client, writer, name, every="1h").status_code == 200
+    _error(_put(client, writer, NAMES[5], every="1h"), 409, "schedule_limit_reached")
+    assert _put(client, writer, NAMES[5], every="1h", enabled=False).status_code == 200
+    assert _put(client, writer, NAMES[0], every="2h").status_code == 200
+    assert len(client.get("/v1/schedules", headers=writer).json()["schedules"]) == 6
+
+
+def test_owners_see_only_their_own_schedules_and_readers_cannot_write(
+    client: TestClient, writer: Headers, make_key: KeyFactory
+) -> None:
+    assert _put(client, writer, every="2h").status_code == 200
+    other = {"Authorization": f"Bearer {make_key('write')}"}
+    assert client.get("/v1/schedules", headers=other).json() == {"schedules": []}
+    _error(client.get("/v1/pipelines/sched-a/schedule", headers=other), 404, "schedule_not_found")
+    reader = {"Authorization": f"Bearer {make_key('read')}"}
+    _error(_put(client, reader, every="2h"), 403, "forbidden")

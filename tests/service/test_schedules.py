@@ -1,0 +1,258 @@
+"""Schedules in PostgreSQL: limits refused before anything is stored, and what a tick fires."""
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from service.cron import ScheduleSpec
+from service.db import unit_of_work
+from service.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
+from service.models import JobRow, ScheduleFireRow, ScheduleRow
+from service.profiles import find_profile
+from service.runtime import Runtime
+from service.schedules import (
+    TickResult,
+    cancel_overdue,
+    fire_schedule,
+    list_schedules,
+    prune_runs,
+    put_schedule,
+)
+from service.settings import Settings, get_settings
+
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+@pytest.fixture
+def owner() -> str:
+    return f"owner-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return get_settings().model_copy(
+        update={"schedule_min_interval_s": 3600, "schedule_max_active_per_owner": 2}
+    )
+
+
+@pytest.fixture
+def session(runtime: Runtime) -> Iterator[Session]:
+    with unit_of_work(runtime.sessions) as session:
+        yield session
+
+
+def save(
+    session: Session, settings: Settings, owner: str, pipeline: str = "slow", **spec: Any
+) -> ScheduleRow:
+    profile = find_profile(settings.profiles_dir, pipeline)
+    body = ScheduleSpec.model_validate({"every": "1h", **spec})
+    return put_schedule(session, owner=owner, profile=profile, spec=body, settings=settings, now=T0)
+
+
+def fire(session: Session, runtime: Runtime, row: ScheduleRow, now: datetime) -> TickResult:
+    return fire_schedule(
+        session,
+        row.id,
+        now=now,
+        grace_s=90,
+        profiles_dir=runtime.settings.profiles_dir,
+        known_actions=runtime.registry.names(),
+    )
+
+
+def schedules_of(session: Session, owner: str) -> int:
+    query = select(func.count()).select_from(ScheduleRow).where(ScheduleRow.owner == owner)
+    return session.scalar(query) or 0
+
+
+def set_status(session: Session, job_id: uuid.UUID, status: str) -> None:
+    session.execute(update(JobRow).where(JobRow.id == job_id).values(status=status))
+
+
+def test_a_schedule_more_frequent_than_the_limit_is_refused_and_not_stored(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    with pytest.raises(ScheduleTooFrequent):
+        save(session, settings, owner, every="30m")
+    with pytest.raises(ScheduleTooFrequent):
+        save(session, settings, owner, every=None, cron="*/10 * * * *")
+    assert schedules_of(session, owner) == 0
+
+
+def test_one_enabled_schedule_more_than_the_owner_limit_is_refused(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    save(session, settings, owner, "slow")
+    save(session, settings, owner, "dag")
+    with pytest.raises(ScheduleLimitReached):
+        save(session, settings, owner, "wide")
+    save(session, settings, owner, "wide", enabled=False)
+    save(session, settings, owner, "slow", cron="0 9 * * *", every=None)
+    assert schedules_of(session, owner) == 3
+
+
+def test_params_are_checked_against_the_pipeline_when_saved(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    with pytest.raises(ParamsInvalid):
+        save(session, settings, owner, params={"hold_s": "long"})
+    assert schedules_of(session, owner) == 0
+
+
+def test_a_due_fire_creates_one_scheduled_job_with_its_fence_row(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, diff_mode=True, notify_url="https://example.org/hook")
+    first = T0 + timedelta(hours=1)
+    assert row.next_fire_at == first
+    assert fire(session, runtime, row, T0 + timedelta(minutes=30)).jobs == []
+
+    result = fire(session, runtime, row, first + timedelta(seconds=1))
+
+    (job,) = result.jobs
+    assert (job.trigger, job.schedule_id, job.scheduled_for) == ("schedule", row.id, first)
+    assert (job.owner, job.diff_mode, job.notify_url) == (owner, True, "https://example.org/hook")
+    assert row.next_fire_at == first + timedelta(hours=1)
+    assert (row.last_fire_at, row.last_job_id) == (first, job.id)
+    fence = session.scalars(select(ScheduleFireRow).where(ScheduleFireRow.schedule_id == row.id))
+    assert [(f.fire_at, f.job_id, f.outcome) for f in fence] == [(first, job.id, "created")]
+
+
+def test_the_listing_counts_runs_and_shows_the_last_status(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, overlap="allow")
+    fire(session, runtime, row, T0 + timedelta(hours=1))
+    (job,) = fire(session, runtime, row, T0 + timedelta(hours=2)).jobs
+    set_status(session, job.id, "running")
+
+    (summary,) = list_schedules(session, owner=owner)
+
+    assert (summary.run_count, summary.last_status) == (2, "running")
+    assert summary.schedule.last_fire_at == T0 + timedelta(hours=2)
+
+
+def test_a_stale_scheduler_firing_the_same_fire_again_is_refused_by_the_fence(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, overlap="allow")
+    first = T0 + timedelta(hours=1)
+    assert len(fire(session, runtime, row, first).jobs) == 1
+    row.next_fire_at = first
+
+    assert fire(session, runtime, row, first).jobs == []
+    jobs = session.scalar(select(func.count()).where(JobRow.schedule_id == row.id))
+    assert jobs == 1
+
+
+@pytest.mark.parametrize(
+    ("overlap", "new_jobs", "outcomes", "previous"),
+    [
+        ("skip", 0, ["created", "skipped"], "running"),
+        ("allow", 1, ["created", "created"], "running"),
+        ("cancel_previous", 1, ["created", "created"], "cancelled"),
+        ("buffer_one", 0, ["created"], "running"),
+    ],
+)
+def test_overlap_policy_when_the_previous_run_is_still_open(
+    session: Session,
+    runtime: Runtime,
+    settings: Settings,
+    owner: str,
+    overlap: str,
+    new_jobs: int,
+    outcomes: list[str],
+    previous: str,
+) -> None:
+    row = save(session, settings, owner, overlap=overlap)
+    (first,) = fire(session, runtime, row, T0 + timedelta(hours=1)).jobs
+    set_status(session, first.id, "running")
+
+    second = fire(session, runtime, row, T0 + timedelta(hours=2))
+
+    assert len(second.jobs) == new_jobs
+    fires = session.scalars(
+        select(ScheduleFireRow.outcome)
+        .where(ScheduleFireRow.schedule_id == row.id)
+        .order_by(ScheduleFireRow.fire_at)
+    ).all()
+    assert fires == outcomes
+    session.expire_all()
+    assert session.get(JobRow, first.id).status == previous  # type: ignore[union-attr]
+
+
+def test_a_buffered_fire_runs_once_the_previous_run_ends(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, overlap="buffer_one")
+    (first,) = fire(session, runtime, row, T0 + timedelta(hours=1)).jobs
+    set_status(session, first.id, "running")
+    assert fire(session, runtime, row, T0 + timedelta(hours=2)).jobs == []
+    assert fire(session, runtime, row, T0 + timedelta(hours=3)).jobs == []
+    assert row.buffered_fire_at == T0 + timedelta(hours=2)
+
+    set_status(session, first.id, "succeeded")
+    (buffered,) = fire(session, runtime, row, T0 + timedelta(hours=3, minutes=1)).jobs
+
+    assert buffered.scheduled_for == T0 + timedelta(hours=2)
+    assert row.buffered_fire_at is None
+
+
+@pytest.mark.parametrize(
+    ("catchup", "expected_hours"), [("none", []), ("latest", [5]), ("all", [3, 4, 5])]
+)
+def test_fires_missed_while_no_scheduler_ran_are_caught_up_by_policy(
+    session: Session,
+    runtime: Runtime,
+    settings: Settings,
+    owner: str,
+    catchup: str,
+    expected_hours: list[int],
+) -> None:
+    row = save(session, settings, owner, overlap="allow", catchup=catchup, catchup_window="3h")
+    now = T0 + timedelta(hours=5, minutes=30)
+
+    result = fire(session, runtime, row, now)
+
+    assert result.fired == [T0 + timedelta(hours=h) for h in expected_hours]
+    assert row.next_fire_at == T0 + timedelta(hours=6)
+
+
+def test_a_scheduled_run_past_its_timeout_is_cancelled(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner)
+    (job,) = fire(session, runtime, row, T0 + timedelta(hours=1)).jobs
+    session.execute(
+        update(JobRow)
+        .where(JobRow.id == job.id)
+        .values(status="running", started_at=datetime.now(UTC) - timedelta(seconds=400))
+    )
+
+    cancel_overdue(session, now=datetime.now(UTC), timeout_s=300)
+
+    session.expire_all()
+    cancelled = session.get(JobRow, job.id)
+    assert cancelled is not None and cancelled.status == "cancelled"
+    assert cancelled.error is not None and cancelled.error["code"] == "run_timeout"
+
+
+def test_only_the_newest_runs_of_a_pipeline_are_kept(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, overlap="allow")
+    jobs = [fire(session, runtime, row, T0 + timedelta(hours=h)).jobs[0] for h in range(1, 6)]
+    for job in jobs[:-1]:
+        set_status(session, job.id, "succeeded")
+
+    assert prune_runs(session, owner=owner, pipeline="slow", keep=2) == 3
+
+    left = session.scalars(select(JobRow.id).where(JobRow.owner == owner)).all()
+    assert set(left) == {jobs[3].id, jobs[4].id}
+    fences = session.scalar(select(func.count()).where(ScheduleFireRow.schedule_id == row.id))
+    assert fences == 5
