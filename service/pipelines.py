@@ -25,7 +25,7 @@ from service.errors import (
     ProfileInvalid,
     ProfileNotFound,
 )
-from service.models import JobRow, PipelineRow, PipelineVersionRow
+from service.models import JobRow, PipelineRow, PipelineVersionRow, ScheduleRow
 from service.profiles import (
     NAME_PATTERN,
     PROFILE_SUFFIXES,
@@ -447,6 +447,9 @@ def delete_pipeline(
             delete(JobRow).where(JobRow.pipeline_id == row.id).returning(JobRow.id)
         )
         purged = len(deleted.all())
+    session.execute(
+        delete(ScheduleRow).where(ScheduleRow.owner == row.owner, ScheduleRow.pipeline == row.name)
+    )
     session.delete(row)
     session.flush()
     return purged

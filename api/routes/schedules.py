@@ -12,7 +12,7 @@ from api.errors import ApiError
 from api.schemas import ErrorEnvelope, UtcDatetime
 from service.auth import Principal
 from service.cron import ScheduleSpec
-from service.profiles import find_profile
+from service.jobs import resolve_request
 from service.runner import utcnow
 from service.schedules import (
     ScheduleSummary,
@@ -103,7 +103,13 @@ def save_schedule(
     body: Annotated[ScheduleSpec | None, Body()] = None,
 ) -> ScheduleEnvelope:
     """An empty body takes the ``schedule:`` block of the pipeline's profile."""
-    profile = find_profile(settings.profiles_dir, name, known_actions=runtime.registry.names())
+    profile = resolve_request(
+        session,
+        name,
+        owner=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        known_actions=runtime.registry.names(),
+    ).profile
     spec = body if body is not None else profile.schedule
     if spec is None:
         raise ApiError(

@@ -138,3 +138,23 @@ def test_owners_see_only_their_own_schedules_and_readers_cannot_write(
     _error(client.get("/v1/pipelines/sched-a/schedule", headers=other), 404, "schedule_not_found")
     reader = {"Authorization": f"Bearer {make_key('read')}"}
     _error(_put(client, reader, every="2h"), 403, "forbidden")
+
+
+def test_a_saved_pipeline_is_scheduled_and_its_deletion_removes_the_schedule(
+    client: TestClient, writer: Headers
+) -> None:
+    body = _profile("saved-weekly").replace("action: noop", "action: noop\n    with: {x: 1}")
+    saved = client.put(
+        "/v1/pipelines/saved-weekly",
+        content=body,
+        headers={**writer, "Content-Type": "application/yaml"},
+    )
+    assert saved.status_code == 201, saved.text
+
+    scheduled = _put(client, writer, name="saved-weekly")
+    assert scheduled.status_code == 200, scheduled.text
+    assert scheduled.json()["schedule"]["cron"] == "0 7 * * 1"
+
+    assert client.delete("/v1/pipelines/saved-weekly", headers=writer).status_code == 200
+    gone = client.get("/v1/pipelines/saved-weekly/schedule", headers=writer)
+    _error(gone, 404, "schedule_not_found")
