@@ -9,12 +9,13 @@ import hmac
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from sqlalchemy import insert
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import and_, exists, insert, or_, select
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from service.db import unit_of_work
 from service.diffs import DiffCounts, DiffKind, diff_page
@@ -154,3 +155,31 @@ def send_notice(
     with unit_of_work(sessions) as session:
         record_event(session, job_id, kind, {"attempts": attempt, "detail": outcome.detail})
     return None
+
+
+def requeue_lost_notices(session: Session, *, older_than: datetime) -> list[uuid.UUID]:
+    """Jobs whose notice was due before ``older_than`` and has no outcome, nor a resend since:
+    its task was lost (the worker died between the commit and queuing it, or the broker forgot
+    it). Each gets a ``notice_resent`` event; the caller queues the notices after the commit."""
+    later = aliased(JobEventRow)
+    lost = list(
+        session.scalars(
+            select(JobEventRow.job_id)
+            .join(JobRow, JobRow.id == JobEventRow.job_id)
+            .where(
+                JobEventRow.kind == "new_items",
+                JobEventRow.created_at < older_than,
+                JobRow.notify_url.is_not(None),
+                ~exists().where(
+                    later.job_id == JobEventRow.job_id,
+                    or_(
+                        later.kind.in_(["notified", "notify_failed"]),
+                        and_(later.kind == "notice_resent", later.created_at >= older_than),
+                    ),
+                ),
+            )
+        )
+    )
+    for job_id in lost:
+        record_event(session, job_id, "notice_resent", {})
+    return lost

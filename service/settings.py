@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0
     notify_items_max: int = 20
+    notify_resend_after_s: float = 600.0
     import_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     import_dir: Path | None = None
     import_max_bytes: int = 100_000

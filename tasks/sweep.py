@@ -1,16 +1,19 @@
 """The periodic sweeper: re-publish what the broker lost, fail what ran past its timeout."""
 
 import logging
+from datetime import timedelta
 
 import redis
 
 from service import sweeper
 from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
 from service.db import unit_of_work
+from service.notices import requeue_lost_notices
 from service.runner import utcnow
 from tasks import runtime
 from tasks.app import app
 from tasks.dispatch import dispatch_job
+from tasks.notices import send_notice
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +41,17 @@ def sweep() -> dict[str, int]:
             dispatch_grace_s=settings.dispatch_grace_s,
         )
     sent = sum(dispatch_job(app, rt, job_id) for job_id in sorted(report.redispatch))
-    if sent or report.timed_out:
+    resend_before = utcnow() - timedelta(seconds=settings.notify_resend_after_s)
+    with unit_of_work(rt.sessions) as session:
+        lost_notices = requeue_lost_notices(session, older_than=resend_before)
+    for job_id in lost_notices:
+        send_notice.delay(str(job_id))
+    if sent or report.timed_out or lost_notices:
         log.warning(
-            "sweep: broker_lost=%s republished=%d timed_out=%d", lost, sent, report.timed_out
+            "sweep: broker_lost=%s republished=%d timed_out=%d notices=%d",
+            lost,
+            sent,
+            report.timed_out,
+            len(lost_notices),
         )
-    return {"republished": sent, "timed_out": report.timed_out}
+    return {"republished": sent, "timed_out": report.timed_out, "notices": len(lost_notices)}

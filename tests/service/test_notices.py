@@ -4,6 +4,7 @@ import hashlib
 import hmac
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 from pydantic import SecretStr
@@ -12,7 +13,14 @@ from sqlalchemy import select
 from service.db import unit_of_work
 from service.errors import NotifyUrlInvalid
 from service.models import JobEventRow
-from service.notices import send_notice, sign, validate_notify_url
+from service.notices import (
+    record_event,
+    requeue_lost_notices,
+    send_notice,
+    sign,
+    validate_notify_url,
+)
+from service.runner import utcnow
 from service.runtime import Runtime
 from service.settings import Settings
 from tests.support.runs import run_items
@@ -158,3 +166,32 @@ def test_unusable_notify_urls_are_refused(url: str) -> None:
 @pytest.mark.parametrize("url", ["https://hooks.example.org/x?a=1", "http://127.0.0.1:8080/h"])
 def test_http_and_https_urls_are_accepted(url: str) -> None:
     assert validate_notify_url(url) == url
+
+
+def test_a_notice_whose_task_was_lost_is_requeued_once_per_resend_period(
+    runtime: Runtime,
+) -> None:
+    owner = f"notices-{uuid.uuid4().hex[:8]}"
+    run_items(runtime, [{"id": "a"}], owner=owner, pipeline="lost", diff_mode=True)
+    job = run_items(
+        runtime,
+        [{"id": "a"}, {"id": "b"}],
+        owner=owner,
+        pipeline="lost",
+        diff_mode=True,
+        notify_url="https://hooks.example.org/x",
+    )
+    due = utcnow()
+
+    with unit_of_work(runtime.sessions) as session:
+        assert job.id not in requeue_lost_notices(session, older_than=due - timedelta(hours=1))
+    with unit_of_work(runtime.sessions) as session:
+        assert job.id in requeue_lost_notices(session, older_than=due)
+    with unit_of_work(runtime.sessions) as session:
+        assert job.id not in requeue_lost_notices(session, older_than=due)
+    with unit_of_work(runtime.sessions) as session:
+        record_event(session, job.id, "notified", {})
+    with unit_of_work(runtime.sessions) as session:
+        assert job.id not in requeue_lost_notices(session, older_than=due + timedelta(hours=1))
+    kinds = [kind for kind, _ in _events(runtime, job.id)]
+    assert kinds == ["new_items", "notice_resent", "notified"]
