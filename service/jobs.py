@@ -94,9 +94,17 @@ def resolve_request(
     )
 
 
-def _request_hash(profile: Profile, params: Mapping[str, Any]) -> str:
+def _request_hash(profile: Profile, params: Mapping[str, Any], request: JobRequest) -> str:
+    """What makes two submissions the same request, for idempotency keys."""
     canonical = json.dumps(
-        {"profile": profile.content_hash(), "params": params}, sort_keys=True, default=str
+        {
+            "profile": profile.content_hash(),
+            "params": params,
+            "diff_mode": request.diff_mode,
+            "notify_url": request.notify_url,
+        },
+        sort_keys=True,
+        default=str,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -130,7 +138,7 @@ def submit_job(
         validate_notify_url(request.notify_url)
     profile = resolved.profile
     params = resolve_params(profile, request.params)
-    request_hash = _request_hash(profile, params)
+    request_hash = _request_hash(profile, params, request)
     if request.idempotency_key:
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:

@@ -55,6 +55,8 @@ def test_idempotency(client: TestClient, writer: Headers, broker: redis.Redis) -
     assert broker.llen(QUEUE) == published
     other = _submit(client, writer, idempotency_key="k-1", params={"who": "bob"})
     _error(other, 409, "idempotency_conflict")
+    elsewhere = _submit(client, writer, idempotency_key="k-1", notify_url="https://h.example/x")
+    _error(elsewhere, 409, "idempotency_conflict")
 
 
 def test_inline_profiles(client: TestClient, writer: Headers) -> None:
