@@ -36,7 +36,7 @@ from service.schedules import (
     prune_runs,
 )
 from service.settings import Settings, get_settings
-from service.steps import job_profile
+from service.snapshots import job_profile
 from tasks.dispatch import publish_new_job
 
 log = logging.getLogger(__name__)

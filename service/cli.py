@@ -262,7 +262,7 @@ def _submit(
     from service.jobs import JobRequest, submit_job
     from service.plan import initial_plan
     from service.runtime import Runtime
-    from service.steps import job_profile
+    from service.snapshots import job_profile
     from tasks.app import app
     from tasks.dispatch import publish_new_job
 

@@ -20,8 +20,9 @@ from service.models import JobRow, StepRunRow
 from service.notices import validate_notify_url
 from service.pipelines import ResolvedPipeline, resolve_pipeline
 from service.profiles import Profile, find_profile, resolve_params, validate_profile
+from service.settle import close_open_steps
+from service.snapshots import step_facts
 from service.states import JOB_FINAL, JobStatus, StepStatus
-from service.steps import close_open_steps, step_facts
 
 
 @dataclass(frozen=True)

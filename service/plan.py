@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 from service.constants import SHARD_NONE
 from service.models import JobRow, StepRunRow
 from service.profiles import Profile
+from service.snapshots import job_profile
 from service.states import JOB_FINAL, STEP_FINAL, StepStatus
-from service.steps import job_profile
 
 
 @dataclass(frozen=True)

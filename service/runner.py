@@ -12,6 +12,7 @@ from service.constants import SHARD_NONE
 from service.db import unit_of_work
 from service.errors import ActionError, RetryLater, StepCancelled, StopChain
 from service.runtime import Runtime
+from service.settle import settle_after_sink, settle_job
 from service.steps import (
     Claimed,
     FannedOut,
@@ -23,8 +24,6 @@ from service.steps import (
     fail_step,
     fast_claim,
     finish_fanout,
-    settle_after_sink,
-    settle_job,
     use_fast_claim,
 )
 
@@ -100,7 +99,9 @@ def _run_claim(
         settled = (
             written
             and claim.sink
-            and settle_after_sink(conn, claim.key, claim.profile, outcome, now)
+            and settle_after_sink(
+                conn, claim.key.job_id, claim.key.step_id, claim.profile, outcome, now
+            )
         )
     if written and claim.sink and not settled:
         with unit_of_work(rt.sessions) as session:

@@ -1,11 +1,10 @@
-"""Step state transitions in PostgreSQL: claim, checkpoint, fail, fan out, settle the job.
+"""Step state transitions in PostgreSQL: claim, checkpoint, fail, fan out.
 
 Each function runs inside the caller's transaction and locks the step row it changes, so two
 deliveries of the same message cannot both run a step, and a checkpoint is written once.
 """
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,12 +15,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
-from service.diffs import key_problem, store_result_items
 from service.errors import ExpressionError, RetryLater, StopChain
-from service.expressions import ExprContext, parse_refs, resolve
+from service.expressions import ExprContext, resolve
 from service.models import CheckpointRow, JobRow, StepRunRow
-from service.notices import note_new_items
 from service.profiles import Profile, RetryPolicy, StepSpec
+from service.settle import close_open_steps, settle_job, step_outputs
+from service.snapshots import cached_profile, job_profile, referenced_steps, step_facts
 from service.states import JOB_FINAL, STEP_FINAL, JobStatus, StepStatus
 
 
@@ -70,40 +69,6 @@ class FannedOut:
     timeout_s: int
 
 
-_PROFILE_CACHE: dict[str, Profile] = {}
-_PROFILE_CACHE_SIZE = 256
-
-
-def _cached_profile(profile_hash: str, load: Callable[[], dict[str, Any]]) -> Profile:
-    """A job's profile snapshot, parsed once per process for each content hash."""
-    profile = _PROFILE_CACHE.get(profile_hash)
-    if profile is None:
-        if len(_PROFILE_CACHE) >= _PROFILE_CACHE_SIZE:
-            _PROFILE_CACHE.clear()
-        profile = _PROFILE_CACHE[profile_hash] = Profile.model_validate(load())
-    return profile
-
-
-def job_profile(job: JobRow) -> Profile:
-    return _cached_profile(job.profile_hash, lambda: job.profile)
-
-
-_FACTS: dict[tuple[str, str], tuple[frozenset[str], bool]] = {}
-
-
-def step_facts(profile: Profile, step_id: str) -> tuple[frozenset[str], bool]:
-    """Steps a step's inputs reference, and whether it is a sink (nothing depends on it)."""
-    cache_key = (profile.content_hash(), step_id)
-    facts = _FACTS.get(cache_key)
-    if facts is None:
-        if len(_FACTS) >= _PROFILE_CACHE_SIZE * 16:
-            _FACTS.clear()
-        referenced = frozenset(_referenced_steps(profile.step(step_id).with_))
-        sink = not any(step_id in other.depends_on for other in profile.steps)
-        facts = _FACTS[cache_key] = (referenced, sink)
-    return facts
-
-
 def _lock_step(session: Session, key: StepKey) -> StepRunRow:
     row = session.scalars(
         select(StepRunRow)
@@ -145,23 +110,6 @@ def _upstream_statuses(session: Session, job_id: uuid.UUID, deps: list[str]) -> 
             )
         )
     )
-
-
-def _outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dict[str, Any]:
-    if not step_ids:
-        return {}
-    rows = session.execute(
-        select(CheckpointRow.step_id, CheckpointRow.output).where(
-            CheckpointRow.job_id == job_id,
-            CheckpointRow.shard == SHARD_NONE,
-            CheckpointRow.step_id.in_(step_ids),
-        )
-    )
-    return {step_id: output for step_id, output in rows}
-
-
-def _referenced_steps(value: Any) -> set[str]:
-    return {ref.name for ref in parse_refs(value) if ref.root == "steps" and ref.name}
 
 
 def _take_lease(row: StepRunRow, job: JobRow, task_id: str, lease_s: float, now: datetime) -> Lease:
@@ -238,7 +186,7 @@ def fast_claim(
     ).one_or_none()
     if row is None:
         return None
-    profile = _cached_profile(row.profile_hash, lambda: _profile_json(conn, key.job_id))
+    profile = cached_profile(row.profile_hash, lambda: _profile_json(conn, key.job_id))
     return FastClaim(Lease(token, row.attempts), profile, row.params, row.outputs)
 
 
@@ -289,7 +237,7 @@ def _claimed(
     spec = profile.step(key.step_id)
     referenced, sink = step_facts(profile, key.step_id)
     if outputs is None:
-        outputs = _outputs(session, key.job_id, set(referenced))
+        outputs = step_outputs(session, key.job_id, set(referenced))
     if key.shard == SHARD_NONE:
         context = ExprContext(params=params, outputs=outputs)
     else:
@@ -376,7 +324,7 @@ def _fan_out(
     session: Session, job: JobRow, row: StepRunRow, spec: StepSpec, now: datetime
 ) -> FannedOut | None:
     assert spec.for_each is not None
-    outputs = _outputs(session, job.id, _referenced_steps(spec.for_each.items))
+    outputs = step_outputs(session, job.id, referenced_steps(spec.for_each.items))
     items = resolve(spec.for_each.items, ExprContext(params=job.params, outputs=outputs))
     if not isinstance(items, list):
         raise ExpressionError(
@@ -520,102 +468,6 @@ def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:
     settle_job(session, key.job_id, now)
 
 
-_SUCCEED_JOB = text(
-    """
-    UPDATE jobs SET status = 'succeeded', finished_at = :now, result = :result
-     WHERE id = :job_id AND status IN ('queued', 'running')
-       AND NOT EXISTS (
-           SELECT 1 FROM step_runs
-            WHERE job_id = :job_id AND shard = -1 AND status <> 'succeeded')
-    RETURNING id
-    """
-).bindparams(bindparam("result", type_=JSONB))
-
-
-def settle_after_sink(
-    conn: Connection, key: StepKey, profile: Profile, output: Any, now: datetime
-) -> bool:
-    """Finish the job in one statement when the sink that just succeeded holds its result.
-
-    Returns ``False`` when the general ``settle_job`` must decide instead (another sink holds
-    the result, a best-effort job may end with failures, or result items must be stored).
-    """
-    sinks = [s.id for s in profile.steps if step_facts(profile, s.id)[1]]
-    if profile.failure_policy != "fail_fast" or profile.result is not None:
-        return False
-    if sinks != [key.step_id]:
-        return False
-    conn.execute(_SUCCEED_JOB, {"now": now, "job_id": key.job_id, "result": {key.step_id: output}})
-    return True
-
-
-def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
-    """Finish the job once every step is settled; the job row lock serialises the last steps."""
-    job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one()
-    if job.status in JOB_FINAL:
-        return
-    rows = session.execute(
-        select(StepRunRow.step_id, StepRunRow.status).where(
-            StepRunRow.job_id == job_id, StepRunRow.shard == SHARD_NONE
-        )
-    )
-    statuses = {step_id: status for step_id, status in rows}
-    if any(status not in STEP_FINAL for status in statuses.values()):
-        return
-    profile = job_profile(job)
-    job.finished_at = now
-    outcome = result_of(session, job, profile, statuses)
-    if outcome is None:
-        failed = sorted(step for step, status in statuses.items() if status != StepStatus.SUCCEEDED)
-        job.status = JobStatus.FAILED
-        job.error = job.error or {
-            "code": "steps_failed",
-            "message": f"steps did not succeed: {', '.join(failed)}",
-            "details": {"steps": failed},
-        }
-    else:
-        _succeed_job(session, job, profile, outcome)
-
-
-def _succeed_job(session: Session, job: JobRow, profile: Profile, outcome: Any) -> None:
-    """Succeed the job and store its result items with it, or fail it if they are unusable."""
-    spec = profile.result
-    problem = key_problem(outcome["items"], spec) if spec is not None else None
-    if problem is not None:
-        job.status = JobStatus.FAILED
-        job.error = problem
-        return
-    if spec is not None:
-        counts = store_result_items(session, job, spec)
-        if job.diff_mode and counts.new == 0:
-            outcome = {**outcome, "no_new_items": True}
-        elif job.diff_mode:
-            note_new_items(session, job, counts)
-    job.status = JobStatus.SUCCEEDED
-    job.result = outcome
-
-
-def result_of(
-    session: Session, job: JobRow, profile: Profile, statuses: dict[str, str]
-) -> Any | None:
-    """The job's result, or ``None`` when the steps that make it did not all succeed."""
-    sinks = [step for step in statuses if not any(step in s.depends_on for s in profile.steps)]
-    needed = [profile.result.step] if profile.result else sinks
-    if any(statuses[step] != StepStatus.SUCCEEDED for step in needed):
-        return None
-    outputs = _outputs(session, job.id, set(needed))
-    if profile.result is None:
-        return {step: outputs[step] for step in needed}
-    items = resolve_path(outputs[profile.result.step], profile.result.items)
-    return {"items": items, "key": profile.result.key, "count": len(items)}
-
-
-def resolve_path(value: Any, path: str) -> Any:
-    for part in [p for p in path.split(".") if p]:
-        value = value[int(part)] if isinstance(value, list) else value[part]
-    return value
-
-
 def fail_step(
     session: Session,
     key: StepKey,
@@ -676,16 +528,6 @@ def _fail_job(
         "details": {"step_id": key.step_id, "shard": None if key.shard < 0 else key.shard},
     }
     close_open_steps(session, job.id, StepStatus.CANCELLED, now)
-
-
-def close_open_steps(
-    session: Session, job_id: uuid.UUID, status: StepStatus, now: datetime
-) -> None:
-    session.execute(
-        update(StepRunRow)
-        .where(StepRunRow.job_id == job_id, StepRunRow.status.not_in(list(STEP_FINAL)))
-        .values(status=status, finished_at=now, lease_token=None, lease_until=None)
-    )
 
 
 def _skip_dependents(session: Session, profile: Profile, key: StepKey, now: datetime) -> None:

@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session
 
 from service.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
 from service.models import JobRow, StepRunRow
+from service.snapshots import job_profile
 from service.states import JobStatus, StepStatus
-from service.steps import Lease, StepKey, fail_step, job_profile
+from service.steps import Lease, StepKey, fail_step
 
 OPEN_JOB = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
 

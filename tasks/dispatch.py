@@ -12,7 +12,7 @@ from service.jobs import mark_dispatched
 from service.plan import JobPlan, load_plan
 from service.runner import utcnow
 from service.runtime import Runtime
-from service.steps import settle_job
+from service.settle import settle_job
 from tasks.canvas import job_canvas
 
 

@@ -28,8 +28,8 @@ from service.jobs import (
 from service.plan import initial_plan
 from service.profiles import NAME_PATTERN, load_profile_text
 from service.runner import utcnow
+from service.snapshots import job_profile
 from service.states import JobStatus
-from service.steps import job_profile
 from tasks.dispatch import publish_new_job
 
 log = logging.getLogger(__name__)

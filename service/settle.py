@@ -1,0 +1,141 @@
+"""Finishing a job: once its steps are settled, its status, result and result items.
+
+The last steps of a job may finish at once on different workers; the job row lock makes one of
+them the one that settles it.
+"""
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from service.constants import SHARD_NONE
+from service.diffs import key_problem, store_result_items
+from service.models import CheckpointRow, JobRow, StepRunRow
+from service.notices import note_new_items
+from service.profiles import Profile
+from service.snapshots import job_profile, step_facts
+from service.states import JOB_FINAL, STEP_FINAL, JobStatus, StepStatus
+
+
+def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dict[str, Any]:
+    if not step_ids:
+        return {}
+    rows = session.execute(
+        select(CheckpointRow.step_id, CheckpointRow.output).where(
+            CheckpointRow.job_id == job_id,
+            CheckpointRow.shard == SHARD_NONE,
+            CheckpointRow.step_id.in_(step_ids),
+        )
+    )
+    return {step_id: output for step_id, output in rows}
+
+
+_SUCCEED_JOB = text(
+    """
+    UPDATE jobs SET status = 'succeeded', finished_at = :now, result = :result
+     WHERE id = :job_id AND status IN ('queued', 'running')
+       AND NOT EXISTS (
+           SELECT 1 FROM step_runs
+            WHERE job_id = :job_id AND shard = -1 AND status <> 'succeeded')
+    RETURNING id
+    """
+).bindparams(bindparam("result", type_=JSONB))
+
+
+def settle_after_sink(
+    conn: Connection, job_id: uuid.UUID, step_id: str, profile: Profile, output: Any, now: datetime
+) -> bool:
+    """Finish the job in one statement when the sink that just succeeded holds its result.
+
+    Returns ``False`` when the general ``settle_job`` must decide instead (another sink holds
+    the result, a best-effort job may end with failures, or result items must be stored).
+    """
+    sinks = [s.id for s in profile.steps if step_facts(profile, s.id)[1]]
+    if profile.failure_policy != "fail_fast" or profile.result is not None:
+        return False
+    if sinks != [step_id]:
+        return False
+    conn.execute(_SUCCEED_JOB, {"now": now, "job_id": job_id, "result": {step_id: output}})
+    return True
+
+
+def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
+    """Finish the job once every step is settled; the job row lock serialises the last steps."""
+    job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one()
+    if job.status in JOB_FINAL:
+        return
+    rows = session.execute(
+        select(StepRunRow.step_id, StepRunRow.status).where(
+            StepRunRow.job_id == job_id, StepRunRow.shard == SHARD_NONE
+        )
+    )
+    statuses = {step_id: status for step_id, status in rows}
+    if any(status not in STEP_FINAL for status in statuses.values()):
+        return
+    profile = job_profile(job)
+    job.finished_at = now
+    outcome = result_of(session, job, profile, statuses)
+    if outcome is None:
+        failed = sorted(step for step, status in statuses.items() if status != StepStatus.SUCCEEDED)
+        job.status = JobStatus.FAILED
+        job.error = job.error or {
+            "code": "steps_failed",
+            "message": f"steps did not succeed: {', '.join(failed)}",
+            "details": {"steps": failed},
+        }
+    else:
+        _succeed_job(session, job, profile, outcome)
+
+
+def _succeed_job(session: Session, job: JobRow, profile: Profile, outcome: Any) -> None:
+    """Succeed the job and store its result items with it, or fail it if they are unusable."""
+    spec = profile.result
+    problem = key_problem(outcome["items"], spec) if spec is not None else None
+    if problem is not None:
+        job.status = JobStatus.FAILED
+        job.error = problem
+        return
+    if spec is not None:
+        counts = store_result_items(session, job, spec)
+        if job.diff_mode and counts.new == 0:
+            outcome = {**outcome, "no_new_items": True}
+        elif job.diff_mode:
+            note_new_items(session, job, counts)
+    job.status = JobStatus.SUCCEEDED
+    job.result = outcome
+
+
+def result_of(
+    session: Session, job: JobRow, profile: Profile, statuses: dict[str, str]
+) -> Any | None:
+    """The job's result, or ``None`` when the steps that make it did not all succeed."""
+    sinks = [step for step in statuses if not any(step in s.depends_on for s in profile.steps)]
+    needed = [profile.result.step] if profile.result else sinks
+    if any(statuses[step] != StepStatus.SUCCEEDED for step in needed):
+        return None
+    outputs = step_outputs(session, job.id, set(needed))
+    if profile.result is None:
+        return {step: outputs[step] for step in needed}
+    items = resolve_path(outputs[profile.result.step], profile.result.items)
+    return {"items": items, "key": profile.result.key, "count": len(items)}
+
+
+def resolve_path(value: Any, path: str) -> Any:
+    for part in [p for p in path.split(".") if p]:
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+def close_open_steps(
+    session: Session, job_id: uuid.UUID, status: StepStatus, now: datetime
+) -> None:
+    session.execute(
+        update(StepRunRow)
+        .where(StepRunRow.job_id == job_id, StepRunRow.status.not_in(list(STEP_FINAL)))
+        .values(status=status, finished_at=now, lease_token=None, lease_until=None)
+    )
