@@ -12,8 +12,6 @@ from service.models import JobRow
 from service.profiles import Profile
 
 _PROFILE_CACHE: dict[str, Profile] = {}
-
-
 _PROFILE_CACHE_SIZE = 256
 
 

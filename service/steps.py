@@ -1,7 +1,9 @@
 """Step state transitions in PostgreSQL: claim, checkpoint, fail, fan out.
 
-Each function runs inside the caller's transaction and locks the step row it changes, so two
-deliveries of the same message cannot both run a step, and a checkpoint is written once.
+The common path is two autocommitted statements per step (``fast_claim``, ``complete_step``)
+whose WHERE clauses carry the rules; every other transition runs in the caller's transaction
+and locks the step row it changes. Either way, two deliveries of the same message cannot both
+run a step, and a checkpoint is written once.
 """
 
 import uuid
