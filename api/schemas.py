@@ -64,6 +64,9 @@ class JobPublic(BaseModel):
     params: dict[str, Any]
     trigger: str
     parent_job_id: uuid.UUID | None
+    pipeline_version: int | None
+    schedule_id: uuid.UUID | None
+    scheduled_for: UtcDatetime | None
     created_at: UtcDatetime
     started_at: UtcDatetime | None
     finished_at: UtcDatetime | None
@@ -85,6 +88,9 @@ class JobPublic(BaseModel):
             params=job.params,
             trigger=job.trigger,
             parent_job_id=job.parent_job_id,
+            pipeline_version=job.pipeline_version,
+            schedule_id=job.schedule_id,
+            scheduled_for=job.scheduled_for,
             created_at=job.created_at,
             started_at=job.started_at,
             finished_at=job.finished_at,

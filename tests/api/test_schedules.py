@@ -1,11 +1,18 @@
 """Schedule routes: one per owner and pipeline; each refusal has its own code, nothing is stored."""
 
+import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from service.db import unit_of_work
+from service.models import ScheduleRow
+from service.runtime import Runtime
+from service.schedules import fire_schedule
+from service.settings import Settings
 from tests.api.conftest import KeyFactory
 
 Headers = dict[str, str]
@@ -158,3 +165,29 @@ def test_a_saved_pipeline_is_scheduled_and_its_deletion_removes_the_schedule(
     assert client.delete("/v1/pipelines/saved-weekly", headers=writer).status_code == 200
     gone = client.get("/v1/pipelines/saved-weekly/schedule", headers=writer)
     _error(gone, 404, "schedule_not_found")
+
+
+def test_a_job_made_by_a_fire_shows_its_schedule_and_fire_time(
+    client: TestClient, writer: Headers, runtime: Runtime, settings: Settings
+) -> None:
+    saved = _put(client, writer, name="sched-f", every="1h", timezone="UTC")
+    assert saved.status_code == 200, saved.text
+    schedule_id = uuid.UUID(saved.json()["schedule"]["id"])
+    with unit_of_work(runtime.sessions) as session:
+        row = session.get(ScheduleRow, schedule_id)
+        assert row is not None and row.next_fire_at is not None
+        fire_at = row.next_fire_at
+        fired = fire_schedule(
+            session,
+            schedule_id,
+            now=fire_at + timedelta(seconds=1),
+            grace_s=60,
+            profiles_dir=settings.profiles_dir,
+            known_actions=runtime.registry.names(),
+        )
+    (job,) = fired.jobs
+
+    shown = client.get(f"/v1/jobs/{job.id}", headers=writer).json()["job"]
+    assert shown["trigger"] == "schedule"
+    assert shown["schedule_id"] == str(schedule_id)
+    assert datetime.fromisoformat(shown["scheduled_for"]) == fire_at
