@@ -49,10 +49,10 @@ steps:
 
 def _schedule(env: dict[str, str], schedules: int) -> None:
     os.environ.update(env)
+    from service.clock import utcnow
     from service.cron import ScheduleSpec
     from service.db import make_engine, make_session_factory, unit_of_work
     from service.profiles import find_profile
-    from service.runner import utcnow
     from service.schedules import put_schedule
     from service.settings import get_settings
 

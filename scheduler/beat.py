@@ -21,11 +21,11 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from scheduler.lock import LeaderLock, make_token
+from service.clock import utcnow
 from service.constants import BEAT_LOCK_KEY
 from service.db import unit_of_work
 from service.errors import BrokerUnavailable
 from service.plan import initial_plan
-from service.runner import utcnow
 from service.runtime import Runtime
 from service.schedules import (
     TickResult,

@@ -10,11 +10,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.clock import utcnow
 from service.db import unit_of_work
 from service.steps import Lease, StepKey, renew_lease
 
@@ -65,7 +65,7 @@ class Heartbeats:
     def _renew(self, held: _Held) -> None:
         try:
             with unit_of_work(self._sessions) as session:
-                kept = renew_lease(session, held.key, held.lease, self._lease_s, datetime.now(UTC))
+                kept = renew_lease(session, held.key, held.lease, self._lease_s, utcnow())
         except OperationalError:
             return
         if not kept:

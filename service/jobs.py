@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.clock import utcnow
 from service.constants import SHARD_NONE
 from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobNotFound
 from service.models import JobRow, StepRunRow
@@ -144,7 +145,7 @@ def submit_job(
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:
             return _same_request(existing, request_hash), False
-    now = datetime.now(UTC)
+    now = utcnow()
     job = {
         "id": uuid.uuid4(),
         "owner": owner,

@@ -10,7 +10,7 @@ import re
 import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from sqlalchemy import case, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from service.clock import utcnow
 from service.errors import (
     InvalidShare,
     PipelineNameMismatch,
@@ -152,7 +153,7 @@ def save_pipeline(
             {"name": name, "profile_name": profile.name},
         )
     _refuse_shipped_name(profiles_dir, profile.name)
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     content_hash = profile.content_hash()
     session.execute(
         insert(PipelineRow)
@@ -485,7 +486,7 @@ def set_share(
         grantees.discard(grantee)
     if grantees != set(row.shared_with):
         row.shared_with = sorted(grantees)
-        row.updated_at = datetime.now(UTC)
+        row.updated_at = utcnow()
         session.flush()
     return sorted(grantees)
 

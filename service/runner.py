@@ -4,10 +4,10 @@ Task adapters call these functions and translate ``RetryLater`` and ``StopChain`
 """
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from service.actions import StepContext
+from service.clock import utcnow
 from service.constants import SHARD_NONE
 from service.db import unit_of_work
 from service.errors import ActionError, RetryLater, StepCancelled, StopChain
@@ -32,10 +32,6 @@ from service.steps import (
 class _Failure:
     error: dict[str, Any]
     retryable: bool
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def run_step(

@@ -6,10 +6,10 @@ from datetime import timedelta
 import redis
 
 from service import sweeper
+from service.clock import utcnow
 from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
 from service.db import unit_of_work
 from service.notices import requeue_lost_notices
-from service.runner import utcnow
 from tasks import runtime
 from tasks.app import app
 from tasks.dispatch import dispatch_job

@@ -14,6 +14,7 @@ from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, Wri
 from api.errors import ApiError
 from api.schemas import ErrorEnvelope, JobCreate, JobEnvelope, JobList, JobPublic
 from service.auth import Principal
+from service.clock import utcnow
 from service.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
 from service.errors import JobNotFound
 from service.jobs import (
@@ -27,7 +28,6 @@ from service.jobs import (
 )
 from service.plan import initial_plan
 from service.profiles import NAME_PATTERN, load_profile_text
-from service.runner import utcnow
 from service.snapshots import job_profile
 from service.states import JobStatus
 from tasks.dispatch import publish_new_job

@@ -11,9 +11,9 @@ from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.errors import ApiError
 from api.schemas import ErrorEnvelope, UtcDatetime
 from service.auth import Principal
+from service.clock import utcnow
 from service.cron import ScheduleSpec
 from service.jobs import resolve_request
-from service.runner import utcnow
 from service.schedules import (
     ScheduleSummary,
     delete_schedule,

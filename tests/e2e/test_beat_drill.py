@@ -11,12 +11,12 @@ import redis
 from sqlalchemy import select
 
 from scheduler.lock import inspect
+from service.clock import utcnow
 from service.constants import BEAT_LOCK_KEY
 from service.cron import ScheduleSpec
 from service.db import unit_of_work
 from service.models import JobRow
 from service.profiles import find_profile
-from service.runner import utcnow
 from service.schedules import put_schedule
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
 

@@ -10,6 +10,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import select
 
+from service.clock import utcnow
 from service.db import unit_of_work
 from service.errors import NotifyUrlInvalid
 from service.models import JobEventRow
@@ -20,7 +21,6 @@ from service.notices import (
     sign,
     validate_notify_url,
 )
-from service.runner import utcnow
 from service.runtime import Runtime
 from service.settings import Settings
 from tests.support.runs import run_items

@@ -6,11 +6,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
+from service.clock import utcnow
 from service.db import unit_of_work
 from service.errors import RetryLater, StopChain
 from service.jobs import JobRequest, cancel_job, submit_job
 from service.models import CheckpointRow, JobRow, StepRunRow
-from service.runner import utcnow
 from service.runtime import Runtime
 from service.steps import (
     Claimed,

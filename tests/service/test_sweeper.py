@@ -5,10 +5,10 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
+from service.clock import utcnow
 from service.db import unit_of_work
 from service.jobs import JobRequest, mark_dispatched, submit_job
 from service.models import JobRow, StepRunRow
-from service.runner import utcnow
 from service.runtime import Runtime
 from service.steps import Claimed, StepKey, claim_step
 from service.sweeper import SweepReport, sweep

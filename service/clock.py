@@ -1,0 +1,7 @@
+"""The one clock: aware UTC datetimes everywhere inside flowbeat."""
+
+from datetime import UTC, datetime
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
