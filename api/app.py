@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
-from api.routes import health, jobs, pipelines, runs, schedules
+from api.routes import health, jobs, metrics, pipelines, runs, schedules
 from service.auth import KeyCache
 from service.constants import VERSION
 from service.runtime import Runtime
@@ -54,6 +54,8 @@ def create_app(
     app.include_router(runs.router)
     app.include_router(pipelines.router)
     app.include_router(schedules.router)
+    app.include_router(metrics.router)
+    metrics.install_metrics(app, runtime)
     return app
 
 

@@ -1,0 +1,71 @@
+"""``GET /metrics`` in Prometheus' text format, behind a read key like everything but /health.
+
+Gauges are read from PostgreSQL and the broker at scrape time, so every API replica reports
+the same truth and nothing is added to the request path.
+"""
+
+from collections.abc import Iterable
+
+import redis
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from api.deps import Reader
+from service.constants import QUEUE_STEPS
+from service.runtime import Runtime
+from service.stats import jobs_by_status, steps_by_open_status
+
+router = APIRouter(tags=["metrics"])
+
+BROKER_TIMEOUT_S = 1.0
+
+
+class _StateCollector(Collector):
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterable[Metric]:
+        with self._runtime.sessions() as session:
+            jobs, steps = jobs_by_status(session), steps_by_open_status(session)
+        yield _gauge("flowbeat_jobs", "Jobs by status.", "status", jobs)
+        yield _gauge("flowbeat_open_steps", "Open steps and shards by status.", "status", steps)
+        yield _gauge(
+            "flowbeat_queue_depth",
+            "Messages waiting on the broker queue.",
+            "queue",
+            {QUEUE_STEPS: self._queue_depth()},
+        )
+
+    def _queue_depth(self) -> int:
+        client = redis.Redis.from_url(
+            self._runtime.settings.require_broker_url(),
+            socket_timeout=BROKER_TIMEOUT_S,
+            socket_connect_timeout=BROKER_TIMEOUT_S,
+        )
+        try:
+            return int(client.llen(QUEUE_STEPS))
+        finally:
+            client.close()
+
+
+def _gauge(name: str, doc: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
+
+
+def install_metrics(app: FastAPI, runtime: Runtime) -> None:
+    """A registry per app, so several apps in one process (tests) never share series."""
+    registry = CollectorRegistry()
+    registry.register(_StateCollector(runtime))
+    app.state.metrics = registry
+
+
+@router.get("/metrics", response_class=Response)
+def metrics(request: Request, _: Reader) -> Response:
+    registry: CollectorRegistry = request.app.state.metrics
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
