@@ -23,7 +23,9 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pipeline: str | dict[str, Any] = Field(
-        description="a saved pipeline's name, an inline profile object, or inline profile YAML"
+        description=(
+            "a saved pipeline's name (or owner/name), an inline profile object, or inline YAML"
+        )
     )
     params: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)

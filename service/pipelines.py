@@ -501,12 +501,23 @@ def resolve_pipeline(
 ) -> ResolvedPipeline:
     """What a job named ``name`` submitted by ``owner`` runs: its own saved pipeline, one shared
     with it, or a shipped profile. The current version is validated against the actions known
-    now, so a pipeline whose action was removed is refused before anything is stored."""
-    _check_name(name)
-    row = _visible_row(session, name, viewer=owner, owner=None, admin=False)
+    now, so a pipeline whose action was removed is refused before anything is stored.
+
+    ``"alice/weekly"`` names alice's pipeline exactly, for a caller shared two pipelines of
+    the same name; it never falls back to a shipped profile."""
+    pipeline_owner, slash, bare = name.rpartition("/")
+    _check_name(bare)
+    if slash:
+        row = _visible_row(session, bare, viewer=owner, owner=pipeline_owner, admin=False)
+        if row is None:
+            raise ProfileNotFound(
+                f"no pipeline {name!r} visible to you", {"name": bare, "owner": pipeline_owner}
+            )
+    else:
+        row = _visible_row(session, bare, viewer=owner, owner=None, admin=False)
     if row is None:
         return ResolvedPipeline(
-            find_profile(profiles_dir, name, known_actions=known_actions), None, None
+            find_profile(profiles_dir, bare, known_actions=known_actions), None, None
         )
     actions = frozenset(known_actions)
     key = (row.id, row.current_version, actions)

@@ -288,3 +288,27 @@ def test_concurrent_saves_number_versions_without_gaps_or_duplicates(rt: Runtime
         versions = list_versions(s, name, viewer=owner)
     assert sorted(v.version for v in versions) == [1, 2, 3]
     assert len({v.content_hash for v in versions}) == 3
+
+
+def test_owner_slash_name_picks_one_of_two_pipelines_shared_under_the_same_name(
+    rt: Runtime,
+) -> None:
+    alice, carol, bob, dave = (unique_owner() for _ in range(4))
+    name = unique_name()
+    save(rt, alice, weekly(name), name)
+    save(rt, carol, weekly(name, extra_step=True), name)
+    save(rt, dave, weekly(name), name)
+    with unit_of_work(rt.sessions) as s:
+        set_share(s, name, bob, shared=True, viewer=alice, profiles_dir=PROFILES)
+        set_share(s, name, bob, shared=True, viewer=carol, profiles_dir=PROFILES)
+
+    from_alice = submit(rt, bob, f"{alice}/{name}")
+    from_carol = submit(rt, bob, f"{carol}/{name}")
+
+    assert (from_alice.pipeline, len(from_alice.profile["steps"])) == (name, 1)
+    assert (from_carol.pipeline, len(from_carol.profile["steps"])) == (name, 2)
+    assert from_alice.pipeline_id != from_carol.pipeline_id
+    with pytest.raises(ProfileNotFound):
+        submit(rt, bob, f"{dave}/{name}")
+    with pytest.raises(ProfileNotFound):
+        submit(rt, bob, f"{alice}/timeout")
