@@ -1,8 +1,10 @@
 """Request dependencies: a database session per request and bearer-key authentication."""
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
+import redis
 from celery import Celery
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
@@ -67,3 +69,20 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
+
+
+BROKER_PROBE_TIMEOUT_S = 1.0
+
+
+@contextmanager
+def broker_probe(settings: Settings) -> Iterator[redis.Redis]:
+    """A short-lived broker client with a short timeout, for health and metrics probes."""
+    client = redis.Redis.from_url(
+        settings.require_broker_url(),
+        socket_timeout=BROKER_PROBE_TIMEOUT_S,
+        socket_connect_timeout=BROKER_PROBE_TIMEOUT_S,
+    )
+    try:
+        yield client
+    finally:
+        client.close()

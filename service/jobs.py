@@ -20,7 +20,7 @@ from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobN
 from service.models import JobRow, StepRunRow
 from service.notices import validate_notify_url
 from service.pipelines import ResolvedPipeline, resolve_pipeline
-from service.profiles import Profile, find_profile, resolve_params, validate_profile
+from service.profiles import Profile, resolve_params, validate_profile
 from service.settle import close_open_steps
 from service.snapshots import step_facts
 from service.states import JOB_FINAL, JobStatus, StepStatus
@@ -56,27 +56,8 @@ class JobView:
     steps: list[StepView]
 
 
-def resolve_profile(
-    pipeline: str | Mapping[str, Any],
-    *,
-    profiles_dir: Path,
-    known_actions: Collection[str],
-    session: Session | None = None,
-    owner: str | None = None,
-) -> Profile:
-    """With a session and an owner, a name may also be a saved pipeline (see
-    ``resolve_request``); without them only shipped profiles and inline ones resolve."""
-    return resolve_request(
-        session if owner is not None else None,
-        pipeline,
-        owner=owner or "",
-        profiles_dir=profiles_dir,
-        known_actions=known_actions,
-    ).profile
-
-
 def resolve_request(
-    session: Session | None,
+    session: Session,
     pipeline: str | Mapping[str, Any],
     *,
     owner: str,
@@ -87,9 +68,6 @@ def resolve_request(
     in that order; an inline profile stands for itself and comes from no saved pipeline."""
     if not isinstance(pipeline, str):
         profile = validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
-        return ResolvedPipeline(profile, None, None)
-    if session is None:
-        profile = find_profile(profiles_dir, pipeline, known_actions=known_actions)
         return ResolvedPipeline(profile, None, None)
     return resolve_pipeline(
         session, pipeline, owner=owner, profiles_dir=profiles_dir, known_actions=known_actions

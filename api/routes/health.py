@@ -3,10 +3,10 @@
 import time
 from collections.abc import Callable
 
-import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from api.deps import broker_probe
 from api.schemas import Check, Health
 from service.constants import VERSION
 from service.db import ping
@@ -14,8 +14,6 @@ from service.runtime import Runtime
 from service.settings import Settings
 
 router = APIRouter(tags=["health"])
-
-BROKER_TIMEOUT_S = 1.0
 
 
 def _timed(probe: Callable[[], object]) -> Check:
@@ -29,15 +27,8 @@ def _timed(probe: Callable[[], object]) -> Check:
 
 
 def _broker(settings: Settings) -> None:
-    client = redis.Redis.from_url(
-        settings.require_broker_url(),
-        socket_timeout=BROKER_TIMEOUT_S,
-        socket_connect_timeout=BROKER_TIMEOUT_S,
-    )
-    try:
+    with broker_probe(settings) as client:
         client.ping()
-    finally:
-        client.close()
 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})

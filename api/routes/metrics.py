@@ -6,21 +6,18 @@ the same truth and nothing is added to the request path.
 
 from collections.abc import Iterable
 
-import redis
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from api.deps import Reader
+from api.deps import Reader, broker_probe
 from service.constants import QUEUE_STEPS
 from service.runtime import Runtime
 from service.stats import jobs_by_status, steps_by_open_status
 
 router = APIRouter(tags=["metrics"])
-
-BROKER_TIMEOUT_S = 1.0
 
 
 class _StateCollector(Collector):
@@ -40,15 +37,8 @@ class _StateCollector(Collector):
         )
 
     def _queue_depth(self) -> int:
-        client = redis.Redis.from_url(
-            self._runtime.settings.require_broker_url(),
-            socket_timeout=BROKER_TIMEOUT_S,
-            socket_connect_timeout=BROKER_TIMEOUT_S,
-        )
-        try:
+        with broker_probe(self._runtime.settings) as client:
             return int(client.llen(QUEUE_STEPS))
-        finally:
-            client.close()
 
 
 def _gauge(name: str, doc: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:
