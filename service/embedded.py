@@ -90,7 +90,8 @@ def start_embedded(data_dir: Path) -> EmbeddedServers:
         state = _read_state(data_dir)
         run_as = _run_as()
         if run_as.uid is not None:
-            _grant_traverse(data_dir)
+            for reachable in (data_dir, pg_bin, redis_bin.parent):
+                _grant_traverse(reachable)
         pg_port = _ensure_postgres(data_dir, pg_bin, run_as, state.get("pg_port"))
         redis_port = _ensure_redis(data_dir, redis_bin, run_as, state.get("redis_port"))
         _ensure_database(pg_port)
@@ -184,7 +185,8 @@ def _run_as() -> _RunAs:
 
 
 def _grant_traverse(path: Path) -> None:
-    """Let the unprivileged server user reach ``path``: add o+x on ancestors that lack it."""
+    """Let the unprivileged server user reach ``path`` (its data, and the binaries inside a
+    virtualenv that may sit in a private directory): add o+x, traverse only, where it lacks."""
     for ancestor in [path, *path.parents]:
         mode = ancestor.stat().st_mode
         if not mode & stat.S_IXOTH:
