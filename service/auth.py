@@ -139,18 +139,22 @@ class KeyCache:
         self._entries: dict[str, tuple[Principal, float]] = {}
         self._lock = threading.Lock()
 
-    def authenticate(self, session: Session, token: str) -> Principal:
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a key that authenticated less than ``ttl_s`` ago; no I/O."""
         if self._ttl_s <= 0:
-            return authenticate(session, token)
-        digest = hash_secret(token)
-        now = time.monotonic()
+            return None
         with self._lock:
-            hit = self._entries.get(digest)
-        if hit is not None and hit[1] > now:
-            return hit[0]
+            hit = self._entries.get(hash_secret(token))
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
+    def authenticate(self, session: Session, token: str) -> Principal:
+        hit = self.cached(token)
+        if hit is not None:
+            return hit
         principal = authenticate(session, token)
-        with self._lock:
-            if len(self._entries) >= self._max_entries:
-                self._entries.clear()
-            self._entries[digest] = (principal, now + self._ttl_s)
+        if self._ttl_s > 0:
+            with self._lock:
+                if len(self._entries) >= self._max_entries:
+                    self._entries.clear()
+                self._entries[hash_secret(token)] = (principal, time.monotonic() + self._ttl_s)
         return principal

@@ -10,7 +10,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -147,11 +148,7 @@ def submit_job(
     }
     steps = [
         {
-            "job_id": job["id"],
             "step_id": step.id,
-            "shard": SHARD_NONE,
-            "status": StepStatus.PENDING,
-            "attempts": 0,
             "depends_on": list(step.depends_on),
             "inputs_from": sorted(step_facts(profile, step.id)[0]),
         }
@@ -171,9 +168,26 @@ def submit_job(
     return JobRow(**job), True
 
 
+_JOB_COLUMNS = (
+    "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
+    "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
+    "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
+)  # fmt: skip
+_INSERT_JOB = text(
+    f"""
+    WITH new_job AS (
+        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
+        VALUES ({", ".join(f":{column}" for column in _JOB_COLUMNS)}))
+    INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on, inputs_from)
+    SELECT :id, s.step_id, {SHARD_NONE}, 'pending', 0, s.depends_on, s.inputs_from
+      FROM jsonb_to_recordset(:steps) AS s(step_id text, depends_on text[], inputs_from text[])
+    """
+).bindparams(*(bindparam(name, type_=JSONB) for name in ("profile", "params", "steps")))
+
+
 def _insert(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> None:
-    session.execute(insert(JobRow), [job])
-    session.execute(insert(StepRunRow), steps)
+    """The job and its steps in one statement of constant text, which psycopg prepares once."""
+    session.execute(_INSERT_JOB, {**job, "steps": steps})
 
 
 def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:

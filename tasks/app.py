@@ -13,6 +13,7 @@ from service.constants import QUEUE_STEPS, TASK_SWEEP
 from service.settings import Settings, get_settings
 from tasks import runtime
 from tasks.backend import backend_url
+from tasks.transport import transport_for
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -21,6 +22,7 @@ def create_celery(settings: Settings) -> Celery:
         "flowbeat", broker=settings.broker_url, backend=backend_url(results) if results else None
     )
     app.conf.update(
+        broker_transport=transport_for(settings.broker_url),
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],

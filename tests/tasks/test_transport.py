@@ -1,0 +1,48 @@
+"""The broker transport publishes through one client per pool instead of one per message."""
+
+import uuid
+
+import redis
+from kombu import Connection
+
+from service.settings import Settings
+from tasks.app import create_celery
+from tasks.transport import Transport, transport_for
+from tests.conftest import Stack
+
+
+def test_a_plain_redis_broker_gets_the_shared_client_transport() -> None:
+    assert transport_for("redis://127.0.0.1:6379/3") == "tasks.transport:Transport"
+
+
+def test_other_brokers_keep_kombus_own_choice() -> None:
+    for url in ("rediss://example:6380/0", "redis+socket:///tmp/redis.sock", "amqp://x", None):
+        assert transport_for(url) is None
+
+
+def test_the_celery_app_connects_through_it(stack: Stack) -> None:
+    app = create_celery(Settings(broker_url=stack.broker_url))
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.transport, Transport)
+
+
+def test_publishes_share_one_client_until_the_pool_is_replaced(stack: Stack) -> None:
+    queue = f"transport-test-{uuid.uuid4().hex[:8]}"
+    with Connection(stack.broker_url, transport=transport_for(stack.broker_url)) as conn:
+        channel = conn.default_channel
+        with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+            assert first is second
+        producer = conn.Producer(serializer="json")
+        for n in range(3):
+            producer.publish({"n": n}, routing_key=queue, declare=[conn.SimpleQueue(queue).queue])
+        channel._disconnect_pools()  # what kombu does after a fork
+        with channel.conn_or_acquire() as third:
+            assert third is not first
+        producer.publish({"n": 3}, routing_key=queue)
+
+    client = redis.Redis.from_url(stack.broker_url)
+    try:
+        assert client.llen(queue) == 4
+    finally:
+        client.delete(queue)
+        client.close()
