@@ -1,9 +1,12 @@
 """Engine and session factory. The caller of a unit of work owns its transaction."""
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, text
+import psycopg
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -28,3 +31,23 @@ def ping(factory: sessionmaker[Session]) -> None:
     """Raise unless the database answers a trivial query."""
     with factory() as session:
         session.execute(text("SELECT 1"))
+
+
+class DirectConnections:
+    """One autocommitted psycopg connection per thread, for the statements every step runs.
+
+    A step's claim and checkpoint are single statements that need neither a transaction nor
+    the ORM; going around SQLAlchemy's pool and result machinery roughly halves their client
+    CPU. A connection that broke is replaced on the next use.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+        self._local = threading.local()
+
+    @contextmanager
+    def connect(self) -> Iterator[psycopg.Connection[Any]]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.broken:
+            conn = self._local.conn = psycopg.connect(self._conninfo, autocommit=True)
+        yield conn

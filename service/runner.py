@@ -12,7 +12,7 @@ from service.constants import SHARD_NONE
 from service.db import unit_of_work
 from service.errors import ActionError, RetryLater, StepCancelled, StopChain
 from service.runtime import Runtime
-from service.settle import settle_after_sink, settle_job
+from service.settle import settle_job, sink_settles_job
 from service.steps import (
     Claimed,
     FannedOut,
@@ -24,6 +24,7 @@ from service.steps import (
     fail_step,
     fast_claim,
     finish_fanout,
+    ready_claim,
     use_fast_claim,
 )
 
@@ -43,13 +44,17 @@ def run_step(
 ) -> FannedOut | None:
     """Run a step once. A for_each step returns its shards for the caller to fan out."""
     now, lease_s = utcnow(), rt.settings.lease_s
-    with rt.autocommit.connect() as conn:
+    with rt.direct.connect() as conn:
         fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
-    with unit_of_work(rt.sessions) as session:
-        if fast is None:
-            claim = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
-        else:
-            claim = use_fast_claim(session, key, fast, now)
+    claim: Claimed | FannedOut | Unresolvable | None = None
+    if fast is not None:
+        claim = ready_claim(key, fast)
+    if claim is None:
+        with unit_of_work(rt.sessions) as session:
+            if fast is None:
+                claim = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
+            else:
+                claim = use_fast_claim(session, key, fast, now)
     if isinstance(claim, FannedOut):
         return claim
     _run_claim(rt, claim, timeout_errors)
@@ -89,19 +94,13 @@ def _run_claim(
     if isinstance(outcome, _Failure):
         _settle_failure(rt, claim, outcome)
         return
-    now = utcnow()
-    with rt.autocommit.connect() as conn:
-        written = complete_step(conn, claim.key, claim.lease, outcome, now)
-        settled = (
-            written
-            and claim.sink
-            and settle_after_sink(
-                conn, claim.key.job_id, claim.key.step_id, claim.profile, outcome, now
-            )
-        )
-    if written and claim.sink and not settled:
+    key, now = claim.key, utcnow()
+    succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
+    with rt.direct.connect() as conn:
+        written = complete_step(conn, key, claim.lease, outcome, now, succeeds_job=succeeds_job)
+    if written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
-            settle_job(session, claim.key.job_id, now)
+            settle_job(session, key.job_id, now)
 
 
 def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]) -> Any:

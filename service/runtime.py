@@ -2,11 +2,10 @@
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.actions import REGISTRY, ActionRegistry, load_plugins
-from service.db import make_engine, make_session_factory
+from service.db import DirectConnections, make_engine, make_session_factory
 from service.heartbeat import Heartbeats
 from service.settings import Settings
 
@@ -15,19 +14,20 @@ from service.settings import Settings
 class Runtime:
     settings: Settings
     sessions: sessionmaker[Session]
-    autocommit: Engine
+    direct: DirectConnections
     registry: ActionRegistry
     heartbeats: Heartbeats = field(compare=False)
 
     @classmethod
     def start(cls, settings: Settings, *, pool_size: int = 5) -> "Runtime":
         load_plugins(REGISTRY, settings.action_modules)
-        engine = make_engine(settings.require_database_url(), pool_size=pool_size)
+        url = settings.require_database_url()
+        engine = make_engine(url, pool_size=pool_size)
         sessions = make_session_factory(engine)
         return cls(
             settings=settings,
             sessions=sessions,
-            autocommit=engine.execution_options(isolation_level="AUTOCOMMIT"),
+            direct=DirectConnections(url),
             registry=REGISTRY,
             heartbeats=Heartbeats(sessions, settings.lease_s),
         )

@@ -8,9 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Connection
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.constants import SHARD_NONE
@@ -35,33 +33,17 @@ def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dic
     return {step_id: output for step_id, output in rows}
 
 
-_SUCCEED_JOB = text(
-    """
-    UPDATE jobs SET status = 'succeeded', finished_at = :now, result = :result
-     WHERE id = :job_id AND status IN ('queued', 'running')
-       AND NOT EXISTS (
-           SELECT 1 FROM step_runs
-            WHERE job_id = :job_id AND shard = -1 AND status <> 'succeeded')
-    RETURNING id
-    """
-).bindparams(bindparam("result", type_=JSONB))
+def sink_settles_job(profile: Profile, step_id: str) -> bool:
+    """Whether the checkpoint of ``step_id`` may succeed the job in the same statement.
 
-
-def settle_after_sink(
-    conn: Connection, job_id: uuid.UUID, step_id: str, profile: Profile, output: Any, now: datetime
-) -> bool:
-    """Finish the job in one statement when the sink that just succeeded holds its result.
-
-    Returns ``False`` when the general ``settle_job`` must decide instead (another sink holds
-    the result, a best-effort job may end with failures, or result items must be stored).
+    So it may when it is the job's only sink, the job fails fast and keeps no result items:
+    every other step has then succeeded already and the result is this step's output. In
+    every other case (another sink holds the result, a best-effort job may end with failures,
+    result items must be stored) ``settle_job`` decides.
     """
-    sinks = [s.id for s in profile.steps if step_facts(profile, s.id)[1]]
     if profile.failure_policy != "fail_fast" or profile.result is not None:
         return False
-    if sinks != [step_id]:
-        return False
-    conn.execute(_SUCCEED_JOB, {"now": now, "job_id": job_id, "result": {step_id: output}})
-    return True
+    return [s.id for s in profile.steps if step_facts(profile, s.id)[1]] == [step_id]
 
 
 def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:

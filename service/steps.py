@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB, insert
-from sqlalchemy.engine import Connection
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
@@ -128,34 +129,33 @@ def _take_lease(row: StepRunRow, job: JobRow, task_id: str, lease_s: float, now:
     return Lease(token=row.lease_token, attempt=row.attempts)
 
 
-_FAST_CLAIM = text(
-    """
+_FAST_CLAIM = """
     WITH claimed AS (
         UPDATE step_runs AS s
-           SET status = 'running', attempts = s.attempts + 1, lease_token = :token,
-               lease_until = :until, task_id = :task_id, started_at = :now, error = NULL
+           SET status = 'running', attempts = s.attempts + 1, lease_token = %(token)s,
+               lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
+               error = NULL
           FROM jobs AS j
-         WHERE s.job_id = :job_id AND s.step_id = :step_id AND s.shard = -1
+         WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
            AND j.id = s.job_id AND j.status IN ('queued', 'running')
            AND (s.status IN ('pending', 'retrying')
-                OR (s.status = 'running' AND s.lease_until < :now))
+                OR (s.status = 'running' AND s.lease_until < %(now)s))
            AND NOT EXISTS (
                SELECT 1 FROM step_runs AS u
                 WHERE u.job_id = s.job_id AND u.shard = -1
                   AND u.step_id = ANY(s.depends_on) AND u.status <> 'succeeded')
         RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params
     ), started AS (
-        UPDATE jobs SET status = 'running', started_at = :now
-         WHERE id = :job_id AND status = 'queued' AND EXISTS (SELECT 1 FROM claimed)
+        UPDATE jobs SET status = 'running', started_at = %(now)s
+         WHERE id = %(job_id)s AND status = 'queued' AND EXISTS (SELECT 1 FROM claimed)
     )
     SELECT c.attempts, c.profile_hash, c.params,
            (SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'::jsonb)
               FROM step_checkpoints AS k
-             WHERE k.job_id = :job_id AND k.shard = -1
+             WHERE k.job_id = %(job_id)s AND k.shard = -1
                AND k.step_id = ANY(c.inputs_from)) AS outputs
       FROM claimed AS c
     """
-)
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class FastClaim:
 
 
 def fast_claim(
-    conn: Connection, key: StepKey, *, task_id: str, lease_s: float, now: datetime
+    conn: psycopg.Connection[Any], key: StepKey, *, task_id: str, lease_s: float, now: datetime
 ) -> FastClaim | None:
     """The common case in one autocommitted statement: a ready step nobody holds.
 
@@ -175,21 +175,34 @@ def fast_claim(
     step is settled, held by a live lease, waiting on its upstream, or its job is over.
     """
     token = uuid.uuid4().hex
-    row = conn.execute(
-        _FAST_CLAIM,
-        {
-            "token": token,
-            "until": now + timedelta(seconds=lease_s),
-            "task_id": task_id,
-            "now": now,
-            "job_id": key.job_id,
-            "step_id": key.step_id,
-        },
-    ).one_or_none()
+    params = {
+        "token": token,
+        "until": now + timedelta(seconds=lease_s),
+        "task_id": task_id,
+        "now": now,
+        "job_id": key.job_id,
+        "step_id": key.step_id,
+    }
+    row = conn.execute(_FAST_CLAIM, params).fetchone()
     if row is None:
         return None
-    profile = cached_profile(row.profile_hash, lambda: _profile_json(conn, key.job_id))
-    return FastClaim(Lease(token, row.attempts), profile, row.params, row.outputs)
+    attempts, profile_hash, job_params, outputs = row
+    profile = cached_profile(profile_hash, lambda: _profile_json(conn, key.job_id))
+    return FastClaim(Lease(token, attempts), profile, job_params, outputs)
+
+
+def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
+    """A fast claim of a plain step as work to run, with no further statement.
+
+    ``None`` when it needs a transaction: a for_each step to fan out, or inputs that do not
+    resolve and must be recorded as the step's failure (``use_fast_claim``).
+    """
+    if claim.profile.step(key.step_id).for_each is not None:
+        return None
+    try:
+        return _claim_of(key, claim.lease, claim.profile, claim.params, None, claim.outputs)
+    except ExpressionError:
+        return None
 
 
 def use_fast_claim(
@@ -219,10 +232,11 @@ def claim_step(
     return _claim_row(session, job, _lock_step(session, key), task_id, lease_s, now)
 
 
-def _profile_json(conn: Connection, job_id: uuid.UUID) -> dict[str, Any]:
-    profile: dict[str, Any] = conn.execute(
-        select(JobRow.profile).where(JobRow.id == job_id)
-    ).scalar_one()
+def _profile_json(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
+    row = conn.execute("SELECT profile FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    if row is None:
+        raise StopChain(f"job {job_id} is gone")
+    profile: dict[str, Any] = row[0]
     return profile
 
 
@@ -236,26 +250,37 @@ def _claimed(
     now: datetime,
     outputs: dict[str, Any] | None = None,
 ) -> Claimed | Unresolvable:
-    spec = profile.step(key.step_id)
-    referenced, sink = step_facts(profile, key.step_id)
     if outputs is None:
-        outputs = step_outputs(session, key.job_id, set(referenced))
-    if key.shard == SHARD_NONE:
-        context = ExprContext(params=params, outputs=outputs)
-    else:
-        context = ExprContext(params=params, outputs=outputs, item=item)
+        outputs = step_outputs(session, key.job_id, set(step_facts(profile, key.step_id)[0]))
     try:
-        inputs: dict[str, Any] = resolve(spec.with_, context)
+        return _claim_of(key, lease, profile, params, item, outputs)
     except ExpressionError as exc:
         error = {"code": exc.code, "message": exc.message, "details": exc.details}
         return Unresolvable(
             key, _record_failure(session, _lock_step(session, key), key, error, None, now)
         )
+
+
+def _claim_of(
+    key: StepKey,
+    lease: Lease,
+    profile: Profile,
+    params: dict[str, Any],
+    item: Any,
+    outputs: dict[str, Any],
+) -> Claimed:
+    """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve."""
+    spec = profile.step(key.step_id)
+    sink = step_facts(profile, key.step_id)[1]
+    if key.shard == SHARD_NONE:
+        context = ExprContext(params=params, outputs=outputs)
+    else:
+        context = ExprContext(params=params, outputs=outputs, item=item)
     return Claimed(
         key=key,
         lease=lease,
         action=spec.action,
-        inputs=inputs,
+        inputs=resolve(spec.with_, context),
         params=dict(params),
         retry=spec.retry,
         sink=sink and key.shard == SHARD_NONE,
@@ -412,40 +437,64 @@ def holds_lease(row: StepRunRow, lease: Lease) -> bool:
     return row.status == StepStatus.RUNNING and row.lease_token == lease.token
 
 
-_COMPLETE = text(
-    """
+_COMPLETED = """
     WITH done AS (
         UPDATE step_runs
-           SET status = 'succeeded', finished_at = :now, lease_token = NULL, lease_until = NULL
-         WHERE job_id = :job_id AND step_id = :step_id AND shard = :shard
-           AND status = 'running' AND lease_token = :token
-        RETURNING job_id)
-    INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
-    SELECT job_id, :step_id, :shard, :attempt, :output, :now FROM done
-    ON CONFLICT DO NOTHING
-    RETURNING job_id
-    """
-).bindparams(bindparam("output", type_=JSONB))
+           SET status = 'succeeded', finished_at = %(now)s, lease_token = NULL,
+               lease_until = NULL
+         WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
+           AND status = 'running' AND lease_token = %(token)s
+        RETURNING job_id
+    ), saved AS (
+        INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
+        SELECT job_id, %(step_id)s, %(shard)s, %(attempt)s, %(output)s, %(now)s FROM done
+        ON CONFLICT DO NOTHING
+        RETURNING job_id
+    )"""
+_COMPLETE = _COMPLETED + " SELECT job_id FROM saved"
+_COMPLETE_AND_SUCCEED_JOB = (
+    _COMPLETED
+    + """, succeeded AS (
+        UPDATE jobs SET status = 'succeeded', finished_at = %(now)s, result = %(result)s
+         WHERE id = %(job_id)s AND status IN ('queued', 'running')
+           AND EXISTS (SELECT 1 FROM saved)
+           AND NOT EXISTS (
+               SELECT 1 FROM step_runs
+                WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
+                  AND status <> 'succeeded')
+    )
+    SELECT job_id FROM saved"""
+)
 
 
-def complete_step(conn: Connection, key: StepKey, lease: Lease, output: Any, now: datetime) -> bool:
+def complete_step(
+    conn: psycopg.Connection[Any],
+    key: StepKey,
+    lease: Lease,
+    output: Any,
+    now: datetime,
+    *,
+    succeeds_job: bool = False,
+) -> bool:
     """Checkpoint a finished attempt in one statement, unless its lease was lost meanwhile.
 
-    Returns whether it was written.
+    With ``succeeds_job`` (the job's sole sink, whose output is the job's result, see
+    ``settle.sink_settles_job``) the same statement succeeds the job. Returns whether the
+    checkpoint was written.
     """
-    written = conn.execute(
-        _COMPLETE,
-        {
-            "now": now,
-            "job_id": key.job_id,
-            "step_id": key.step_id,
-            "shard": key.shard,
-            "token": lease.token,
-            "attempt": lease.attempt,
-            "output": output,
-        },
-    ).scalar()
-    return written is not None
+    params = {
+        "now": now,
+        "job_id": key.job_id,
+        "step_id": key.step_id,
+        "shard": key.shard,
+        "token": lease.token,
+        "attempt": lease.attempt,
+        "output": Jsonb(output),
+    }
+    if succeeds_job:
+        params["result"] = Jsonb({key.step_id: output})
+    statement = _COMPLETE_AND_SUCCEED_JOB if succeeds_job else _COMPLETE
+    return conn.execute(statement, params).fetchone() is not None
 
 
 def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:

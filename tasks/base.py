@@ -2,6 +2,7 @@
 
 from typing import Any
 
+import psycopg
 from celery import Task
 from celery.exceptions import Ignore
 from sqlalchemy.exc import OperationalError
@@ -22,7 +23,7 @@ class FlowbeatTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         except RetryLater as exc:
             raise self.retry(countdown=exc.delay_s, max_retries=None) from None
-        except OperationalError:
+        except (OperationalError, psycopg.OperationalError):
             raise self.retry(countdown=DATABASE_RETRY_S, max_retries=None) from None
         except StopChain:
             raise Ignore() from None

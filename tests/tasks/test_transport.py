@@ -6,7 +6,6 @@ import redis
 from kombu import Connection
 
 from service.settings import Settings
-from tasks.app import create_celery
 from tasks.transport import Transport, transport_for
 from tests.conftest import Stack
 
@@ -21,6 +20,8 @@ def test_other_brokers_keep_kombus_own_choice() -> None:
 
 
 def test_the_celery_app_connects_through_it(stack: Stack) -> None:
+    from tasks.app import create_celery  # builds the process-wide app: only once stack is up
+
     app = create_celery(Settings(broker_url=stack.broker_url))
     with app.connection_for_write() as conn:
         assert isinstance(conn.transport, Transport)
