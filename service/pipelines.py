@@ -12,9 +12,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, delete, func, or_, select
+from sqlalchemy import Table, bindparam, case, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -272,7 +272,47 @@ def _visible_row(
     ).first()
 
 
-def _version_row(session: Session, row: PipelineRow, version: int | None) -> PipelineVersionRow:
+_PIPELINES = cast(Table, PipelineRow.__table__)
+_OWN_OR_SHARED = (
+    select(_PIPELINES.c.id, _PIPELINES.c.name, _PIPELINES.c.owner, _PIPELINES.c.current_version)
+    .where(
+        _PIPELINES.c.name == bindparam("name"),
+        or_(
+            _PIPELINES.c.owner == bindparam("viewer"),
+            _PIPELINES.c.shared_with.contains(
+                bindparam("viewers", type_=_PIPELINES.c.shared_with.type)
+            ),
+        ),
+    )
+    .order_by(
+        case((_PIPELINES.c.owner == bindparam("viewer"), 0), else_=1),
+        _PIPELINES.c.created_at,
+        _PIPELINES.c.owner,
+    )
+    .limit(1)
+)
+
+
+@dataclass(frozen=True)
+class _PipelineRef:
+    id: uuid.UUID
+    name: str
+    owner: str
+    current_version: int
+
+
+def _own_or_shared(session: Session, name: str, viewer: str) -> _PipelineRef | None:
+    """``_visible_row`` for a job's submitter, as one prepared Core statement: the submit
+    path runs it on every job and needs only the pipeline's identity."""
+    row = session.execute(
+        _OWN_OR_SHARED, {"name": name, "viewer": viewer, "viewers": [viewer]}
+    ).first()
+    return None if row is None else _PipelineRef(*row)
+
+
+def _version_row(
+    session: Session, row: PipelineRow | _PipelineRef, version: int | None
+) -> PipelineVersionRow:
     wanted = row.current_version if version is None else version
     found = session.get(PipelineVersionRow, (row.id, wanted))
     if found is None:
@@ -507,6 +547,7 @@ def resolve_pipeline(
     the same name; it never falls back to a shipped profile."""
     pipeline_owner, slash, bare = name.rpartition("/")
     _check_name(bare)
+    row: PipelineRow | _PipelineRef | None
     if slash:
         row = _visible_row(session, bare, viewer=owner, owner=pipeline_owner, admin=False)
         if row is None:
@@ -514,7 +555,7 @@ def resolve_pipeline(
                 f"no pipeline {name!r} visible to you", {"name": bare, "owner": pipeline_owner}
             )
     else:
-        row = _visible_row(session, bare, viewer=owner, owner=None, admin=False)
+        row = _own_or_shared(session, bare, owner)
     if row is None:
         return ResolvedPipeline(
             find_profile(profiles_dir, bare, known_actions=known_actions), None, None

@@ -77,14 +77,16 @@ def _pipeline(body: JobCreate, known_actions: frozenset[str]) -> str | dict[str,
 )
 def create_job(
     body: JobCreate,
-    response: Response,
     principal: Writer,
     session: SessionDep,
     runtime: RuntimeDep,
     settings: SettingsDep,
     celery_app: CeleryDep,
-) -> JobEnvelope:
-    """202 for a new job; 200 with the first job when the idempotency key was seen before."""
+) -> Response:
+    """202 for a new job; 200 with the first job when the idempotency key was seen before.
+
+    The envelope is serialised here, on the request's worker thread: returned as a model, it
+    would be validated again on a second trip to the thread pool."""
     known_actions = runtime.registry.names()
     request = JobRequest(
         pipeline=_pipeline(body, known_actions),
@@ -102,12 +104,15 @@ def create_job(
     )
     session.commit()
     if not created:
-        response.status_code = 200
-        return JobEnvelope(job=JobPublic.of(job_view(session, job)))
+        return _envelope(JobPublic.of(job_view(session, job)), 200)
     profile = job_profile(job)
     publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
-    envelope = JobEnvelope(job=JobPublic.of(new_job_view(job, profile)))
-    return envelope
+    return _envelope(JobPublic.of(new_job_view(job, profile)), 202)
+
+
+def _envelope(job: JobPublic, status_code: int) -> Response:
+    body = JobEnvelope(job=job).model_dump_json()
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 @router.get("/{job_id}", response_model=JobEnvelope, responses=_ERRORS)
