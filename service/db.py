@@ -39,10 +39,15 @@ class DirectConnections:
     A step's claim and checkpoint are single statements that need neither a transaction nor
     the ORM; going around SQLAlchemy's pool and result machinery roughly halves their client
     CPU. A connection that broke is replaced on the next use.
+
+    ``synchronous_commit=False`` is for claims only: a commit then does not wait for the
+    disk, and a PostgreSQL crash can at worst forget that a step started, which runs it again.
+    A checkpoint is committed after its claim, and its synchronous commit flushes both.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, synchronous_commit: bool = True) -> None:
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+        self._synchronous_commit = synchronous_commit
         self._local = threading.local()
 
     @contextmanager
@@ -50,4 +55,6 @@ class DirectConnections:
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         if conn is None or conn.closed or conn.broken:
             conn = self._local.conn = psycopg.connect(self._conninfo, autocommit=True)
+            if not self._synchronous_commit:
+                conn.execute("SET synchronous_commit = off")
         yield conn

@@ -44,7 +44,7 @@ def run_step(
 ) -> FannedOut | None:
     """Run a step once. A for_each step returns its shards for the caller to fan out."""
     now, lease_s = utcnow(), rt.settings.lease_s
-    with rt.direct.connect() as conn:
+    with rt.claims.connect() as conn:
         fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
     claim: Claimed | FannedOut | Unresolvable | None = None
     if fast is not None:
@@ -96,7 +96,7 @@ def _run_claim(
         return
     key, now = claim.key, utcnow()
     succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
-    with rt.direct.connect() as conn:
+    with rt.checkpoints.connect() as conn:
         written = complete_step(conn, key, claim.lease, outcome, now, succeeds_job=succeeds_job)
     if written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:

@@ -14,7 +14,8 @@ from service.settings import Settings
 class Runtime:
     settings: Settings
     sessions: sessionmaker[Session]
-    direct: DirectConnections
+    claims: DirectConnections
+    checkpoints: DirectConnections
     registry: ActionRegistry
     heartbeats: Heartbeats = field(compare=False)
 
@@ -27,7 +28,8 @@ class Runtime:
         return cls(
             settings=settings,
             sessions=sessions,
-            direct=DirectConnections(url),
+            claims=DirectConnections(url, synchronous_commit=False),
+            checkpoints=DirectConnections(url),
             registry=REGISTRY,
             heartbeats=Heartbeats(sessions, settings.lease_s),
         )

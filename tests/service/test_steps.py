@@ -66,7 +66,7 @@ def test_a_claimed_step_resolves_its_inputs_and_takes_a_lease(runtime: Runtime) 
 
 def test_the_fast_claim_takes_a_ready_step_in_one_statement(runtime: Runtime) -> None:
     key = StepKey(_submit(runtime), "before")
-    with runtime.direct.connect() as conn:
+    with runtime.claims.connect() as conn:
         first = fast_claim(conn, key, task_id="t1", lease_s=LEASE_S, now=utcnow())
         second = fast_claim(conn, key, task_id="t2", lease_s=LEASE_S, now=utcnow())
         blocked = fast_claim(
@@ -83,7 +83,7 @@ def test_the_fast_claim_takes_a_ready_step_in_one_statement(runtime: Runtime) ->
 def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtime) -> None:
     key = StepKey(_submit(runtime), "before")
     claim = _claim(runtime, key)
-    with runtime.direct.connect() as conn:
+    with runtime.checkpoints.connect() as conn:
         complete_step(conn, key, claim.lease, {"name": "up"}, utcnow())
         slow = fast_claim(
             conn, StepKey(key.job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow()
@@ -119,11 +119,11 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_cannot_finish(
     stale = _claim(runtime, key)
     fresh = _claim(runtime, key, now_offset_s=LEASE_S + 1)
 
-    with runtime.direct.connect() as conn:
+    with runtime.checkpoints.connect() as conn:
         assert not complete_step(conn, key, stale.lease, {"from": "stale"}, utcnow())
     assert _row(runtime, key).status == "running"
 
-    with runtime.direct.connect() as conn:
+    with runtime.checkpoints.connect() as conn:
         assert complete_step(conn, key, fresh.lease, {"from": "fresh"}, utcnow())
         assert not complete_step(conn, key, fresh.lease, {"from": "again"}, utcnow())
     with unit_of_work(runtime.sessions) as session:
@@ -167,7 +167,7 @@ def test_a_cancelled_job_stops_every_later_claim(runtime: Runtime) -> None:
 
     with pytest.raises(StopChain), unit_of_work(runtime.sessions) as session:
         claim_step(session, StepKey(job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow())
-    with runtime.direct.connect() as conn:
+    with runtime.checkpoints.connect() as conn:
         assert not complete_step(conn, claim.key, claim.lease, {"late": True}, utcnow())
     with unit_of_work(runtime.sessions) as session:
         checkpoints = session.scalar(
