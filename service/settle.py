@@ -36,7 +36,7 @@ def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dic
 def sink_settles_job(profile: Profile, step_id: str) -> bool:
     """Whether the checkpoint of ``step_id`` may succeed the job in the same statement.
 
-    So it may when it is the job's only sink, the job fails fast and keeps no result items:
+    It may when this step is the job's only sink and the job fails fast with no result items:
     every other step has then succeeded already and the result is this step's output. In
     every other case (another sink holds the result, a best-effort job may end with failures,
     result items must be stored) ``settle_job`` decides.
