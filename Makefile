@@ -29,7 +29,7 @@ test: lint
 	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
 
 bench: setup
-	$(BIN)/python -m bench.chain_throughput --jobs 1000
+	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 3
 
 clean:
 	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache

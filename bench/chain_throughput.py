@@ -134,6 +134,15 @@ def claimed_redis_db(base: str, owner: str, taken: set[int]) -> Iterator[int]:
         claims.close()
 
 
+def flush_redis_db(base: str, number: int) -> None:
+    """Each round starts from an empty DB: no results or queues left by the round before."""
+    db = redis.Redis.from_url(redis_db_url(base, number), socket_timeout=10)
+    try:
+        db.flushdb()
+    finally:
+        db.close()
+
+
 def _libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
@@ -562,60 +571,54 @@ def _flowbeat_result(
 # --------------------------------------------------------------------------------------------
 
 
-def _on_sigterm(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds the ExitStacks: processes, database, Redis DBs
+@dataclass
+class Round:
+    raw: RawResult | None
+    fb: FlowbeatResult | None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.fb.steps_per_s / self.raw.tasks_per_s if self.raw and self.fb else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.chain_throughput",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--jobs", type=int, default=1000, help="chains / jobs per side")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed chains/jobs per side")
-    parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP client threads")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--only", choices=["raw", "flowbeat"], help="run one side only")
-    parser.add_argument(
-        "--py-spy",
-        type=Path,
-        metavar="DIR",
-        help="record py-spy profiles of the flowbeat worker and API into DIR "
-        "(slows them down: the figures of such a run are not comparable)",
-    )
-    args = parser.parse_args(argv)
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
-    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
-    owner = f"bench-chain-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+def run_round(
+    number: int,
+    only: str | None,
+    side_a: Callable[[], RawResult],
+    side_b: Callable[[], FlowbeatResult],
+) -> Round:
+    """Odd rounds run flowbeat first, so a machine that speeds up or slows down during the run
+    favours neither side."""
     raw: RawResult | None = None
     fb: FlowbeatResult | None = None
-    with ExitStack() as stack:
-        tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
-        stack.callback(shutil.rmtree, tmp, True)
-        taken: set[int] = set()
-        db_a = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
-        db_b = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
-        log(f"Redis DBs: raw={db_a} flowbeat={db_b}; temp dir {tmp}")
-        if args.only in (None, "raw"):
-            raw = run_raw(args.jobs, args.warmup, redis_db_url(redis_base, db_a), tmp, args.timeout)
-            log(f"A: {raw.tasks_per_s:.0f} tasks/s")
-        if args.only in (None, "flowbeat"):
-            fb = run_flowbeat(
-                args.jobs,
-                args.warmup,
-                args.clients,
-                redis_db_url(redis_base, db_b),
-                admin_db,
-                tmp,
-                args.timeout,
-                args.py_spy,
-            )
-            log(f"B: {fb.steps_per_s:.0f} persisted steps/s")
+    if number % 2 and only is None:
+        fb = side_b()
+        raw = side_a()
+    else:
+        raw = side_a() if only in (None, "raw") else None
+        fb = side_b() if only in (None, "flowbeat") else None
+    return Round(raw, fb)
 
+
+def median_round(rounds: list[Round]) -> tuple[RawResult | None, FlowbeatResult | None]:
+    """The round whose ratio is the median (the lower middle one for an even count)."""
+    if not rounds:
+        return None, None
+    ranked = sorted(
+        rounds,
+        key=lambda r: (
+            r.ratio if r.ratio is not None else 0.0,
+            r.raw.tasks_per_s if r.raw else 0.0,
+            r.fb.steps_per_s if r.fb else 0.0,
+        ),
+    )
+    middle = ranked[(len(ranked) - 1) // 2]
+    return middle.raw, middle.fb
+
+
+def report(args: argparse.Namespace, rounds: list[Round]) -> int:
+    """Print the median round's figures (and every round's ratio); non-zero if any job failed."""
+    raw, fb = median_round(rounds)
     ratio = fb.steps_per_s / raw.tasks_per_s if raw and fb else None
     from service.settings import Settings
 
@@ -631,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw_celery": asdict(raw) if raw else None,
         "flowbeat": asdict(fb) if fb else None,
         "ratio": ratio,
+        "round_ratios": [r.ratio for r in rounds],
         "target_ratio": 0.80,
     }
     if args.json:
@@ -648,17 +652,96 @@ def main(argv: list[str] | None = None) -> int:
             f"  raw celery: {x} tasks/s | flowbeat: {y} persisted steps/s | "
             f"ratio: Y/X = {r} (target >= 0.80)"
         )
+        if len(rounds) > 1:
+            each = ", ".join(
+                f"{r.raw.tasks_per_s:.0f}/{r.fb.steps_per_s:.0f}={r.ratio:.2f}"
+                for r in rounds
+                if r.raw and r.fb and r.ratio is not None
+            )
+            print(f"  {len(rounds)} rounds (raw/flowbeat=ratio): {each}; the median is shown")
         if fb:
             print(
                 f"  enqueue latency p50={fb.enqueue_p50_ms:.1f}ms p99={fb.enqueue_p99_ms:.1f}ms, "
                 f"rate={fb.enqueue_rate_jobs_per_s:.0f} jobs/s ({args.clients} clients)"
             )
-            if fb.http_errors or fb.not_succeeded:
-                print(
-                    f"  problems: {fb.http_errors} POST errors, not succeeded: {fb.not_succeeded}"
-                )
-    ok = fb is None or (not fb.http_errors and not fb.not_succeeded)
-    return 0 if ok else 1
+    failed = [r.fb for r in rounds if r.fb and (r.fb.http_errors or r.fb.not_succeeded)]
+    for bad in failed:
+        print(f"  problems: {bad.http_errors} POST errors, not succeeded: {bad.not_succeeded}")
+    return 1 if failed else 0
+
+
+def _on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds the ExitStacks: processes, database, Redis DBs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chain_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--jobs", type=int, default=1000, help="chains / jobs per side")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed chains/jobs per side")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP client threads")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--only", choices=["raw", "flowbeat"], help="run one side only")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="A/B rounds, the order alternating; the round with the median ratio is reported",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="record py-spy profiles of the flowbeat worker and API into DIR "
+        "(slows them down: the figures of such a run are not comparable)",
+    )
+    args = parser.parse_args(argv)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
+    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
+    owner = f"bench-chain-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    rounds: list[Round] = []
+    with ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
+        stack.callback(shutil.rmtree, tmp, True)
+        taken: set[int] = set()
+        db_a = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+        db_b = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+        log(f"Redis DBs: raw={db_a} flowbeat={db_b}; temp dir {tmp}")
+
+        def side_a() -> RawResult:
+            flush_redis_db(redis_base, db_a)
+            result = run_raw(
+                args.jobs, args.warmup, redis_db_url(redis_base, db_a), tmp, args.timeout
+            )
+            log(f"A: {result.tasks_per_s:.0f} tasks/s")
+            return result
+
+        def side_b() -> FlowbeatResult:
+            flush_redis_db(redis_base, db_b)
+            result = run_flowbeat(
+                args.jobs,
+                args.warmup,
+                args.clients,
+                redis_db_url(redis_base, db_b),
+                admin_db,
+                tmp,
+                args.timeout,
+                args.py_spy,
+            )
+            log(f"B: {result.steps_per_s:.0f} persisted steps/s")
+            return result
+
+        for number in range(args.rounds):
+            log(f"round {number + 1} of {args.rounds}")
+            rounds.append(run_round(number, args.only, side_a, side_b))
+
+    return report(args, rounds)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,19 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
         yield session
 
 
+def driver(session: Session) -> psycopg.Connection[Any]:
+    """The session's own psycopg connection, inside the session's transaction.
+
+    Statements run on every request go through it: psycopg executes a constant statement for
+    a fraction of what SQLAlchemy's execution and result layers cost, and whoever owns the
+    session still commits or rolls back everything together.
+    """
+    conn = session.connection().connection.driver_connection
+    if not isinstance(conn, psycopg.Connection):
+        raise TypeError(f"expected a psycopg connection, got {type(conn).__name__}")
+    return conn
+
+
 def ping(factory: sessionmaker[Session]) -> None:
     """Raise unless the database answers a trivial query."""
     with factory() as session:

@@ -10,13 +10,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.exc import IntegrityError
+from psycopg.types.json import Jsonb
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.constants import SHARD_NONE
+from service.db import driver
 from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobNotFound
 from service.models import JobRow, StepRunRow
 from service.notices import validate_notify_url
@@ -154,18 +154,15 @@ def submit_job(
         }
         for step in profile.steps
     ]
-    if not request.idempotency_key:
-        _insert(session, job, steps)
+    if _insert(session, job, steps):
         return JobRow(**job), True
-    try:
-        with session.begin_nested():
-            _insert(session, job, steps)
-    except IntegrityError:
-        raced = _by_idempotency_key(session, owner, request.idempotency_key)
-        if raced is None:
-            raise
-        return _same_request(raced, request_hash), False
-    return JobRow(**job), True
+    raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
+    if raced is None:
+        raise IdempotencyConflict(
+            "the job first stored under this idempotency_key is gone; use a new key",
+            {"idempotency_key": request.idempotency_key},
+        )
+    return _same_request(raced, request_hash), False
 
 
 _JOB_COLUMNS = (
@@ -173,21 +170,34 @@ _JOB_COLUMNS = (
     "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
 )  # fmt: skip
-_INSERT_JOB = text(
-    f"""
+_INSERT_JOB = f"""
     WITH new_job AS (
         INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
-        VALUES ({", ".join(f":{column}" for column in _JOB_COLUMNS)}))
-    INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on, inputs_from)
-    SELECT :id, s.step_id, {SHARD_NONE}, 'pending', 0, s.depends_on, s.inputs_from
-      FROM jsonb_to_recordset(:steps) AS s(step_id text, depends_on text[], inputs_from text[])
+        VALUES ({", ".join(f"%({column})s" for column in _JOB_COLUMNS)})
+        ON CONFLICT (owner, idempotency_key) DO NOTHING
+        RETURNING id
+    ), new_steps AS (
+        INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on, inputs_from)
+        SELECT new_job.id, s.step_id, {SHARD_NONE}, 'pending', 0, s.depends_on, s.inputs_from
+          FROM new_job, jsonb_to_recordset(%(steps)s)
+               AS s(step_id text, depends_on text[], inputs_from text[])
+    )
+    SELECT count(*) FROM new_job
     """
-).bindparams(*(bindparam(name, type_=JSONB) for name in ("profile", "params", "steps")))
 
 
-def _insert(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> None:
-    """The job and its steps in one statement of constant text, which psycopg prepares once."""
-    session.execute(_INSERT_JOB, {**job, "steps": steps})
+def _insert(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+    """The job and its steps in one constant statement; ``False`` if its idempotency key was
+    taken first. ``ON CONFLICT`` waits for a concurrent holder of the key to commit or roll
+    back, so a key is never stored twice and no savepoint is needed."""
+    values = {
+        **job,
+        "profile": Jsonb(job["profile"]),
+        "params": Jsonb(job["params"]),
+        "steps": Jsonb(steps),
+    }
+    row = driver(session).execute(_INSERT_JOB, values).fetchone()
+    return row is not None and row[0] == 1
 
 
 def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:

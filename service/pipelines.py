@@ -12,13 +12,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, bindparam, case, delete, func, or_, select
+from sqlalchemy import case, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.clock import utcnow
+from service.db import driver
 from service.errors import (
     InvalidShare,
     PipelineNameMismatch,
@@ -272,25 +273,13 @@ def _visible_row(
     ).first()
 
 
-_PIPELINES = cast(Table, PipelineRow.__table__)
-_OWN_OR_SHARED = (
-    select(_PIPELINES.c.id, _PIPELINES.c.name, _PIPELINES.c.owner, _PIPELINES.c.current_version)
-    .where(
-        _PIPELINES.c.name == bindparam("name"),
-        or_(
-            _PIPELINES.c.owner == bindparam("viewer"),
-            _PIPELINES.c.shared_with.contains(
-                bindparam("viewers", type_=_PIPELINES.c.shared_with.type)
-            ),
-        ),
-    )
-    .order_by(
-        case((_PIPELINES.c.owner == bindparam("viewer"), 0), else_=1),
-        _PIPELINES.c.created_at,
-        _PIPELINES.c.owner,
-    )
-    .limit(1)
-)
+_OWN_OR_SHARED = """
+    SELECT id, name, owner, current_version FROM pipelines
+     WHERE name = %(name)s
+       AND (owner = %(viewer)s OR shared_with @> ARRAY[%(viewer)s]::varchar[])
+     ORDER BY owner <> %(viewer)s, created_at, owner
+     LIMIT 1
+    """
 
 
 @dataclass(frozen=True)
@@ -302,11 +291,9 @@ class _PipelineRef:
 
 
 def _own_or_shared(session: Session, name: str, viewer: str) -> _PipelineRef | None:
-    """``_visible_row`` for a job's submitter, as one prepared Core statement: the submit
-    path runs it on every job and needs only the pipeline's identity."""
-    row = session.execute(
-        _OWN_OR_SHARED, {"name": name, "viewer": viewer, "viewers": [viewer]}
-    ).first()
+    """``_visible_row`` for a job's submitter, as one constant statement on the session's
+    driver connection: the submit path runs it on every job and needs only the identity."""
+    row = driver(session).execute(_OWN_OR_SHARED, {"name": name, "viewer": viewer}).fetchone()
     return None if row is None else _PipelineRef(*row)
 
 

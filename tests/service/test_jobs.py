@@ -1,0 +1,101 @@
+"""Accepting jobs: a job and its steps are stored together; an idempotency key holds one job."""
+
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from service.db import unit_of_work
+from service.errors import IdempotencyConflict
+from service.jobs import JobRequest, submit_job
+from service.models import JobRow, StepRunRow
+from service.runtime import Runtime
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+SUBMITTERS = 6
+
+
+def submit(rt: Runtime, owner: str, request: JobRequest) -> tuple[uuid.UUID, bool]:
+    with unit_of_work(rt.sessions) as session:
+        job, created = submit_job(
+            session,
+            request,
+            owner=owner,
+            profiles_dir=PROFILES,
+            known_actions=rt.registry.names(),
+        )
+        return job.id, created
+
+
+def stored(rt: Runtime, owner: str) -> tuple[int, int]:
+    with rt.sessions() as session:
+        jobs = session.scalar(select(func.count()).where(JobRow.owner == owner))
+        steps = session.scalar(
+            select(func.count())
+            .select_from(StepRunRow)
+            .join(JobRow, JobRow.id == StepRunRow.job_id)
+            .where(JobRow.owner == owner)
+        )
+    return jobs or 0, steps or 0
+
+
+def test_a_job_and_all_its_steps_are_stored_together(runtime: Runtime) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    job_id, created = submit(runtime, owner, JobRequest(pipeline="slow", params={}))
+
+    assert created
+    with runtime.sessions() as session:
+        steps = session.scalars(
+            select(StepRunRow.step_id).where(StepRunRow.job_id == job_id).order_by(StepRunRow.id)
+        ).all()
+    assert list(steps) == ["before", "slow", "after"]
+
+
+def test_concurrent_submits_with_one_idempotency_key_store_one_job(runtime: Runtime) -> None:
+    owner, key = f"o-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    request = JobRequest(pipeline="slow", params={}, idempotency_key=key)
+    start = threading.Barrier(SUBMITTERS)
+    outcomes: list[tuple[uuid.UUID, bool]] = []
+
+    def racer() -> None:
+        start.wait()
+        outcomes.append(submit(runtime, owner, request))
+
+    threads = [threading.Thread(target=racer) for _ in range(SUBMITTERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert len(outcomes) == SUBMITTERS
+    assert len({job_id for job_id, _ in outcomes}) == 1
+    assert sum(created for _, created in outcomes) == 1
+    assert stored(runtime, owner) == (1, 3)
+
+
+def test_a_reused_key_with_other_params_is_refused_and_stores_nothing(runtime: Runtime) -> None:
+    owner, key = f"o-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    submit(runtime, owner, JobRequest(pipeline="slow", params={}, idempotency_key=key))
+
+    with pytest.raises(IdempotencyConflict):
+        submit(
+            runtime,
+            owner,
+            JobRequest(pipeline="slow", params={}, idempotency_key=key, diff_mode=True),
+        )
+    assert stored(runtime, owner) == (1, 3)
+
+
+def test_keys_are_per_owner(runtime: Runtime) -> None:
+    key = uuid.uuid4().hex
+    first = submit(
+        runtime, f"o-{uuid.uuid4().hex[:8]}", JobRequest("slow", {}, idempotency_key=key)
+    )
+    second = submit(
+        runtime, f"o-{uuid.uuid4().hex[:8]}", JobRequest("slow", {}, idempotency_key=key)
+    )
+
+    assert first[1] and second[1]
+    assert first[0] != second[0]
