@@ -477,7 +477,7 @@ def run_flowbeat(
     from service.profiles import load_profile_file
 
     profiles = tmp / "profiles"
-    profiles.mkdir()
+    profiles.mkdir(exist_ok=True)
     (profiles / f"{PIPELINE}.yaml").write_text(PROFILE_YAML)
     load_profile_file(profiles / f"{PIPELINE}.yaml")  # fail here, not in 1000 requests
 
