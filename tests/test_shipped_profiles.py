@@ -11,7 +11,7 @@ from service.errors import ParamsInvalid
 from service.profiles import load_profile_file, resolve_params, validate_profile
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
-SCHEDULES = {
+SCHEDULES: dict[str, dict[str, str | bool]] = {
     "remimazolam-icu-sedation": {
         "cron": "0 9 * * 1",
         "timezone": "Europe/London",

@@ -72,7 +72,7 @@ def test_put_yaml_then_json_of_the_same_profile_keeps_one_version(
 ) -> None:
     name = unique_name()
     first = put(client, writer, name, profile_text(name))
-    document = {"name": name, "tags": ["lit"], "description": "a search"}
+    document: dict[str, object] = {"name": name, "tags": ["lit"], "description": "a search"}
     document["steps"] = [{"id": "s1", "action": "noop"}]
     same = put(client, writer, name, json.dumps(document), content_type="application/json")
     changed = put(client, writer, name, profile_text(name, steps=2), content_type="text/yaml")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,7 @@ class Client:
         self.counters = redis.Redis.from_url(stack.broker_url.rsplit("/", 1)[0] + "/0")
         self.broker = redis.Redis.from_url(stack.broker_url)
 
-    def submit(self, pipeline: str, **params: Any) -> uuid.UUID:
+    def submit(self, pipeline: str | Mapping[str, Any], **params: Any) -> uuid.UUID:
         from service.db import unit_of_work
         from service.jobs import JobRequest, submit_job
         from service.plan import load_plan

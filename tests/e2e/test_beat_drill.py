@@ -3,6 +3,7 @@
 Each killed replica is replaced by a fresh one, as a supervisor would, so three always run."""
 
 import itertools
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,7 +47,15 @@ def _jobs(client: Client) -> list[tuple[datetime, datetime, str]]:
             .where(JobRow.owner == "drill", JobRow.schedule_id.is_not(None))
             .order_by(JobRow.scheduled_for)
         ).all()
-    return [(row[0], row[1], row[2]) for row in rows]
+    jobs: list[tuple[datetime, datetime, str]] = []
+    for fire, created, status in rows:
+        assert fire is not None, "a scheduled job without its fire time"
+        jobs.append((fire, created, status))
+    return jobs
+
+
+def _fired_at_least(client: Client, n: int) -> Callable[[], bool]:
+    return lambda: len(_jobs(client)) >= n
 
 
 def _leader(broker: redis.Redis, beats: list[Proc]) -> Proc | None:
@@ -68,7 +77,7 @@ def test_killing_the_beat_leader_neither_doubles_nor_misses_a_fire(
 
     for _ in range(KILLS):
         fired = len(_jobs(client))
-        wait_for(lambda n=fired: len(_jobs(client)) >= n + 2, 20, "two fires under this leader")
+        wait_for(_fired_at_least(client, fired + 2), 20, "two fires under this leader")
         leader = wait_for(lambda: _leader(client.broker, beats), 10, "a leader")
         leader.kill()
         beats.append(cluster.beat(beat_lock_ttl_s=str(LOCK_TTL_S)))
