@@ -40,3 +40,53 @@ def test_the_api_never_touches_rows_without_the_service_layer() -> None:
     for path in (ROOT / "api").rglob("*.py"):
         source = path.read_text()
         assert "session.add(" not in source and "session.execute(" not in source, path
+
+
+PROCESS_APP = "tasks.app"
+
+
+def _top_level_modules(path: Path) -> set[str]:
+    """Dotted names a module imports when it is loaded (``from a import b`` counts ``a.b`` too,
+    since ``b`` may be a submodule)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def _source(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _loads_on_import(path: Path) -> set[str]:
+    seen: set[str] = set()
+    pending = list(_top_level_modules(path))
+    while pending:
+        module = pending.pop()
+        source = _source(module)
+        if module in seen or source is None:
+            continue
+        seen.add(module)
+        pending.extend(_top_level_modules(source))
+    return seen
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "tests").rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_no_test_module_builds_the_celery_app_when_collected(path: Path) -> None:
+    """``tasks.app`` configures the process-wide Celery app from the environment at import.
+    Imported while pytest collects, before the test stack sets the broker URL, it would point
+    every worker at a shared default Redis DB, where parallel test runs steal each other's
+    messages. Tests import it inside the test, after the stack is up."""
+    assert PROCESS_APP not in _loads_on_import(path)
