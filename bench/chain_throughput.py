@@ -487,6 +487,61 @@ def _start_api(
         time.sleep(0.2)
 
 
+@dataclass
+class FlowbeatStack:
+    """A fresh database with an admin key, the API and one worker, all started for one side."""
+
+    base_url: str
+    key: str
+    conn: psycopg.Connection[Any]
+    api: subprocess.Popen[bytes]
+    worker: subprocess.Popen[bytes]
+    api_log: Path
+    worker_log: Path
+
+    def dead(self) -> bool:
+        return self.worker.poll() is not None or self.api.poll() is not None
+
+
+def start_flowbeat(
+    stack: ExitStack, profiles: dict[str, str], redis_url: str, admin_db: str, tmp: Path
+) -> FlowbeatStack:
+    """Everything is stopped and dropped when ``stack`` closes. ``profiles`` maps a name to
+    the YAML of a profile the API serves as shipped; each is validated here first."""
+    from celery import Celery
+
+    from service.constants import QUEUE_STEPS
+    from service.profiles import load_profile_file
+
+    profiles_dir = tmp / "profiles"
+    profiles_dir.mkdir(exist_ok=True)
+    for name, text in profiles.items():
+        (profiles_dir / f"{name}.yaml").write_text(text)
+        load_profile_file(profiles_dir / f"{name}.yaml")
+    db_url, key = _database_with_key(stack, admin_db)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FLOWBEAT_")},
+        "FLOWBEAT_DATABASE_URL": db_url,
+        "FLOWBEAT_BROKER_URL": redis_url,
+        "FLOWBEAT_PROFILES_DIR": str(profiles_dir),
+        "FLOWBEAT_DATA_DIR": str(tmp / "data"),
+        "PYTHONPATH": str(REPO),
+    }
+    api_proc, base_url = _start_api(stack, env, tmp)
+    node = f"bench-flowbeat-{os.getpid()}@{socket.gethostname()}"
+    worker_log = tmp / "flowbeat-worker.log"
+    worker = stack.enter_context(
+        subprocess_group(
+            worker_argv("tasks.app", QUEUE_STEPS, node), env, worker_log, "flowbeat worker"
+        )
+    )
+    control = Celery("bench-control", broker=redis_url)
+    stack.callback(control.close)
+    wait_for_worker(control, node, worker, worker_log)
+    conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
+    return FlowbeatStack(base_url, key, conn, api_proc, worker, tmp / "api.log", worker_log)
+
+
 def run_flowbeat(
     n: int,
     warmup: int,
@@ -497,71 +552,34 @@ def run_flowbeat(
     timeout_s: float,
     spy_dir: Path | None,
 ) -> FlowbeatResult:
-    from celery import Celery
-
-    from service.constants import QUEUE_STEPS
-    from service.profiles import load_profile_file
-
-    profiles = tmp / "profiles"
-    profiles.mkdir(exist_ok=True)
-    (profiles / f"{PIPELINE}.yaml").write_text(PROFILE_YAML)
-    load_profile_file(profiles / f"{PIPELINE}.yaml")  # fail here, not in 1000 requests
-
     with ExitStack() as stack:
-        db_url, key = _database_with_key(stack, admin_db)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("FLOWBEAT_")},
-            "FLOWBEAT_DATABASE_URL": db_url,
-            "FLOWBEAT_BROKER_URL": redis_url,
-            "FLOWBEAT_PROFILES_DIR": str(profiles),
-            "FLOWBEAT_DATA_DIR": str(tmp / "data"),
-            "PYTHONPATH": str(REPO),
-        }
-        api_proc, base_url = _start_api(stack, env, tmp)
-        api_log = tmp / "api.log"
-
-        node = f"bench-flowbeat-{os.getpid()}@{socket.gethostname()}"
-        worker_log = tmp / "flowbeat-worker.log"
-        worker = stack.enter_context(
-            subprocess_group(
-                worker_argv("tasks.app", QUEUE_STEPS, node), env, worker_log, "flowbeat worker"
-            )
-        )
-        control = Celery("bench-control", broker=redis_url)
-        stack.callback(control.close)
-        wait_for_worker(control, node, worker, worker_log)
-
-        conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
-
-        def dead() -> bool:
-            return worker.poll() is not None or api_proc.poll() is not None
-
+        fb = start_flowbeat(stack, {PIPELINE: PROFILE_YAML}, redis_url, admin_db, tmp)
         if warmup:
             errors: list[str] = []
-            _post_jobs(base_url, key, warmup, min(threads, warmup), [], errors)
+            _post_jobs(fb.base_url, fb.key, warmup, min(threads, warmup), [], errors)
             if errors:
-                raise RuntimeError(f"warm-up POSTs failed: {errors[:3]}\n{tail(api_log)}")
-            _wait_final(conn, warmup, time.monotonic() + timeout_s, dead)
+                raise RuntimeError(f"warm-up POSTs failed: {errors[:3]}\n{tail(fb.api_log)}")
+            _wait_final(fb.conn, warmup, time.monotonic() + timeout_s, fb.dead)
 
         log(f"B: POSTing {n} jobs of {STEPS_PER_JOB} no-op steps with {threads} client threads")
         latencies: list[float] = []
         errors = []
         with ExitStack() as spies:
-            spies.enter_context(py_spy(spy_dir, worker.pid, "flowbeat-worker"))
-            spies.enter_context(py_spy(spy_dir, api_proc.pid, "flowbeat-api"))
+            spies.enter_context(py_spy(spy_dir, fb.worker.pid, "flowbeat-worker"))
+            spies.enter_context(py_spy(spy_dir, fb.api.pid, "flowbeat-api"))
             t0 = time.perf_counter()
-            poster = threading.Thread(
-                target=_post_jobs, args=(base_url, key, n, threads, latencies, errors), daemon=True
-            )
+            args = (fb.base_url, fb.key, n, threads, latencies, errors)
+            poster = threading.Thread(target=_post_jobs, args=args, daemon=True)
             poster.start()
             poster.join()
             t_posted = time.perf_counter()
-            counts = _wait_final(conn, warmup + len(latencies), time.monotonic() + timeout_s, dead)
+            total = warmup + len(latencies)
+            counts = _wait_final(fb.conn, total, time.monotonic() + timeout_s, fb.dead)
             t1 = time.perf_counter()
         if errors:
             log(f"B: {len(errors)} POSTs failed, e.g. {errors[0]}")
-        if dead() or any(status != "succeeded" for status in counts):
-            log(f"worker log:\n{tail(worker_log)}")
+        if fb.dead() or any(status != "succeeded" for status in counts):
+            log(f"worker log:\n{tail(fb.worker_log)}")
         return _flowbeat_result(latencies, len(errors), counts, warmup, t1 - t0, t_posted - t0)
 
 
