@@ -17,6 +17,9 @@ BROKER_EPOCH_KEY: Final = "flowbeat:broker-epoch"
 SHARD_NONE: Final = -1
 
 STEP_TIMEOUT_GRACE_S: Final = 5
+LANE_SLICE_S: Final = 1
+"""A fan-out lane takes further shards in one message until this long has passed, then hands
+over to a fresh message; a shard starting within the slice still gets its whole timeout."""
 WAIT_FOR_PEER_MAX_S: Final = 5.0
 DEFAULT_STEP_TIMEOUT_S: Final = 300
 JOB_LIST_MAX_LIMIT: Final = 200

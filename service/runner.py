@@ -3,12 +3,13 @@
 Task adapters call these functions and translate ``RetryLater`` and ``StopChain`` for Celery.
 """
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from service.actions import StepContext
 from service.clock import utcnow
-from service.constants import SHARD_NONE
+from service.constants import LANE_SLICE_S, SHARD_NONE
 from service.db import unit_of_work
 from service.errors import ActionError, RetryLater, StepCancelled, StopChain
 from service.runtime import Runtime
@@ -67,16 +68,25 @@ def run_lane(
     *,
     task_id: str,
     timeout_errors: tuple[type[BaseException], ...] = (),
+    slice_s: float = LANE_SLICE_S,
 ) -> bool:
-    """Run the next open shard of a fan-out; ``False`` once no shard is left to take."""
-    with unit_of_work(rt.sessions) as session:
-        claim = claim_next_shard(
-            session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=utcnow()
-        )
-    if claim is None:
-        return False
-    _run_claim(rt, claim, timeout_errors)
-    return True
+    """Run open shards of a fan-out one after another until ``slice_s`` has passed.
+
+    ``True`` when the slice ran out (the caller sends the lane on in a new message),
+    ``False`` once no shard is left to take. Short shards share one message, so a fan-out of
+    thousands does not pay a message, an ack and a task replacement for every item.
+    """
+    started = time.monotonic()
+    while True:
+        with unit_of_work(rt.sessions) as session:
+            claim = claim_next_shard(
+                session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=utcnow()
+            )
+        if claim is None:
+            return False
+        _run_claim(rt, claim, timeout_errors)
+        if time.monotonic() - started >= slice_s:
+            return True
 
 
 def _run_claim(

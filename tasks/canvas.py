@@ -7,6 +7,7 @@ from celery import Celery, chain, chord, group
 from celery.canvas import Signature
 
 from service.constants import (
+    LANE_SLICE_S,
     STEP_TIMEOUT_GRACE_S,
     TASK_FINISH_FANOUT,
     TASK_RUN_LANE,
@@ -21,9 +22,11 @@ def _limits(timeout_s: int) -> dict[str, int]:
 
 
 def lane(app: Celery, key: StepKey, timeout_s: int) -> Signature:
+    """A lane's message may start a shard until ``LANE_SLICE_S`` has passed; its limits are
+    that much longer, so every shard it starts still has ``timeout_s`` to run."""
     return app.signature(
         TASK_RUN_LANE, args=(str(key.job_id), key.step_id, timeout_s), immutable=True
-    ).set(**_limits(timeout_s))
+    ).set(**_limits(timeout_s + LANE_SLICE_S))
 
 
 def fan_out(app: Celery, key: StepKey, lanes: int, timeout_s: int) -> Signature:

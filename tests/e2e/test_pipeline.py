@@ -75,6 +75,30 @@ def test_a_step_past_its_timeout_fails_with_a_timeout_error(client: Client) -> N
     assert client.count(job_id, "never", "started") == 0
 
 
+def test_a_fan_out_shard_past_its_timeout_fails_the_job_with_a_timeout_error(
+    client: Client,
+) -> None:
+    """Quick shards share a lane's message; one that overruns is still cut at its timeout."""
+    profile = {
+        "name": "fan-timeout",
+        "params": {"seconds": {"type": "array", "default": [0, 0, 10, 0]}},
+        "steps": [
+            {
+                "id": "each",
+                "action": "sleep",
+                "timeout_s": 1,
+                "for_each": {"items": "${{ params.seconds }}", "max_parallel": 1},
+                "with": {"seconds": "${{ item }}"},
+            }
+        ],
+    }
+    job_id = client.submit(profile)
+    view = client.wait_final(job_id, timeout_s=30)
+
+    assert view.job.status == "failed"
+    assert view.job.error is not None and view.job.error["code"] == "timeout"
+
+
 def test_cancel_stops_a_running_step_and_nothing_after_it_runs(
     client: Client, shared_worker: Proc
 ) -> None:

@@ -1,0 +1,239 @@
+"""A 10,000-item fan-out through flowbeat against a raw Celery chord of the same size.
+
+    python -m bench.fanout --items 10000 [--lanes 4] [--rounds 1] [--json]
+
+One machine, one Redis server, the same worker settings on both sides (prefork,
+``--concurrency 2`` or ``BENCH_CONCURRENCY``, the prefetch multiplier of
+``Settings.worker_prefetch``), one worker at a time:
+
+A. raw Celery (``bench.raw_app``): ``chord([noop.si()] * N, noop.si())``, the client waits on
+   the body's result. items/s = N / (submit .. body's result).
+B. flowbeat: one job of a profile whose only step has ``for_each`` over N items, POSTed to the
+   API with the items as a param. The step stores N shard rows and replaces itself with a
+   chord of ``--lanes`` lanes that take one shard per message; the chord body gathers the N
+   outputs, in item order, into the step's checkpoint and the job's result.
+   items/s = N / (POST .. job final), every shard claimed and checkpointed in PostgreSQL.
+
+Both sides first run a small fan-out (not timed) so the pools and imports are hot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.chain_throughput import (
+    DEFAULT_ADMIN_DB,
+    DEFAULT_REDIS,
+    REPO,
+    WORKER_CONCURRENCY,
+    claimed_redis_db,
+    flush_redis_db,
+    log,
+    redis_db_url,
+    start_flowbeat,
+    subprocess_group,
+    tail,
+    wait_for_worker,
+    worker_argv,
+)
+
+PIPELINE = "bench_fanout"
+WARMUP_ITEMS = 50
+POLL_S = 0.05
+
+
+def profile_yaml(lanes: int) -> str:
+    return f"""\
+name: {PIPELINE}
+description: one for_each step over the items param, for bench.fanout
+params:
+  items: {{type: array}}
+steps:
+  - id: each
+    action: noop
+    for_each: {{items: "${{{{ params.items }}}}", max_parallel: {lanes}}}
+    with: {{item: "${{{{ item }}}}"}}
+"""
+
+
+@dataclass
+class Side:
+    items: int
+    wall_s: float
+    items_per_s: float
+
+
+def run_raw(items: int, redis_url: str, tmp: Path, timeout_s: float) -> Side:
+    os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
+    from celery import chord
+
+    from bench import raw_app
+
+    env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
+    node = f"bench-raw-{os.getpid()}@{socket.gethostname()}"
+    log_path = tmp / "raw-worker.log"
+    noop = raw_app.noop
+
+    def fan_out(count: int) -> float:
+        started = time.perf_counter()
+        result = chord([noop.si() for _ in range(count)], noop.si()).apply_async()
+        result.get(timeout=timeout_s, propagate=True)
+        return time.perf_counter() - started
+
+    with subprocess_group(
+        worker_argv("bench.raw_app", raw_app.QUEUE, node), env, log_path, "raw celery worker"
+    ) as proc:
+        wait_for_worker(raw_app.app, node, proc, log_path)
+        fan_out(WARMUP_ITEMS)
+        log(f"A: a chord of {items} no-op tasks")
+        wall = fan_out(items)
+    return Side(items, wall, items / wall)
+
+
+def _job_final(conn: Any, job_id: str) -> str | None:
+    row = conn.execute(
+        "SELECT status FROM jobs WHERE id = %s AND status IN ('succeeded', 'failed', 'cancelled')",
+        (job_id,),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _fan_out(
+    client: httpx.Client, conn: Any, count: int, deadline: float, dead: Callable[[], bool]
+) -> float:
+    started = time.perf_counter()
+    response = client.post(
+        "/v1/jobs", json={"pipeline": PIPELINE, "params": {"items": list(range(count))}}
+    )
+    if response.status_code != 202:
+        raise RuntimeError(f"POST /v1/jobs: {response.status_code} {response.text[:300]}")
+    job_id = response.json()["job"]["id"]
+    while (status := _job_final(conn, job_id)) is None:
+        if time.monotonic() > deadline or dead():
+            raise TimeoutError(f"job {job_id} not final")
+        time.sleep(POLL_S)
+    if status != "succeeded":
+        raise RuntimeError(f"job {job_id} {status}")
+    return time.perf_counter() - started
+
+
+def run_flowbeat(
+    items: int, lanes: int, redis_url: str, admin_db: str, tmp: Path, timeout_s: float
+) -> Side:
+    with ExitStack() as stack:
+        fb = start_flowbeat(stack, {PIPELINE: profile_yaml(lanes)}, redis_url, admin_db, tmp)
+        headers = {"Authorization": f"Bearer {fb.key}"}
+        client = stack.enter_context(httpx.Client(base_url=fb.base_url, headers=headers))
+        try:
+            _fan_out(client, fb.conn, WARMUP_ITEMS, time.monotonic() + timeout_s, fb.dead)
+            log(f"B: a job fanning out over {items} items with {lanes} lanes")
+            wall = _fan_out(client, fb.conn, items, time.monotonic() + timeout_s, fb.dead)
+        except (RuntimeError, TimeoutError):
+            log(f"worker log:\n{tail(fb.worker_log)}")
+            raise
+    return Side(items, wall, items / wall)
+
+
+def _on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.fanout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--items", type=int, default=10_000, help="items in the fan-out")
+    parser.add_argument(
+        "--lanes", type=int, default=2 * WORKER_CONCURRENCY, help="flowbeat's max_parallel"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="A/B rounds, alternating order")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
+    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
+    owner = f"bench-fanout-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    rounds: list[tuple[Side, Side]] = []
+    with ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
+        stack.callback(shutil.rmtree, tmp, True)
+        taken: set[int] = set()
+        db_a = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+        db_b = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+
+        def side_a() -> Side:
+            flush_redis_db(redis_base, db_a)
+            side = run_raw(args.items, redis_db_url(redis_base, db_a), tmp, args.timeout)
+            log(f"A: {side.items_per_s:.0f} items/s")
+            return side
+
+        def side_b() -> Side:
+            flush_redis_db(redis_base, db_b)
+            url = redis_db_url(redis_base, db_b)
+            side = run_flowbeat(args.items, args.lanes, url, admin_db, tmp, args.timeout)
+            log(f"B: {side.items_per_s:.0f} items/s")
+            return side
+
+        for number in range(args.rounds):
+            if number % 2:
+                b = side_b()
+                rounds.append((side_a(), b))
+            else:
+                a = side_a()
+                rounds.append((a, side_b()))
+    return report(args, rounds)
+
+
+def report(args: argparse.Namespace, rounds: list[tuple[Side, Side]]) -> int:
+    ratios = [b.items_per_s / a.items_per_s for a, b in rounds]
+    median = sorted(range(len(rounds)), key=lambda i: ratios[i])[(len(rounds) - 1) // 2]
+    raw, fb = rounds[median]
+    if args.json:
+        figures = {
+            "items": args.items,
+            "lanes": args.lanes,
+            "worker": {"pool": "prefork", "concurrency": WORKER_CONCURRENCY},
+            "raw_celery": asdict(raw),
+            "flowbeat": asdict(fb),
+            "ratio": ratios[median],
+            "round_ratios": ratios,
+        }
+        print(json.dumps(figures, indent=2))
+        return 0
+    print()
+    print(
+        f"fan-out of {args.items} no-op items, flowbeat lanes {args.lanes}, "
+        f"prefork concurrency {WORKER_CONCURRENCY}, {os.cpu_count()} cpus"
+    )
+    print(
+        f"  raw celery chord: {raw.items_per_s:.0f} items/s ({raw.wall_s:.1f} s) | "
+        f"flowbeat for_each: {fb.items_per_s:.0f} items/s ({fb.wall_s:.1f} s) | "
+        f"ratio {ratios[median]:.2f}"
+    )
+    if len(rounds) > 1:
+        print("  rounds: " + ", ".join(f"{r:.2f}" for r in ratios) + "; the median is shown")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

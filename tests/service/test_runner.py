@@ -1,0 +1,94 @@
+"""Running a fan-out in a worker: a lane takes shards until its time slice is used up."""
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select
+
+from service.db import unit_of_work
+from service.jobs import JobRequest, submit_job
+from service.models import CheckpointRow, JobRow, StepRunRow
+from service.runner import run_finish_fanout, run_lane, run_step
+from service.runtime import Runtime
+from service.steps import FannedOut, StepKey
+
+ITEMS = 5
+
+
+def fan_profile() -> dict[str, Any]:
+    return {
+        "name": "fan",
+        "params": {"items": {"type": "array"}},
+        "steps": [
+            {
+                "id": "each",
+                "action": "noop",
+                "for_each": {"items": "${{ params.items }}", "max_parallel": 2},
+                "with": {"item": "${{ item }}"},
+            }
+        ],
+    }
+
+
+def fanned_out(rt: Runtime) -> StepKey:
+    with unit_of_work(rt.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline=fan_profile(), params={"items": list(range(ITEMS))}),
+            owner=f"o-{uuid.uuid4().hex[:8]}",
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    key = StepKey(job.id, "each")
+    assert isinstance(run_step(rt, key, task_id=uuid.uuid4().hex), FannedOut)
+    return key
+
+
+def shards_done(rt: Runtime, key: StepKey) -> int:
+    with rt.sessions() as session:
+        done = session.scalar(
+            select(func.count()).where(
+                StepRunRow.job_id == key.job_id,
+                StepRunRow.step_id == key.step_id,
+                StepRunRow.shard >= 0,
+                StepRunRow.status == "succeeded",
+            )
+        )
+    return done or 0
+
+
+def test_a_used_up_slice_hands_the_lane_on_after_one_shard(runtime: Runtime) -> None:
+    key = fanned_out(runtime)
+
+    assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=0) is True
+    assert shards_done(runtime, key) == 1
+
+
+def test_a_lane_runs_short_shards_in_one_message_until_none_is_left(runtime: Runtime) -> None:
+    key = fanned_out(runtime)
+
+    assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60) is False
+    assert shards_done(runtime, key) == ITEMS
+    assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60) is False
+
+
+def test_the_gathered_output_keeps_item_order_whichever_lane_ran_a_shard(
+    runtime: Runtime,
+) -> None:
+    key = fanned_out(runtime)
+    while run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=0):
+        pass
+
+    run_finish_fanout(runtime, key)
+
+    with runtime.sessions() as session:
+        output = session.scalar(
+            select(CheckpointRow.output).where(
+                CheckpointRow.job_id == key.job_id,
+                CheckpointRow.step_id == "each",
+                CheckpointRow.shard == -1,
+            )
+        )
+        job = session.get(JobRow, key.job_id)
+    assert output == [{"item": n} for n in range(ITEMS)]
+    assert job is not None and job.status == "succeeded"
