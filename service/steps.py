@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
+from service.db import driver
 from service.errors import ExpressionError, RetryLater, StopChain
 from service.expressions import ExprContext, resolve
 from service.models import CheckpointRow, JobRow, StepRunRow
@@ -347,6 +348,16 @@ def _upstream_succeeded(session: Session, row: StepRunRow, spec: StepSpec, now: 
     return False
 
 
+_INSERT_SHARDS = """
+    INSERT INTO step_runs (job_id, step_id, shard, status, attempts, item, depends_on, inputs_from)
+    SELECT %(job_id)s, %(step_id)s, s.ordinality - 1, 'pending', 0, s.item, '{}', %(inputs_from)s
+      FROM jsonb_array_elements(%(items)s) WITH ORDINALITY AS s(item, ordinality)
+    ON CONFLICT DO NOTHING
+    """
+"""One shard row per item, the items sent as one JSON array: a row of bound parameters per
+item would pass PostgreSQL's limit of 65,535 parameters at a few thousand items."""
+
+
 def _fan_out(
     session: Session, job: JobRow, row: StepRunRow, spec: StepSpec, now: datetime
 ) -> FannedOut | None:
@@ -364,24 +375,14 @@ def _fan_out(
         _succeed(row, now)
         settle_job(session, job.id, now)
         return None
-    session.execute(
-        insert(StepRunRow)
-        .values(
-            [
-                {
-                    "job_id": job.id,
-                    "step_id": spec.id,
-                    "shard": index,
-                    "status": StepStatus.PENDING,
-                    "attempts": 0,
-                    "item": item,
-                    "depends_on": [],
-                    "inputs_from": sorted(step_facts(job_profile(job), spec.id)[0]),
-                }
-                for index, item in enumerate(items)
-            ]
-        )
-        .on_conflict_do_nothing()
+    driver(session).execute(
+        _INSERT_SHARDS,
+        {
+            "job_id": job.id,
+            "step_id": spec.id,
+            "items": Jsonb(items),
+            "inputs_from": sorted(step_facts(job_profile(job), spec.id)[0]),
+        },
     )
     row.lease_until = None
     return FannedOut(

@@ -16,14 +16,18 @@ class FlowbeatTask(Task):  # type: ignore[misc]
     """``RetryLater`` → deliver again later; ``StopChain`` → drop the rest of the canvas.
 
     A database outage is a ``RetryLater`` too: the message stays ours until PostgreSQL is back.
+    ``max_retries = None`` is what makes that unbounded: ``retry(max_retries=None)`` alone
+    falls back to Celery's default of three retries, then fails the task and drops its message.
     """
+
+    max_retries = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().__call__(*args, **kwargs)
         except RetryLater as exc:
-            raise self.retry(countdown=exc.delay_s, max_retries=None) from None
+            raise self.retry(countdown=exc.delay_s) from None
         except (OperationalError, psycopg.OperationalError):
-            raise self.retry(countdown=DATABASE_RETRY_S, max_retries=None) from None
+            raise self.retry(countdown=DATABASE_RETRY_S) from None
         except StopChain:
             raise Ignore() from None

@@ -30,11 +30,11 @@ def fan_profile() -> dict[str, Any]:
     }
 
 
-def fanned_out(rt: Runtime) -> StepKey:
+def fanned_out(rt: Runtime, items: int = ITEMS) -> StepKey:
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
             session,
-            JobRequest(pipeline=fan_profile(), params={"items": list(range(ITEMS))}),
+            JobRequest(pipeline=fan_profile(), params={"items": list(range(items))}),
             owner=f"o-{uuid.uuid4().hex[:8]}",
             profiles_dir=rt.settings.profiles_dir,
             known_actions=rt.registry.names(),
@@ -55,6 +55,18 @@ def shards_done(rt: Runtime, key: StepKey) -> int:
             )
         )
     return done or 0
+
+
+def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(runtime: Runtime) -> None:
+    key = fanned_out(runtime, items=10_000)
+
+    with runtime.sessions() as session:
+        shards = session.execute(
+            select(func.count(), func.max(StepRunRow.shard)).where(
+                StepRunRow.job_id == key.job_id, StepRunRow.shard >= 0
+            )
+        ).one()
+    assert tuple(shards) == (10_000, 9_999)
 
 
 def test_a_used_up_slice_hands_the_lane_on_after_one_shard(runtime: Runtime) -> None:
