@@ -17,6 +17,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -93,13 +94,27 @@ class JobRow(Base):
     scheduled_for: Mapped[datetime | None]
 
 
+OPEN_SHARD_PREDICATE = "shard >= 0 AND status IN ('pending', 'retrying', 'running')"
+
+
 class StepRunRow(Base):
-    """One step of a job, or one shard of a fan-out step (``shard`` >= 0)."""
+    """One step of a job, or one shard of a fan-out step (``shard`` >= 0).
+
+    ``ix_step_runs_open_shards`` holds only shards still to run, so a lane finds the next one
+    without walking past every finished shard of a fan-out thousands of items wide.
+    """
 
     __tablename__ = "step_runs"
     __table_args__ = (
         UniqueConstraint("job_id", "step_id", "shard"),
         Index(None, "status", "lease_until"),
+        Index(
+            "ix_step_runs_open_shards",
+            "job_id",
+            "step_id",
+            "shard",
+            postgresql_where=text(OPEN_SHARD_PREDICATE),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)

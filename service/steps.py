@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -21,7 +21,7 @@ from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.db import driver
 from service.errors import ExpressionError, RetryLater, StopChain
 from service.expressions import ExprContext, resolve
-from service.models import CheckpointRow, JobRow, StepRunRow
+from service.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
 from service.profiles import Profile, RetryPolicy, StepSpec
 from service.settle import close_open_steps, settle_job, step_outputs
 from service.snapshots import cached_profile, job_profile, referenced_steps, step_facts
@@ -289,6 +289,12 @@ def _claim_of(
     )
 
 
+_OPEN_SHARD = text(OPEN_SHARD_PREDICATE)
+"""Implied by the claim's own condition, and spelled out as literal SQL so that PostgreSQL
+matches it to the partial index ``ix_step_runs_open_shards`` even under a generic plan,
+instead of walking every finished shard of the fan-out."""
+
+
 def claim_next_shard(
     session: Session, parent: StepKey, *, task_id: str, lease_s: float, now: datetime
 ) -> Claimed | Unresolvable | None:
@@ -299,7 +305,7 @@ def claim_next_shard(
         .where(
             StepRunRow.job_id == parent.job_id,
             StepRunRow.step_id == parent.step_id,
-            StepRunRow.shard >= 0,
+            _OPEN_SHARD,
             or_(
                 StepRunRow.status.in_([StepStatus.PENDING, StepStatus.RETRYING]),
                 and_(StepRunRow.status == StepStatus.RUNNING, StepRunRow.lease_until < now),
