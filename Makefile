@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LOCAL_PG ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup demo test lint unit bench clean
+.PHONY: setup demo test lint unit bench bench-fanout clean
 
 $(BIN)/flowbeat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ test: lint
 
 bench: setup
 	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 3
+
+bench-fanout: setup
+	$(BIN)/python -m bench.fanout --items 10000
 
 clean:
 	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache
