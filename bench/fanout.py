@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from bench.chain_throughput import (
     DEFAULT_ADMIN_DB,
@@ -106,7 +107,7 @@ def run_raw(items: int, redis_url: str, tmp: Path, timeout_s: float) -> Side:
     return Side(items, wall, items / wall)
 
 
-def _job_final(conn: Any, job_id: str) -> str | None:
+def _job_final(conn: psycopg.Connection[Any], job_id: str) -> str | None:
     row = conn.execute(
         "SELECT status FROM jobs WHERE id = %s AND status IN ('succeeded', 'failed', 'cancelled')",
         (job_id,),
@@ -115,7 +116,11 @@ def _job_final(conn: Any, job_id: str) -> str | None:
 
 
 def _fan_out(
-    client: httpx.Client, conn: Any, count: int, deadline: float, dead: Callable[[], bool]
+    client: httpx.Client,
+    conn: psycopg.Connection[Any],
+    count: int,
+    deadline: float,
+    dead: Callable[[], bool],
 ) -> float:
     started = time.perf_counter()
     response = client.post(
