@@ -5,6 +5,7 @@ Task adapters call these functions and translate ``RetryLater`` and ``StopChain`
 
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from service.actions import StepContext
@@ -17,6 +18,7 @@ from service.settle import settle_job, sink_settles_job
 from service.steps import (
     Claimed,
     FannedOut,
+    ShardClaim,
     StepKey,
     Unresolvable,
     claim_next_shard,
@@ -24,9 +26,13 @@ from service.steps import (
     complete_step,
     fail_step,
     fast_claim,
+    fast_shard_claim,
     finish_fanout,
+    job_params,
     ready_claim,
+    ready_shard,
     use_fast_claim,
+    use_shard_claim,
 )
 
 
@@ -77,16 +83,43 @@ def run_lane(
     thousands does not pay a message, an ack and a task replacement for every item.
     """
     started = time.monotonic()
+    params: dict[str, Any] | None = None
     while True:
-        with unit_of_work(rt.sessions) as session:
-            claim = claim_next_shard(
-                session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=utcnow()
+        now = utcnow()
+        with rt.claims.connect() as conn:
+            fast = fast_shard_claim(
+                conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
             )
+            if fast is not None and params is None:
+                params = job_params(conn, parent.job_id)
+        claim = _shard_work(rt, parent, fast, params, task_id, now)
         if claim is None:
             return False
         _run_claim(rt, claim, timeout_errors)
         if time.monotonic() - started >= slice_s:
             return True
+
+
+def _shard_work(
+    rt: Runtime,
+    parent: StepKey,
+    fast: ShardClaim | None,
+    params: dict[str, Any] | None,
+    task_id: str,
+    now: datetime,
+) -> Claimed | Unresolvable | None:
+    """The fast claim as work when its inputs resolve; otherwise a transaction records why
+    not, or the locking path finds out why no shard was open (``None``: none is left)."""
+    if fast is not None and params is not None:
+        ready = ready_shard(fast, params)
+        if ready is not None:
+            return ready
+    with unit_of_work(rt.sessions) as session:
+        if fast is not None and params is not None:
+            return use_shard_claim(session, fast, params, now)
+        return claim_next_shard(
+            session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
+        )
 
 
 def _run_claim(

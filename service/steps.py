@@ -289,6 +289,93 @@ def _claim_of(
     )
 
 
+_FAST_SHARD_CLAIM = f"""
+    WITH next AS (
+        SELECT id FROM step_runs
+         WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND {OPEN_SHARD_PREDICATE}
+           AND (status IN ('pending', 'retrying') OR lease_until < %(now)s)
+         ORDER BY shard
+         LIMIT 1
+         FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE step_runs AS s
+           SET status = 'running', attempts = s.attempts + 1, lease_token = %(token)s,
+               lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
+               error = NULL
+          FROM next, jobs AS j
+         WHERE s.id = next.id AND j.id = s.job_id AND j.status = 'running'
+        RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
+    )
+    SELECT c.shard, c.attempts, c.item, c.profile_hash,
+           (SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{{}}'::jsonb)
+              FROM step_checkpoints AS k
+             WHERE k.job_id = %(job_id)s AND k.shard = -1
+               AND k.step_id = ANY(c.inputs_from)) AS outputs
+      FROM claimed AS c
+    """
+
+
+@dataclass(frozen=True)
+class ShardClaim:
+    key: StepKey
+    lease: Lease
+    profile: Profile
+    item: Any
+    outputs: dict[str, Any]
+
+
+def fast_shard_claim(
+    conn: psycopg.Connection[Any], parent: StepKey, *, task_id: str, lease_s: float, now: datetime
+) -> ShardClaim | None:
+    """The next open shard of a fan-out in one autocommitted statement.
+
+    ``None`` sends the caller down the locking path (``claim_next_shard``) to find out why
+    not: no shard is open to this lane, or the job is over.
+    """
+    token = uuid.uuid4().hex
+    params = {
+        "token": token,
+        "until": now + timedelta(seconds=lease_s),
+        "task_id": task_id,
+        "now": now,
+        "job_id": parent.job_id,
+        "step_id": parent.step_id,
+    }
+    row = conn.execute(_FAST_SHARD_CLAIM, params).fetchone()
+    if row is None:
+        return None
+    shard, attempts, item, profile_hash, outputs = row
+    profile = cached_profile(profile_hash, lambda: _profile_json(conn, parent.job_id))
+    key = StepKey(parent.job_id, parent.step_id, shard)
+    return ShardClaim(key, Lease(token, attempts), profile, item, outputs)
+
+
+def job_params(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
+    """Read once per lane message: a job's params never change, and may be large."""
+    row = conn.execute("SELECT params FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    if row is None:
+        raise StopChain(f"job {job_id} is gone")
+    params: dict[str, Any] = row[0]
+    return params
+
+
+def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
+    """A fast shard claim as work to run, with no further statement; ``None`` when its inputs
+    do not resolve and the failure must be recorded in a transaction (``use_shard_claim``)."""
+    try:
+        return _claim_of(claim.key, claim.lease, claim.profile, params, claim.item, claim.outputs)
+    except ExpressionError:
+        return None
+
+
+def use_shard_claim(
+    session: Session, claim: ShardClaim, params: dict[str, Any], now: datetime
+) -> Claimed | Unresolvable:
+    return _claimed(
+        session, claim.key, claim.lease, claim.profile, params, claim.item, now, claim.outputs
+    )
+
+
 _OPEN_SHARD = text(OPEN_SHARD_PREDICATE)
 """Implied by the claim's own condition, and spelled out as literal SQL so that PostgreSQL
 matches it to the partial index ``ix_step_runs_open_shards`` even under a generic plan,

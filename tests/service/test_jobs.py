@@ -41,9 +41,12 @@ def stored(rt: Runtime, owner: str) -> tuple[int, int]:
     return jobs or 0, steps or 0
 
 
-def test_a_job_and_all_its_steps_are_stored_together(runtime: Runtime) -> None:
+def test_a_job_and_all_its_steps_are_stored_together(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
     owner = f"o-{uuid.uuid4().hex[:8]}"
     job_id, created = submit(runtime, owner, JobRequest(pipeline="slow", params={}))
+    leftovers.append(job_id)
 
     assert created
     with runtime.sessions() as session:
@@ -53,7 +56,9 @@ def test_a_job_and_all_its_steps_are_stored_together(runtime: Runtime) -> None:
     assert list(steps) == ["before", "slow", "after"]
 
 
-def test_concurrent_submits_with_one_idempotency_key_store_one_job(runtime: Runtime) -> None:
+def test_concurrent_submits_with_one_idempotency_key_store_one_job(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
     owner, key = f"o-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     request = JobRequest(pipeline="slow", params={}, idempotency_key=key)
     start = threading.Barrier(SUBMITTERS)
@@ -69,15 +74,19 @@ def test_concurrent_submits_with_one_idempotency_key_store_one_job(runtime: Runt
     for thread in threads:
         thread.join(timeout=30)
 
+    leftovers.extend(job_id for job_id, _ in outcomes)
     assert len(outcomes) == SUBMITTERS
     assert len({job_id for job_id, _ in outcomes}) == 1
     assert sum(created for _, created in outcomes) == 1
     assert stored(runtime, owner) == (1, 3)
 
 
-def test_a_reused_key_with_other_params_is_refused_and_stores_nothing(runtime: Runtime) -> None:
+def test_a_reused_key_with_other_params_is_refused_and_stores_nothing(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
     owner, key = f"o-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    submit(runtime, owner, JobRequest(pipeline="slow", params={}, idempotency_key=key))
+    first, _ = submit(runtime, owner, JobRequest(pipeline="slow", params={}, idempotency_key=key))
+    leftovers.append(first)
 
     with pytest.raises(IdempotencyConflict):
         submit(
@@ -88,7 +97,7 @@ def test_a_reused_key_with_other_params_is_refused_and_stores_nothing(runtime: R
     assert stored(runtime, owner) == (1, 3)
 
 
-def test_keys_are_per_owner(runtime: Runtime) -> None:
+def test_keys_are_per_owner(runtime: Runtime, leftovers: list[uuid.UUID]) -> None:
     key = uuid.uuid4().hex
     first = submit(
         runtime, f"o-{uuid.uuid4().hex[:8]}", JobRequest("slow", {}, idempotency_key=key)
@@ -97,5 +106,6 @@ def test_keys_are_per_owner(runtime: Runtime) -> None:
         runtime, f"o-{uuid.uuid4().hex[:8]}", JobRequest("slow", {}, idempotency_key=key)
     )
 
+    leftovers.extend((first[0], second[0]))
     assert first[1] and second[1]
     assert first[0] != second[0]

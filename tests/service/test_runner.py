@@ -3,10 +3,13 @@
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
+from service.clock import utcnow
 from service.db import unit_of_work
-from service.jobs import JobRequest, submit_job
+from service.errors import StopChain
+from service.jobs import JobRequest, cancel_job, submit_job
 from service.models import CheckpointRow, JobRow, StepRunRow
 from service.runner import run_finish_fanout, run_lane, run_step
 from service.runtime import Runtime
@@ -15,7 +18,7 @@ from service.steps import FannedOut, StepKey
 ITEMS = 5
 
 
-def fan_profile() -> dict[str, Any]:
+def fan_profile(uses: str = "${{ item }}") -> dict[str, Any]:
     return {
         "name": "fan",
         "params": {"items": {"type": "array"}},
@@ -24,17 +27,17 @@ def fan_profile() -> dict[str, Any]:
                 "id": "each",
                 "action": "noop",
                 "for_each": {"items": "${{ params.items }}", "max_parallel": 2},
-                "with": {"item": "${{ item }}"},
+                "with": {"item": uses},
             }
         ],
     }
 
 
-def fanned_out(rt: Runtime, items: int = ITEMS) -> StepKey:
+def fanned_out(rt: Runtime, items: int = ITEMS, uses: str = "${{ item }}") -> StepKey:
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
             session,
-            JobRequest(pipeline=fan_profile(), params={"items": list(range(items))}),
+            JobRequest(pipeline=fan_profile(uses), params={"items": list(range(items))}),
             owner=f"o-{uuid.uuid4().hex[:8]}",
             profiles_dir=rt.settings.profiles_dir,
             known_actions=rt.registry.names(),
@@ -57,8 +60,11 @@ def shards_done(rt: Runtime, key: StepKey) -> int:
     return done or 0
 
 
-def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(runtime: Runtime) -> None:
+def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
     key = fanned_out(runtime, items=10_000)
+    leftovers.append(key.job_id)
 
     with runtime.sessions() as session:
         shards = session.execute(
@@ -69,15 +75,21 @@ def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(runtime: 
     assert tuple(shards) == (10_000, 9_999)
 
 
-def test_a_used_up_slice_hands_the_lane_on_after_one_shard(runtime: Runtime) -> None:
+def test_a_used_up_slice_hands_the_lane_on_after_one_shard(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
     key = fanned_out(runtime)
+    leftovers.append(key.job_id)
 
     assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=0) is True
     assert shards_done(runtime, key) == 1
 
 
-def test_a_lane_runs_short_shards_in_one_message_until_none_is_left(runtime: Runtime) -> None:
+def test_a_lane_runs_short_shards_in_one_message_until_none_is_left(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
     key = fanned_out(runtime)
+    leftovers.append(key.job_id)
 
     assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60) is False
     assert shards_done(runtime, key) == ITEMS
@@ -104,3 +116,27 @@ def test_the_gathered_output_keeps_item_order_whichever_lane_ran_a_shard(
         job = session.get(JobRow, key.job_id)
     assert output == [{"item": n} for n in range(ITEMS)]
     assert job is not None and job.status == "succeeded"
+
+
+def test_a_lane_of_a_cancelled_job_stops_its_chain(runtime: Runtime) -> None:
+    key = fanned_out(runtime)
+    with unit_of_work(runtime.sessions) as session:
+        cancel_job(session, key.job_id, owner=None, now=utcnow())
+
+    with pytest.raises(StopChain):
+        run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60)
+    assert shards_done(runtime, key) == 0
+
+
+def test_a_shard_whose_inputs_do_not_resolve_fails_the_job(runtime: Runtime) -> None:
+    key = fanned_out(runtime, uses="${{ item.missing }}")
+
+    with pytest.raises(StopChain):
+        run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60)
+    with runtime.sessions() as session:
+        shard = session.scalars(
+            select(StepRunRow).where(StepRunRow.job_id == key.job_id, StepRunRow.shard == 0)
+        ).one()
+        job = session.get(JobRow, key.job_id)
+    assert shard.status == "failed" and shard.error is not None
+    assert job is not None and job.status == "failed"
