@@ -40,7 +40,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -70,6 +70,8 @@ steps:
     depends_on: [b]
 """
 STEPS_PER_JOB = 3
+A = TypeVar("A")
+B = TypeVar("B")
 RESULT_POLL_S = 1.0
 WORKER_CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
 WORKER_FLAGS = [
@@ -633,15 +635,18 @@ def run_round(
 ) -> Round:
     """Odd rounds run flowbeat first, so a machine that speeds up or slows down during the run
     favours neither side."""
-    raw: RawResult | None = None
-    fb: FlowbeatResult | None = None
-    if number % 2 and only is None:
-        fb = side_b()
-        raw = side_a()
-    else:
-        raw = side_a() if only in (None, "raw") else None
-        fb = side_b() if only in (None, "flowbeat") else None
-    return Round(raw, fb)
+    if only is None:
+        return Round(*alternate(number, side_a, side_b))
+    return Round(side_a() if only == "raw" else None, side_b() if only == "flowbeat" else None)
+
+
+def alternate(number: int, side_a: Callable[[], A], side_b: Callable[[], B]) -> tuple[A, B]:
+    """Both sides of round ``number``, B first in odd rounds."""
+    if number % 2:
+        b = side_b()
+        return side_a(), b
+    a = side_a()
+    return a, side_b()
 
 
 def median_round(rounds: list[Round]) -> tuple[RawResult | None, FlowbeatResult | None]:
@@ -714,7 +719,7 @@ def report(args: argparse.Namespace, rounds: list[Round]) -> int:
     return 1 if failed else 0
 
 
-def _on_sigterm(signum: int, _frame: Any) -> None:
+def on_sigterm(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds the ExitStacks: processes, database, Redis DBs
 
 
@@ -745,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
     admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
     owner = f"bench-chain-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"

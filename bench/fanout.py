@@ -43,9 +43,11 @@ from bench.chain_throughput import (
     DEFAULT_REDIS,
     REPO,
     WORKER_CONCURRENCY,
+    alternate,
     claimed_redis_db,
     flush_redis_db,
     log,
+    on_sigterm,
     redis_db_url,
     start_flowbeat,
     subprocess_group,
@@ -155,10 +157,6 @@ def run_flowbeat(
     return Side(items, wall, items / wall)
 
 
-def _on_sigterm(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.fanout",
@@ -174,11 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
     admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
     owner = f"bench-fanout-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-    rounds: list[tuple[Side, Side]] = []
     with ExitStack() as stack:
         tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
         stack.callback(shutil.rmtree, tmp, True)
@@ -199,13 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"B: {side.items_per_s:.0f} items/s")
             return side
 
-        for number in range(args.rounds):
-            if number % 2:
-                b = side_b()
-                rounds.append((side_a(), b))
-            else:
-                a = side_a()
-                rounds.append((a, side_b()))
+        rounds = [alternate(number, side_a, side_b) for number in range(args.rounds)]
     return report(args, rounds)
 
 

@@ -130,12 +130,19 @@ def _take_lease(row: StepRunRow, job: JobRow, task_id: str, lease_s: float, now:
     return Lease(token=row.lease_token, attempt=row.attempts)
 
 
-_FAST_CLAIM = """
+_TAKE_LEASE = """status = 'running', attempts = s.attempts + 1, lease_token = %(token)s,
+               lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
+               error = NULL"""
+_INPUT_OUTPUTS = """(SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'::jsonb)
+              FROM step_checkpoints AS k
+             WHERE k.job_id = %(job_id)s AND k.shard = -1
+               AND k.step_id = ANY(c.inputs_from))"""
+"""The outputs of the steps a claimed row reads (its ``inputs_from``), by step id."""
+
+_FAST_CLAIM = f"""
     WITH claimed AS (
         UPDATE step_runs AS s
-           SET status = 'running', attempts = s.attempts + 1, lease_token = %(token)s,
-               lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
-               error = NULL
+           SET {_TAKE_LEASE}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
            AND j.id = s.job_id AND j.status IN ('queued', 'running')
@@ -151,12 +158,21 @@ _FAST_CLAIM = """
          WHERE id = %(job_id)s AND status = 'queued' AND EXISTS (SELECT 1 FROM claimed)
     )
     SELECT c.attempts, c.profile_hash, c.params,
-           (SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'::jsonb)
-              FROM step_checkpoints AS k
-             WHERE k.job_id = %(job_id)s AND k.shard = -1
-               AND k.step_id = ANY(c.inputs_from)) AS outputs
+           {_INPUT_OUTPUTS} AS outputs
       FROM claimed AS c
     """
+
+
+def _lease_params(key: StepKey, task_id: str, lease_s: float, now: datetime) -> dict[str, Any]:
+    """The parameters of a one-statement claim: a fresh lease token, and whose it is."""
+    return {
+        "token": uuid.uuid4().hex,
+        "until": now + timedelta(seconds=lease_s),
+        "task_id": task_id,
+        "now": now,
+        "job_id": key.job_id,
+        "step_id": key.step_id,
+    }
 
 
 @dataclass(frozen=True)
@@ -175,15 +191,8 @@ def fast_claim(
     ``None`` sends the caller down the locking path (``claim_step``) to find out why not: the
     step is settled, held by a live lease, waiting on its upstream, or its job is over.
     """
-    token = uuid.uuid4().hex
-    params = {
-        "token": token,
-        "until": now + timedelta(seconds=lease_s),
-        "task_id": task_id,
-        "now": now,
-        "job_id": key.job_id,
-        "step_id": key.step_id,
-    }
+    params = _lease_params(key, task_id, lease_s, now)
+    token = params["token"]
     row = conn.execute(_FAST_CLAIM, params).fetchone()
     if row is None:
         return None
@@ -299,18 +308,13 @@ _FAST_SHARD_CLAIM = f"""
          FOR UPDATE SKIP LOCKED
     ), claimed AS (
         UPDATE step_runs AS s
-           SET status = 'running', attempts = s.attempts + 1, lease_token = %(token)s,
-               lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
-               error = NULL
+           SET {_TAKE_LEASE}
           FROM next, jobs AS j
          WHERE s.id = next.id AND j.id = s.job_id AND j.status = 'running'
         RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
     )
     SELECT c.shard, c.attempts, c.item, c.profile_hash,
-           (SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{{}}'::jsonb)
-              FROM step_checkpoints AS k
-             WHERE k.job_id = %(job_id)s AND k.shard = -1
-               AND k.step_id = ANY(c.inputs_from)) AS outputs
+           {_INPUT_OUTPUTS} AS outputs
       FROM claimed AS c
     """
 
@@ -332,15 +336,8 @@ def fast_shard_claim(
     ``None`` sends the caller down the locking path (``claim_next_shard``) to find out why
     not: no shard is open to this lane, or the job is over.
     """
-    token = uuid.uuid4().hex
-    params = {
-        "token": token,
-        "until": now + timedelta(seconds=lease_s),
-        "task_id": task_id,
-        "now": now,
-        "job_id": parent.job_id,
-        "step_id": parent.step_id,
-    }
+    params = _lease_params(parent, task_id, lease_s, now)
+    token = params["token"]
     row = conn.execute(_FAST_SHARD_CLAIM, params).fetchone()
     if row is None:
         return None
