@@ -40,6 +40,19 @@ def driver(session: Session) -> psycopg.Connection[Any]:
     return conn
 
 
+def autocommit(session: Session) -> None:
+    """Let each statement of the session's next transaction commit on its own.
+
+    For a caller whose only write is a single statement, atomic by itself, such as accepting a
+    job: it saves the BEGIN and COMMIT round trips and SQLAlchemy's commit, which the API pays
+    on every job. A session already in a transaction (one that just looked up an API key) is
+    left in it, and its caller's commit covers the write as before. The connection goes back to
+    the pool transactional again.
+    """
+    if not session.in_transaction():
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+
+
 def ping(factory: sessionmaker[Session]) -> None:
     """Raise unless the database answers a trivial query."""
     with factory() as session:

@@ -107,6 +107,9 @@ def submit_job(
 
     The same idempotency key with the same request returns the first job; with a different
     request it is refused, so a client retrying a timeout cannot start a second run.
+
+    Everything it reads is read-only and its one write is a single statement, so a caller may
+    run it in autocommit (``service.db.autocommit``) and still store all of a job or none.
     """
     resolved = resolve_request(
         session,

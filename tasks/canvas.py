@@ -5,6 +5,7 @@ Every signature is immutable and carries ids only; a step reads its inputs from 
 
 from celery import Celery, chain, chord, group
 from celery.canvas import Signature
+from kombu.utils.uuid import uuid
 
 from service.constants import (
     LANE_SLICE_S,
@@ -43,6 +44,30 @@ def _step(app: Celery, plan: JobPlan, step: StepPlan) -> Signature:
         return fan_out(app, key, min(step.max_parallel, len(step.shards)), step.timeout_s)
     return app.signature(TASK_RUN_STEP, args=(str(plan.job_id), step.step_id), immutable=True).set(
         **_limits(step.timeout_s)
+    )
+
+
+def send_plan(app: Celery, plan: JobPlan) -> None:
+    """Publish a plan. A linear one (every layer one plain step, the usual pipeline) goes out as
+    the message Celery's chain sends: the first step, the rest in its ``chain`` option, each
+    with its task id. Built here it skips the chain's clone and freeze of every signature,
+    which cost the API a third of what publishing a job costs. Any other plan is sent as its
+    canvas, and a worker continues either kind the same way."""
+    steps = [layer[0] for layer in plan.layers if len(layer) == 1 and layer[0].shards is None]
+    if len(steps) != len(plan.layers):
+        job_canvas(app, plan).apply_async()
+        return
+    first, *rest = (_step(app, plan, step).set(ignore_result=True) for step in steps)
+    for signature in rest:
+        signature.set(task_id=uuid(), reply_to=app.thread_oid)
+    task_id = uuid()
+    app.send_task(
+        first.task,
+        first.args,
+        chain=rest[::-1] or None,
+        task_id=task_id,
+        root_id=task_id,
+        **first.options,
     )
 
 

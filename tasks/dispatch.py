@@ -13,13 +13,13 @@ from service.jobs import mark_dispatched
 from service.plan import JobPlan, load_plan
 from service.runtime import Runtime
 from service.settle import settle_job
-from tasks.canvas import job_canvas
+from tasks.canvas import send_plan
 
 
 def publish_plan(app: Celery, plan: JobPlan) -> None:
     """Send the canvas; raises BrokerUnavailable if the broker did not take it."""
     try:
-        job_canvas(app, plan).apply_async()
+        send_plan(app, plan)
     except (KombuOperationalError, RedisError, ConnectionError) as exc:
         raise BrokerUnavailable(
             "the broker is unreachable; the job is stored and will be sent when it returns",

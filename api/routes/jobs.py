@@ -16,6 +16,7 @@ from api.schemas import ErrorEnvelope, JobCreate, JobEnvelope, JobList, JobPubli
 from service.auth import Principal
 from service.clock import utcnow
 from service.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
+from service.db import autocommit
 from service.errors import JobNotFound
 from service.jobs import (
     JobRequest,
@@ -95,6 +96,7 @@ def create_job(
         diff_mode=body.diff_mode,
         notify_url=body.notify_url,
     )
+    autocommit(session)
     job, created = submit_job(
         session,
         request,

@@ -1,9 +1,13 @@
-"""Direct connections: one per thread, replaced when broken, durable only where it matters."""
+"""Direct connections: one per thread, replaced when broken, durable only where it matters.
+Autocommit is for one session's transaction, never for the pooled connection's next user."""
 
 import threading
 from typing import Any
 
-from service.db import DirectConnections
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import sessionmaker
+
+from service.db import DirectConnections, autocommit, driver
 from service.runtime import Runtime
 
 
@@ -42,3 +46,37 @@ def test_a_closed_connection_is_replaced(runtime: Runtime) -> None:
     with direct.connect() as second:
         assert second is not first
         assert second.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_autocommit_commits_each_statement_and_the_pool_gets_a_transactional_connection_back(
+    runtime: Runtime,
+) -> None:
+    engine = create_engine(runtime.settings.require_database_url(), pool_size=1, max_overflow=0)
+    sessions = sessionmaker(engine)
+    table = f"autocommit_{threading.get_ident()}"
+    try:
+        with sessions() as session:
+            autocommit(session)
+            session.execute(text(f"CREATE TABLE {table} (n int)"))
+            session.execute(text(f"INSERT INTO {table} VALUES (1)"))
+            assert driver(session).autocommit
+            session.rollback()
+        with sessions() as session:
+            assert session.execute(text(f"SELECT n FROM {table}")).scalar_one() == 1
+            assert not driver(session).autocommit
+            session.execute(text(f"INSERT INTO {table} VALUES (2)"))
+            session.rollback()
+            assert session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 1
+    finally:
+        with sessions() as session:
+            session.execute(text(f"DROP TABLE IF EXISTS {table}"))
+            session.commit()
+        engine.dispose()
+
+
+def test_a_session_already_in_a_transaction_stays_in_it(runtime: Runtime) -> None:
+    with runtime.sessions() as session:
+        session.execute(text("SELECT 1"))
+        autocommit(session)
+        assert not driver(session).autocommit
+        assert session.in_transaction()
