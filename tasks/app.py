@@ -13,7 +13,7 @@ from service.constants import QUEUE_STEPS, TASK_SWEEP
 from service.settings import Settings, get_settings
 from tasks import runtime
 from tasks.backend import backend_url
-from tasks.transport import transport_for
+from tasks.transport import message_router, transport_for
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -31,6 +31,7 @@ def create_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         task_default_queue=QUEUE_STEPS,
+        task_routes=(message_router(settings.broker_url, QUEUE_STEPS),),
         task_track_started=False,
         worker_prefetch_multiplier=settings.worker_prefetch,
         worker_concurrency=settings.worker_concurrency,

@@ -5,8 +5,9 @@ import uuid
 import redis
 from kombu.connection import Connection
 
+from service.constants import QUEUE_STEPS
 from service.settings import Settings
-from tasks.transport import Transport, transport_for
+from tasks.transport import Transport, message_router, transport_for
 from tests.conftest import Stack
 
 
@@ -46,6 +47,58 @@ def test_publishes_share_one_client_until_the_pool_is_replaced(stack: Stack) -> 
     client = redis.Redis.from_url(stack.broker_url)
     try:
         assert client.llen(queue) == 4
+    finally:
+        client.delete(queue)
+        client.close()
+
+
+def test_messages_skip_declaring_their_queue_on_redis_only() -> None:
+    redis_urls = ["redis://127.0.0.1:6379/3", "rediss://example:6380/0", "redis+socket:///r.sock"]
+    for redis_url in redis_urls:
+        assert message_router(redis_url, "q")("t", (), {}, {})["declare"] == []
+    for other in ("amqp://guest@localhost//", "memory://", None):
+        assert "declare" not in message_router(other, "q")("t", (), {}, {})
+
+
+def test_messages_go_to_the_queue_given_with_their_arguments_shown_as_plain_repr() -> None:
+    route = message_router("redis://127.0.0.1:6379/3", "flowbeat.steps")
+    options = route("flowbeat.run_step", ["job", "step"], None, {})
+    assert options["queue"] == "flowbeat.steps"
+    assert options["argsrepr"] == "('job', 'step')"
+    assert options["kwargsrepr"] == "{}"
+
+
+def test_arguments_too_long_to_show_are_left_to_celery_to_truncate() -> None:
+    options = message_router(None, "q")("t", ["x" * 2000], {"k": "y" * 2000}, {})
+    assert options["argsrepr"] is None
+    assert options["kwargsrepr"] is None
+
+
+def test_the_celery_app_routes_every_message_through_it(stack: Stack) -> None:
+    from tasks.app import create_celery  # builds the process-wide app: only once stack is up
+
+    app = create_celery(Settings(broker_url=stack.broker_url))
+    options = app.amqp.router.route({}, "flowbeat.run_step", ("job", "step"), {})
+    assert options["declare"] == []
+    assert options["argsrepr"] == "('job', 'step')"
+    assert options["queue"].name == QUEUE_STEPS
+
+
+def test_a_message_sent_without_declaring_reaches_a_queue_whose_bindings_were_flushed(
+    stack: Stack,
+) -> None:
+    queue = f"transport-test-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(stack.broker_url)
+    with Connection(  # type: ignore[no-untyped-call]  # kombu's __init__ is unannotated
+        stack.broker_url, transport=transport_for(stack.broker_url)
+    ) as conn:
+        conn.SimpleQueue(queue).queue.declare()
+        assert client.delete(f"_kombu.binding.{queue}") == 1
+        conn.Producer(serializer="json").publish(
+            {"n": 1}, exchange="", routing_key=queue, declare=[]
+        )
+    try:
+        assert client.llen(queue) == 1
     finally:
         client.delete(queue)
         client.close()
