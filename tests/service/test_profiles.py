@@ -416,6 +416,18 @@ def test_find_profile_refuses_symlink_out_of_dir(tmp_path: Path) -> None:
         find_profile(inside, "secret")
 
 
+def test_find_profile_follows_a_symlink_that_stays_in_the_dir(tmp_path: Path) -> None:
+    target = _write(tmp_path, "weekly-v2.yaml", "weekly")
+    os.symlink(target, tmp_path / "weekly.yaml")
+    assert find_profile(tmp_path, "weekly").name == "weekly"
+
+
+def test_find_profile_ignores_a_directory_named_like_a_profile(tmp_path: Path) -> None:
+    (tmp_path / "weekly.yaml").mkdir()
+    _write(tmp_path, "weekly.yml", "weekly")
+    assert find_profile(tmp_path, "weekly").name == "weekly"
+
+
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
