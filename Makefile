@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LOCAL_PG ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup demo test lint unit bench bench-fanout clean
+.PHONY: setup demo test lint unit bench bench-fanout bench-memory clean
 
 $(BIN)/flowbeat: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ bench: setup
 
 bench-fanout: setup
 	$(BIN)/python -m bench.fanout --items 10000
+
+bench-memory: setup
+	$(BIN)/python -m bench.worker_memory --steps 100000
 
 clean:
 	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache

@@ -304,10 +304,33 @@ class RawResult:
     tasks_per_s: float
 
 
+def wait_results(results: list[Any], deadline: float) -> tuple[float, int]:
+    """When the last chain finished (epoch seconds), and how many results were read from
+    the backend because their pubsub message never came: Celery 5.7's Redis result
+    consumer occasionally misses one, and ``get()`` would then wait forever. Such a
+    chain counts as finished at its ``date_done``, so the stall costs raw Celery nothing."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    last, rescued = 0.0, 0
+    for result in results:
+        while True:
+            try:
+                result.get(timeout=RESULT_POLL_S, propagate=True)
+                last = max(last, time.time())
+                break
+            except CeleryTimeout:
+                if result.ready():
+                    rescued += 1
+                    last = max(last, _epoch(result.date_done))
+                    break
+                if time.monotonic() > deadline:
+                    raise
+    return last, rescued
+
+
 def run_raw(n: int, warmup: int, redis_url: str, tmp: Path, timeout_s: float) -> RawResult:
     os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
     from celery import chain
-    from celery.exceptions import TimeoutError as CeleryTimeout
 
     from bench import raw_app
 
@@ -319,37 +342,16 @@ def run_raw(n: int, warmup: int, redis_url: str, tmp: Path, timeout_s: float) ->
     def submit(count: int) -> list[Any]:
         return [chain(noop.si(), noop.si(), noop.si()).apply_async() for _ in range(count)]
 
-    def wait(results: list[Any], deadline: float) -> tuple[float, int]:
-        """When the last chain finished (epoch seconds), and how many results were read from
-        the backend because their pubsub message never came: Celery 5.7's Redis result
-        consumer occasionally misses one, and ``get()`` would then wait forever. Such a
-        chain counts as finished at its ``date_done``, so the stall costs raw Celery nothing."""
-        last, rescued = 0.0, 0
-        for result in results:
-            while True:
-                try:
-                    result.get(timeout=RESULT_POLL_S, propagate=True)
-                    last = max(last, time.time())
-                    break
-                except CeleryTimeout:
-                    if result.ready():
-                        rescued += 1
-                        last = max(last, _epoch(result.date_done))
-                        break
-                    if time.monotonic() > deadline:
-                        raise
-        return last, rescued
-
     argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
     with subprocess_group(argv, env, log_path, "raw celery worker") as proc:
         wait_for_worker(raw_app.app, node, proc, log_path)
         if warmup:
-            wait(submit(warmup), time.monotonic() + timeout_s)
+            wait_results(submit(warmup), time.monotonic() + timeout_s)
         log(f"A: submitting {n} chains of {STEPS_PER_JOB} no-op tasks")
         t0 = time.time()
         results = submit(n)
         t_submitted = time.time()
-        t1, rescued = wait(results, time.monotonic() + timeout_s)
+        t1, rescued = wait_results(results, time.monotonic() + timeout_s)
     if rescued:
         log(f"A: {rescued} results read from the backend after their pubsub message was missed")
     wall = t1 - t0
@@ -388,7 +390,7 @@ def _count_final(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return {status: count for status, count in rows}
 
 
-def _wait_final(
+def wait_final(
     conn: psycopg.Connection[Any],
     total: int,
     deadline: float,
@@ -403,7 +405,7 @@ def _wait_final(
         time.sleep(0.05)
 
 
-def _post_jobs(
+def post_jobs(
     base_url: str, key: str, count: int, threads: int, latencies: list[float], errors: list[str]
 ) -> None:
     """``count`` POSTs spread over ``threads`` clients, each with its own keep-alive connection.
@@ -558,10 +560,10 @@ def run_flowbeat(
         fb = start_flowbeat(stack, {PIPELINE: PROFILE_YAML}, redis_url, admin_db, tmp)
         if warmup:
             errors: list[str] = []
-            _post_jobs(fb.base_url, fb.key, warmup, min(threads, warmup), [], errors)
+            post_jobs(fb.base_url, fb.key, warmup, min(threads, warmup), [], errors)
             if errors:
                 raise RuntimeError(f"warm-up POSTs failed: {errors[:3]}\n{tail(fb.api_log)}")
-            _wait_final(fb.conn, warmup, time.monotonic() + timeout_s, fb.dead)
+            wait_final(fb.conn, warmup, time.monotonic() + timeout_s, fb.dead)
 
         log(f"B: POSTing {n} jobs of {STEPS_PER_JOB} no-op steps with {threads} client threads")
         latencies: list[float] = []
@@ -571,12 +573,12 @@ def run_flowbeat(
             spies.enter_context(py_spy(spy_dir, fb.api.pid, "flowbeat-api"))
             t0 = time.perf_counter()
             args = (fb.base_url, fb.key, n, threads, latencies, errors)
-            poster = threading.Thread(target=_post_jobs, args=args, daemon=True)
+            poster = threading.Thread(target=post_jobs, args=args, daemon=True)
             poster.start()
             poster.join()
             t_posted = time.perf_counter()
             total = warmup + len(latencies)
-            counts = _wait_final(fb.conn, total, time.monotonic() + timeout_s, fb.dead)
+            counts = wait_final(fb.conn, total, time.monotonic() + timeout_s, fb.dead)
             t1 = time.perf_counter()
         if errors:
             log(f"B: {len(errors)} POSTs failed, e.g. {errors[0]}")

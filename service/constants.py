@@ -18,6 +18,7 @@ SHARD_NONE: Final = -1
 
 STEP_TIMEOUT_GRACE_S: Final = 5
 LANE_SLICE_S: Final = 1
+TIMER_COMPACT_INTERVAL_S: Final = 10.0
 """A fan-out lane takes further shards in one message until this long has passed, then hands
 over to a fresh message; a shard starting within the slice still gets its whole timeout."""
 WAIT_FOR_PEER_MAX_S: Final = 5.0

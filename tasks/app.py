@@ -13,6 +13,7 @@ from service.constants import QUEUE_STEPS, TASK_SWEEP
 from service.settings import Settings, get_settings
 from tasks import runtime
 from tasks.backend import backend_url
+from tasks.timers import CompactTimers
 from tasks.transport import message_router, transport_for
 
 
@@ -52,6 +53,7 @@ def create_celery(settings: Settings) -> Celery:
         },
     )
     app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices"]
+    app.steps["worker"].add(CompactTimers)
     runtime.configure(settings)
     return app
 
