@@ -3,10 +3,14 @@
 Task adapters call these functions and translate ``RetryLater`` and ``StopChain`` for Celery.
 """
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import psycopg
 
 from service.actions import StepContext
 from service.clock import utcnow
@@ -18,6 +22,7 @@ from service.settle import settle_job, sink_settles_job
 from service.steps import (
     Claimed,
     FannedOut,
+    Lease,
     ShardClaim,
     StepKey,
     Unresolvable,
@@ -31,15 +36,48 @@ from service.steps import (
     job_params,
     ready_claim,
     ready_shard,
+    release_lease,
     use_fast_claim,
     use_shard_claim,
 )
+
+RELEASE_TRIES = 2
+"""The first try may meet a connection that PostgreSQL dropped with the one the attempt died
+on; the second goes out on a fresh one."""
 
 
 @dataclass(frozen=True)
 class _Failure:
     error: dict[str, Any]
     retryable: bool
+
+
+@contextlib.contextmanager
+def _released_if_cut_short(rt: Runtime, key: StepKey, lease: Lease) -> Iterator[None]:
+    """Give the lease back when the attempt ends before its outcome is recorded.
+
+    A dropped connection, a time limit or a bug between claim and record would otherwise leave
+    a live lease behind, and the delivery that follows would wait ``lease_s`` for it to lapse.
+    ``RetryLater`` and ``StopChain`` come once the outcome is recorded, or once the lease is no
+    longer this attempt's. With the database out of reach the lease lapses as before.
+    """
+    try:
+        yield
+    except (RetryLater, StopChain):
+        raise
+    except BaseException:
+        _release(rt, key, lease)
+        raise
+
+
+def _release(rt: Runtime, key: StepKey, lease: Lease) -> None:
+    for _ in range(RELEASE_TRIES):
+        try:
+            with rt.claims.connect() as conn:
+                release_lease(conn, key, lease, utcnow())
+        except psycopg.OperationalError:
+            continue
+        return
 
 
 def run_step(
@@ -53,15 +91,16 @@ def run_step(
     now, lease_s = utcnow(), rt.settings.lease_s
     with rt.claims.connect() as conn:
         fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
-    claim: Claimed | FannedOut | Unresolvable | None = None
-    if fast is not None:
-        claim = ready_claim(key, fast)
-    if claim is None:
+    claim: Claimed | FannedOut | Unresolvable | None
+    if fast is None:
         with unit_of_work(rt.sessions) as session:
-            if fast is None:
-                claim = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
-            else:
-                claim = use_fast_claim(session, key, fast, now)
+            claim = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
+    else:
+        with _released_if_cut_short(rt, key, fast.lease):
+            claim = ready_claim(key, fast)
+            if claim is None:
+                with unit_of_work(rt.sessions) as session:
+                    claim = use_fast_claim(session, key, fast, now)
     if isinstance(claim, FannedOut):
         return claim
     _run_claim(rt, claim, timeout_errors)
@@ -90,9 +129,18 @@ def run_lane(
             fast = fast_shard_claim(
                 conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
             )
-            if fast is not None and params is None:
-                params = job_params(conn, parent.job_id)
-        claim = _shard_work(rt, parent, fast, params, task_id, now)
+        claim: Claimed | Unresolvable | None
+        if fast is None:
+            with unit_of_work(rt.sessions) as session:
+                claim = claim_next_shard(
+                    session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
+                )
+        else:
+            with _released_if_cut_short(rt, fast.key, fast.lease):
+                if params is None:
+                    with rt.claims.connect() as conn:
+                        params = job_params(conn, parent.job_id)
+                claim = _shard_work(rt, fast, params, now)
         if claim is None:
             return False
         _run_claim(rt, claim, timeout_errors)
@@ -101,25 +149,14 @@ def run_lane(
 
 
 def _shard_work(
-    rt: Runtime,
-    parent: StepKey,
-    fast: ShardClaim | None,
-    params: dict[str, Any] | None,
-    task_id: str,
-    now: datetime,
-) -> Claimed | Unresolvable | None:
-    """The fast claim as work when its inputs resolve; otherwise a transaction records why
-    not, or the locking path finds out why no shard was open (``None``: none is left)."""
-    if fast is not None and params is not None:
-        ready = ready_shard(fast, params)
-        if ready is not None:
-            return ready
+    rt: Runtime, fast: ShardClaim, params: dict[str, Any], now: datetime
+) -> Claimed | Unresolvable:
+    """The fast claim as work when its inputs resolve; otherwise a transaction records why not."""
+    ready = ready_shard(fast, params)
+    if ready is not None:
+        return ready
     with unit_of_work(rt.sessions) as session:
-        if fast is not None and params is not None:
-            return use_shard_claim(session, fast, params, now)
-        return claim_next_shard(
-            session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
-        )
+        return use_shard_claim(session, fast, params, now)
 
 
 def _run_claim(
@@ -133,14 +170,16 @@ def _run_claim(
         if claim.job_over:
             raise StopChain("a step's references do not resolve")
         return
-    outcome = _attempt(rt, claim, timeout_errors)
-    if isinstance(outcome, _Failure):
-        _settle_failure(rt, claim, outcome)
-        return
-    key, now = claim.key, utcnow()
-    succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
-    with rt.checkpoints.connect() as conn:
-        written = complete_step(conn, key, claim.lease, outcome, now, succeeds_job=succeeds_job)
+    key = claim.key
+    with _released_if_cut_short(rt, key, claim.lease):
+        outcome = _attempt(rt, claim, timeout_errors)
+        if isinstance(outcome, _Failure):
+            _settle_failure(rt, claim, outcome)
+            return
+        now = utcnow()
+        succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
+        with rt.checkpoints.connect() as conn:
+            written = complete_step(conn, key, claim.lease, outcome, now, succeeds_job=succeeds_job)
     if written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, key.job_id, now)

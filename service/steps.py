@@ -588,6 +588,30 @@ def complete_step(
     return conn.execute(statement, params).fetchone() is not None
 
 
+_RELEASE = """
+    UPDATE step_runs SET lease_token = NULL, lease_until = %(now)s
+     WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
+       AND status = 'running' AND lease_token = %(token)s
+    """
+
+
+def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now: datetime) -> None:
+    """End an attempt that could not record its outcome as if its worker had died, but now
+    rather than ``lease_s`` later: the step stays ``running`` under a lapsed lease, which the next
+    delivery claims at once and, should none come, the sweeper re-sends. Only the holder of the
+    lease's token can release it, and a renewal in flight cannot revive it."""
+    conn.execute(
+        _RELEASE,
+        {
+            "now": now,
+            "job_id": key.job_id,
+            "step_id": key.step_id,
+            "shard": key.shard,
+            "token": lease.token,
+        },
+    )
+
+
 def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:
     """The chord body of a for_each step: gather shard outputs in item order."""
     _live_job(session, key.job_id)

@@ -4,9 +4,12 @@ import os
 import time
 from typing import Any
 
+import psycopg
 import redis
+from sqlalchemy import make_url
 
 from service.actions import StepContext, action
+from service.errors import ActionError
 
 KEY_TTL_S = 3600
 """Counters outlive a flush of the broker's DB, not the test run that reads them."""
@@ -38,3 +41,34 @@ def count(ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0) -
         ctx.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
     _bump(client, _key(ctx, f"{name}:finished"))
     return {"name": name, "value": value}
+
+
+def named_connections(database_url: str, application_name: str) -> str:
+    """``database_url`` with every connection made from it named, for ``drop_connections``."""
+    url = make_url(database_url).update_query_dict({"application_name": application_name})
+    return url.render_as_string(hide_password=False)
+
+
+def drop_connections(database_url: str, application_name: str) -> None:
+    """Have PostgreSQL end every connection of that name, as a restart or a failover would; their
+    holders find out on their next statement."""
+    url = make_url(database_url).set(drivername="postgresql", query={})
+    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> pg_backend_pid()",
+            (application_name,),
+        )
+
+
+@action("drill.drop_connections")
+def drop_connections_once(
+    ctx: StepContext, application_name: str, fail: bool = False
+) -> dict[str, Any]:
+    """The worker's connections are dropped under the step's first attempt, which then succeeds
+    or, with ``fail``, fails; later attempts just succeed."""
+    if ctx.attempt == 1:
+        drop_connections(ctx.settings.require_database_url(), application_name)
+        if fail:
+            raise ActionError("connections dropped", {"attempt": ctx.attempt})
+    return {"attempt": ctx.attempt}

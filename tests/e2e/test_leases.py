@@ -2,7 +2,8 @@
 lapses.
 
 The worker here holds its leases for a minute, so a retry that waited for one would miss the
-deadline every test below sets.
+deadline every test below sets. It runs one step at a time, so a job's steps share its pool
+process and that process's database connections.
 """
 
 from collections.abc import Iterator
@@ -10,10 +11,12 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import Stack
+from tests.drill_actions import named_connections
 from tests.e2e.conftest import Client, Cluster, Proc
 
 LEASE_S = 60
 PROMPTLY_S = LEASE_S / 3
+CONNECTIONS = "flowbeat-long-lease-worker"
 
 pytestmark = pytest.mark.usefixtures("long_lease_worker")
 
@@ -21,7 +24,11 @@ pytestmark = pytest.mark.usefixtures("long_lease_worker")
 @pytest.fixture(scope="module")
 def long_lease_worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     cluster = Cluster(stack, tmp_path_factory.mktemp("leases"))
-    worker = cluster.worker(lease_s=str(LEASE_S))
+    worker = cluster.worker(
+        concurrency=1,
+        lease_s=str(LEASE_S),
+        database_url=named_connections(stack.database_url, CONNECTIONS),
+    )
     yield worker
     cluster.close()
 
@@ -52,3 +59,27 @@ def test_fan_out_shards_that_fail_once_are_retried_at_their_backoff(client: Clie
 
     assert view.job.status == "succeeded", view.job.error
     assert view.job.result == {"each": [{"attempt": 2}] * 3}
+
+
+def test_a_step_whose_checkpoint_met_a_dropped_connection_runs_again_at_once(
+    client: Client,
+) -> None:
+    """PostgreSQL drops the worker's connections while the step runs (a restart, a failover):
+    the checkpoint fails, and the task's retry after the database error claims the step."""
+    profile = {
+        "name": "dropped",
+        "steps": [
+            {"id": "warm", "action": "noop"},
+            {
+                "id": "drop",
+                "action": "drill.drop_connections",
+                "depends_on": ["warm"],
+                "with": {"application_name": CONNECTIONS},
+            },
+        ],
+    }
+    job_id = client.submit(profile)
+    view = client.wait_final(job_id, timeout_s=PROMPTLY_S)
+
+    assert view.job.status == "succeeded", view.job.error
+    assert view.job.result == {"drop": {"attempt": 2}}

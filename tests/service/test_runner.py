@@ -1,19 +1,25 @@
-"""Running a fan-out in a worker: a lane takes shards until its time slice is used up."""
+"""Running steps in a worker: a lane takes shards until its time slice is used up, and an
+attempt cut short before its outcome is recorded gives its lease back."""
 
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from service.clock import utcnow
-from service.db import unit_of_work
+from service.db import DirectConnections, ping, unit_of_work
 from service.errors import StopChain
 from service.jobs import JobRequest, cancel_job, submit_job
 from service.models import CheckpointRow, JobRow, StepRunRow
 from service.runner import run_finish_fanout, run_lane, run_step
 from service.runtime import Runtime
 from service.steps import FannedOut, StepKey
+from tests.drill_actions import drop_connections, named_connections
 
 ITEMS = 5
 
@@ -33,16 +39,20 @@ def fan_profile(uses: str = "${{ item }}") -> dict[str, Any]:
     }
 
 
-def fanned_out(rt: Runtime, items: int = ITEMS, uses: str = "${{ item }}") -> StepKey:
+def submitted(rt: Runtime, profile: dict[str, Any], params: dict[str, Any]) -> uuid.UUID:
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
             session,
-            JobRequest(pipeline=fan_profile(uses), params={"items": list(range(items))}),
+            JobRequest(pipeline=profile, params=params),
             owner=f"o-{uuid.uuid4().hex[:8]}",
             profiles_dir=rt.settings.profiles_dir,
             known_actions=rt.registry.names(),
         )
-    key = StepKey(job.id, "each")
+    return job.id
+
+
+def fanned_out(rt: Runtime, items: int = ITEMS, uses: str = "${{ item }}") -> StepKey:
+    key = StepKey(submitted(rt, fan_profile(uses), {"items": list(range(items))}), "each")
     assert isinstance(run_step(rt, key, task_id=uuid.uuid4().hex), FannedOut)
     return key
 
@@ -140,3 +150,120 @@ def test_a_shard_whose_inputs_do_not_resolve_fails_the_job(runtime: Runtime) -> 
         job = session.get(JobRow, key.job_id)
     assert shard.status == "failed" and shard.error is not None
     assert job is not None and job.status == "failed"
+
+
+LONG_LEASE_S = 600.0
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker whose leases outlast any test, on connections named ``name``. The delivery
+    after its cut-short attempt goes to another worker (``runtime``), whose connections live."""
+
+    rt: Runtime
+    name: str
+
+    def drop_connections(self) -> None:
+        drop_connections(self.rt.settings.require_database_url(), self.name)
+
+
+@pytest.fixture
+def worker(runtime: Runtime) -> Iterator[Worker]:
+    name = f"runner-test-{uuid.uuid4().hex[:8]}"
+    url = named_connections(runtime.settings.require_database_url(), name)
+    settings = runtime.settings.model_copy(update={"database_url": url, "lease_s": LONG_LEASE_S})
+    rt = Runtime.start(settings)
+    yield Worker(rt, name)
+    rt.sessions.kw["bind"].dispose()
+
+
+def connected(direct: DirectConnections) -> None:
+    """Open a direct connection now, as a worker that ran steps before holds one already."""
+    with direct.connect():
+        pass
+
+
+def dropping_profile(worker: Worker, *, fail: bool) -> dict[str, Any]:
+    return {
+        "name": "drop",
+        "steps": [
+            {
+                "id": "drop",
+                "action": "drill.drop_connections",
+                "retry": {"attempts": 3, "backoff_s": 0, "jitter": 0},
+                "with": {"application_name": worker.name, "fail": fail},
+            }
+        ],
+    }
+
+
+def step_row(rt: Runtime, key: StepKey) -> StepRunRow:
+    with rt.sessions() as session:
+        return session.scalars(
+            select(StepRunRow).where(
+                StepRunRow.job_id == key.job_id,
+                StepRunRow.step_id == key.step_id,
+                StepRunRow.shard == key.shard,
+            )
+        ).one()
+
+
+def test_an_attempt_whose_checkpoint_connection_was_dropped_gives_its_lease_back(
+    runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
+) -> None:
+    key = StepKey(submitted(runtime, dropping_profile(worker, fail=False), {}), "drop")
+    leftovers.append(key.job_id)
+    connected(worker.rt.checkpoints)
+
+    with pytest.raises(psycopg.OperationalError):
+        run_step(worker.rt, key, task_id=uuid.uuid4().hex)
+    assert run_step(runtime, key, task_id=uuid.uuid4().hex) is None
+
+    row = step_row(runtime, key)
+    assert (row.status, row.attempts) == ("succeeded", 2)
+
+
+def test_an_attempt_whose_failure_could_not_be_recorded_gives_its_lease_back(
+    runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
+) -> None:
+    key = StepKey(submitted(runtime, dropping_profile(worker, fail=True), {}), "drop")
+    leftovers.append(key.job_id)
+    ping(worker.rt.sessions)
+
+    with pytest.raises(OperationalError):
+        run_step(worker.rt, key, task_id=uuid.uuid4().hex)
+    assert run_step(runtime, key, task_id=uuid.uuid4().hex) is None
+
+    row = step_row(runtime, key)
+    assert (row.status, row.attempts) == ("succeeded", 2)
+
+
+def test_a_for_each_step_cut_off_before_its_fan_out_gives_its_lease_back(
+    runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, fan_profile(), {"items": list(range(ITEMS))})
+    leftovers.append(job_id)
+    ping(worker.rt.sessions)
+    worker.drop_connections()
+
+    with pytest.raises(OperationalError):
+        run_step(worker.rt, StepKey(job_id, "each"), task_id=uuid.uuid4().hex)
+    fanned = run_step(runtime, StepKey(job_id, "each"), task_id=uuid.uuid4().hex)
+
+    assert isinstance(fanned, FannedOut)
+    assert fanned.shards == list(range(ITEMS))
+
+
+def test_a_shard_whose_checkpoint_connection_was_dropped_gives_its_lease_back(
+    runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
+) -> None:
+    key = fanned_out(runtime)
+    leftovers.append(key.job_id)
+    connected(worker.rt.checkpoints)
+    worker.drop_connections()
+
+    with pytest.raises(psycopg.OperationalError):
+        run_lane(worker.rt, key, task_id=uuid.uuid4().hex, slice_s=60)
+    assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60) is False
+
+    assert shards_done(runtime, key) == ITEMS

@@ -20,6 +20,8 @@ from service.steps import (
     complete_step,
     fail_step,
     fast_claim,
+    release_lease,
+    renew_lease,
 )
 
 LEASE_S = 30.0
@@ -156,6 +158,35 @@ def test_a_retryable_failure_frees_the_step_for_the_next_attempt(runtime: Runtim
 
     assert _row(runtime, key).status == "retrying"
     assert _claim(runtime, key).lease.attempt == 2
+
+
+def test_only_the_holder_of_a_lease_can_release_it_for_the_next_delivery(
+    runtime: Runtime,
+) -> None:
+    key = StepKey(_submit(runtime), "before")
+    claim = _claim(runtime, key)
+    with runtime.claims.connect() as conn:
+        release_lease(conn, key, Lease("not-mine", 1), utcnow())
+    with pytest.raises(RetryLater), unit_of_work(runtime.sessions) as session:
+        claim_step(session, key, task_id="t", lease_s=LEASE_S, now=utcnow())
+
+    with runtime.claims.connect() as conn:
+        release_lease(conn, key, claim.lease, utcnow())
+    assert _claim(runtime, key).lease.attempt == 2
+
+
+def test_a_released_lease_is_neither_renewed_nor_finished_by_its_old_holder(
+    runtime: Runtime,
+) -> None:
+    key = StepKey(_submit(runtime), "before")
+    claim = _claim(runtime, key)
+    with runtime.claims.connect() as conn:
+        release_lease(conn, key, claim.lease, utcnow())
+
+    with unit_of_work(runtime.sessions) as session:
+        assert not renew_lease(session, key, claim.lease, LEASE_S, utcnow())
+    with runtime.checkpoints.connect() as conn:
+        assert not complete_step(conn, key, claim.lease, {"late": True}, utcnow())
 
 
 def test_a_cancelled_job_stops_every_later_claim(runtime: Runtime) -> None:

@@ -10,7 +10,7 @@ from service.db import unit_of_work
 from service.jobs import JobRequest, mark_dispatched, submit_job
 from service.models import JobRow, StepRunRow
 from service.runtime import Runtime
-from service.steps import Claimed, StepKey, claim_step
+from service.steps import Claimed, StepKey, claim_step, release_lease
 from service.sweeper import SweepReport, sweep
 
 STALL_S = 60.0
@@ -69,6 +69,21 @@ def test_an_expired_lease_gets_its_job_sent_again(runtime: Runtime) -> None:
         claim_step(session, StepKey(job_id, "before"), task_id="t", lease_s=2, now=utcnow())
 
     assert job_id in _sweep(runtime, after_s=3).redispatch
+
+
+def test_a_released_lease_gets_its_job_sent_again_without_waiting_for_it_to_lapse(
+    runtime: Runtime,
+) -> None:
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    key = StepKey(job_id, "before")
+    with unit_of_work(runtime.sessions) as session:
+        claim = claim_step(session, key, task_id="t", lease_s=600, now=utcnow())
+    assert isinstance(claim, Claimed)
+    with runtime.claims.connect() as conn:
+        release_lease(conn, key, claim.lease, utcnow())
+
+    assert job_id in _sweep(runtime).redispatch
 
 
 def test_a_stalled_job_is_sent_again(runtime: Runtime) -> None:
