@@ -208,29 +208,24 @@ def step_row(rt: Runtime, key: StepKey) -> StepRunRow:
         ).one()
 
 
-def test_an_attempt_whose_checkpoint_connection_was_dropped_gives_its_lease_back(
-    runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
+@pytest.mark.parametrize(
+    ("fail", "dropped"),
+    [(False, psycopg.OperationalError), (True, OperationalError)],
+    ids=["its checkpoint", "its failure"],
+)
+def test_an_attempt_that_could_not_record_its_outcome_gives_its_lease_back(
+    runtime: Runtime,
+    worker: Worker,
+    leftovers: list[uuid.UUID],
+    fail: bool,
+    dropped: type[Exception],
 ) -> None:
-    key = StepKey(submitted(runtime, dropping_profile(worker, fail=False), {}), "drop")
+    key = StepKey(submitted(runtime, dropping_profile(worker, fail=fail), {}), "drop")
     leftovers.append(key.job_id)
     connected(worker.rt.checkpoints)
-
-    with pytest.raises(psycopg.OperationalError):
-        run_step(worker.rt, key, task_id=uuid.uuid4().hex)
-    assert run_step(runtime, key, task_id=uuid.uuid4().hex) is None
-
-    row = step_row(runtime, key)
-    assert (row.status, row.attempts) == ("succeeded", 2)
-
-
-def test_an_attempt_whose_failure_could_not_be_recorded_gives_its_lease_back(
-    runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
-) -> None:
-    key = StepKey(submitted(runtime, dropping_profile(worker, fail=True), {}), "drop")
-    leftovers.append(key.job_id)
     ping(worker.rt.sessions)
 
-    with pytest.raises(OperationalError):
+    with pytest.raises(dropped):
         run_step(worker.rt, key, task_id=uuid.uuid4().hex)
     assert run_step(runtime, key, task_id=uuid.uuid4().hex) is None
 
