@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from sqlalchemy.orm import Session
 
 from service.actions import StepContext
 from service.clock import utcnow
@@ -19,26 +20,30 @@ from service.db import unit_of_work
 from service.errors import ActionError, RetryLater, StepCancelled, StopChain
 from service.runtime import Runtime
 from service.settle import settle_job, sink_settles_job
+from service.shards import (
+    FannedOut,
+    ShardClaim,
+    claim_next_shard,
+    fan_out,
+    fast_shard_claim,
+    finish_fanout,
+    job_params,
+    ready_shard,
+    use_shard_claim,
+)
 from service.steps import (
     Claimed,
-    FannedOut,
+    FanOutDue,
     Lease,
-    ShardClaim,
     StepKey,
     Unresolvable,
-    claim_next_shard,
     claim_step,
     complete_step,
     fail_step,
     fast_claim,
-    fast_shard_claim,
-    finish_fanout,
-    job_params,
     ready_claim,
-    ready_shard,
     release_lease,
     use_fast_claim,
-    use_shard_claim,
 )
 
 RELEASE_TRIES = 2
@@ -94,17 +99,24 @@ def run_step(
     claim: Claimed | FannedOut | Unresolvable | None
     if fast is None:
         with unit_of_work(rt.sessions) as session:
-            claim = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
+            held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
+            claim = _fanned_out(session, held, now)
     else:
         with _released_if_cut_short(rt, key, fast.lease):
             claim = ready_claim(key, fast)
             if claim is None:
                 with unit_of_work(rt.sessions) as session:
-                    claim = use_fast_claim(session, key, fast, now)
+                    claim = _fanned_out(session, use_fast_claim(session, key, fast, now), now)
     if isinstance(claim, FannedOut):
         return claim
     _run_claim(rt, claim, timeout_errors)
     return None
+
+
+def _fanned_out(
+    session: Session, claim: Claimed | FanOutDue | Unresolvable | None, now: datetime
+) -> Claimed | FannedOut | Unresolvable | None:
+    return fan_out(session, claim, now) if isinstance(claim, FanOutDue) else claim
 
 
 def run_lane(

@@ -1,30 +1,29 @@
-"""Step state transitions in PostgreSQL: claim, checkpoint, fail, fan out.
+"""Step state transitions in PostgreSQL: claim, checkpoint, fail, release.
 
 The common path is two autocommitted statements per step (``fast_claim``, ``complete_step``)
 whose WHERE clauses carry the rules; every other transition runs in the caller's transaction
 and locks the step row it changes. Either way, two deliveries of the same message cannot both
-run a step, and a checkpoint is written once.
+run a step, and a checkpoint is written once. A for_each step's shards, which are step rows
+too, come and go in ``service.shards``.
 """
 
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.types.json import Jsonb
-from sqlalchemy import and_, or_, select, text, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
-from service.db import driver
 from service.errors import ExpressionError, RetryLater, StopChain
 from service.expressions import ExprContext, resolve
-from service.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
+from service.models import JobRow, StepRunRow
 from service.profiles import Profile, RetryPolicy, StepSpec
 from service.settle import close_open_steps, settle_job, step_outputs
-from service.snapshots import cached_profile, job_profile, referenced_steps, step_facts
+from service.snapshots import cached_profile, job_profile, step_facts
 from service.states import JOB_FINAL, STEP_FINAL, JobStatus, StepStatus
 
 
@@ -64,13 +63,13 @@ class Unresolvable:
 
 
 @dataclass(frozen=True)
-class FannedOut:
-    """A for_each step whose shards are recorded; run them, then ``finish_fanout``."""
+class FanOutDue:
+    """A for_each step this transaction holds; ``shards.fan_out`` records its shards before the
+    transaction ends, on the rows locked here."""
 
-    key: StepKey
-    shards: list[int]
-    max_parallel: int
-    timeout_s: int
+    job: JobRow
+    row: StepRunRow
+    spec: StepSpec
 
 
 def _lock_step(session: Session, key: StepKey) -> StepRunRow:
@@ -217,8 +216,8 @@ def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
 
 def use_fast_claim(
     session: Session, key: StepKey, claim: FastClaim, now: datetime
-) -> Claimed | FannedOut | Unresolvable | None:
-    """Turn a fast claim into work: resolve inputs, or fan out a for_each step."""
+) -> Claimed | FanOutDue | Unresolvable | None:
+    """Turn a fast claim into work: resolve inputs, or hold a for_each step to fan out."""
     spec = claim.profile.step(key.step_id)
     if spec.for_each is None:
         return _claimed(
@@ -227,27 +226,29 @@ def use_fast_claim(
     row = _lock_step(session, key)
     if not holds_lease(row, claim.lease):
         return None
-    try:
-        return _fan_out(session, _live_job(session, key.job_id), row, spec, now)
-    except ExpressionError as exc:
-        error = {"code": exc.code, "message": exc.message, "details": exc.details}
-        return Unresolvable(key, _record_failure(session, row, key, error, None, now))
+    return FanOutDue(_live_job(session, key.job_id), row, spec)
 
 
 def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
-) -> Claimed | FannedOut | Unresolvable | None:
+) -> Claimed | FanOutDue | Unresolvable | None:
     """Take a step for this worker under row locks. ``None`` means it is already settled."""
     job = _live_job(session, key.job_id)
     return _claim_row(session, job, _lock_step(session, key), task_id, lease_s, now)
 
 
 def _profile_json(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
-    row = conn.execute("SELECT profile FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    return _job_json(conn, "SELECT profile FROM jobs WHERE id = %s", job_id)
+
+
+def _job_json(
+    conn: psycopg.Connection[Any], query: LiteralString, job_id: uuid.UUID
+) -> dict[str, Any]:
+    row = conn.execute(query, (job_id,)).fetchone()
     if row is None:
         raise StopChain(f"job {job_id} is gone")
-    profile: dict[str, Any] = row[0]
-    return profile
+    value: dict[str, Any] = row[0]
+    return value
 
 
 def _claimed(
@@ -298,117 +299,9 @@ def _claim_of(
     )
 
 
-_FAST_SHARD_CLAIM = f"""
-    WITH next AS (
-        SELECT id FROM step_runs
-         WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND {OPEN_SHARD_PREDICATE}
-           AND (status IN ('pending', 'retrying') OR lease_until < %(now)s)
-         ORDER BY shard
-         LIMIT 1
-         FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE step_runs AS s
-           SET {_TAKE_LEASE}
-          FROM next, jobs AS j
-         WHERE s.id = next.id AND j.id = s.job_id AND j.status = 'running'
-        RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
-    )
-    SELECT c.shard, c.attempts, c.item, c.profile_hash,
-           {_INPUT_OUTPUTS} AS outputs
-      FROM claimed AS c
-    """
-
-
-@dataclass(frozen=True)
-class ShardClaim:
-    key: StepKey
-    lease: Lease
-    profile: Profile
-    item: Any
-    outputs: dict[str, Any]
-
-
-def fast_shard_claim(
-    conn: psycopg.Connection[Any], parent: StepKey, *, task_id: str, lease_s: float, now: datetime
-) -> ShardClaim | None:
-    """The next open shard of a fan-out in one autocommitted statement.
-
-    ``None`` sends the caller down the locking path (``claim_next_shard``) to find out why
-    not: no shard is open to this lane, or the job is over.
-    """
-    params = _lease_params(parent, task_id, lease_s, now)
-    token = params["token"]
-    row = conn.execute(_FAST_SHARD_CLAIM, params).fetchone()
-    if row is None:
-        return None
-    shard, attempts, item, profile_hash, outputs = row
-    profile = cached_profile(profile_hash, lambda: _profile_json(conn, parent.job_id))
-    key = StepKey(parent.job_id, parent.step_id, shard)
-    return ShardClaim(key, Lease(token, attempts), profile, item, outputs)
-
-
-def job_params(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
-    """Read once per lane message: a job's params never change, and may be large."""
-    row = conn.execute("SELECT params FROM jobs WHERE id = %s", (job_id,)).fetchone()
-    if row is None:
-        raise StopChain(f"job {job_id} is gone")
-    params: dict[str, Any] = row[0]
-    return params
-
-
-def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
-    """A fast shard claim as work to run, with no further statement; ``None`` when its inputs
-    do not resolve and the failure must be recorded in a transaction (``use_shard_claim``)."""
-    try:
-        return _claim_of(claim.key, claim.lease, claim.profile, params, claim.item, claim.outputs)
-    except ExpressionError:
-        return None
-
-
-def use_shard_claim(
-    session: Session, claim: ShardClaim, params: dict[str, Any], now: datetime
-) -> Claimed | Unresolvable:
-    return _claimed(
-        session, claim.key, claim.lease, claim.profile, params, claim.item, now, claim.outputs
-    )
-
-
-_OPEN_SHARD = text(OPEN_SHARD_PREDICATE)
-"""Implied by the claim's own condition, and spelled out as literal SQL so that PostgreSQL
-matches it to the partial index ``ix_step_runs_open_shards`` even under a generic plan,
-instead of walking every finished shard of the fan-out."""
-
-
-def claim_next_shard(
-    session: Session, parent: StepKey, *, task_id: str, lease_s: float, now: datetime
-) -> Claimed | Unresolvable | None:
-    """Take any open shard of a fanned-out step that no other lane holds; ``None`` if none."""
-    job = _live_job(session, parent.job_id)
-    row = session.scalars(
-        select(StepRunRow)
-        .where(
-            StepRunRow.job_id == parent.job_id,
-            StepRunRow.step_id == parent.step_id,
-            _OPEN_SHARD,
-            or_(
-                StepRunRow.status.in_([StepStatus.PENDING, StepStatus.RETRYING]),
-                and_(StepRunRow.status == StepStatus.RUNNING, StepRunRow.lease_until < now),
-            ),
-        )
-        .order_by(StepRunRow.shard)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    ).one_or_none()
-    if row is None:
-        return None
-    claim = _claim_row(session, job, row, task_id, lease_s, now)
-    assert not isinstance(claim, FannedOut)
-    return claim
-
-
 def _claim_row(
     session: Session, job: JobRow, row: StepRunRow, task_id: str, lease_s: float, now: datetime
-) -> Claimed | FannedOut | Unresolvable | None:
+) -> Claimed | FanOutDue | Unresolvable | None:
     key = StepKey(row.job_id, row.step_id, row.shard)
     if row.status in STEP_FINAL:
         return None
@@ -418,11 +311,7 @@ def _claim_row(
         return None
     lease = _take_lease(row, job, task_id, lease_s, now)
     if spec.for_each is not None and key.shard == SHARD_NONE:
-        try:
-            return _fan_out(session, job, row, spec, now)
-        except ExpressionError as exc:
-            error = {"code": exc.code, "message": exc.message, "details": exc.details}
-            return Unresolvable(key, _record_failure(session, row, key, error, None, now))
+        return FanOutDue(job, row, spec)
     return _claimed(session, key, lease, job_profile(job), job.params, row.item, now)
 
 
@@ -436,87 +325,6 @@ def _upstream_succeeded(session: Session, row: StepRunRow, spec: StepSpec, now: 
     _skip(row, now)
     settle_job(session, row.job_id, now)
     return False
-
-
-_INSERT_SHARDS = """
-    INSERT INTO step_runs (job_id, step_id, shard, status, attempts, item, depends_on, inputs_from)
-    SELECT %(job_id)s, %(step_id)s, s.ordinality - 1, 'pending', 0, s.item, '{}', %(inputs_from)s
-      FROM jsonb_array_elements(%(items)s) WITH ORDINALITY AS s(item, ordinality)
-    ON CONFLICT DO NOTHING
-    """
-"""One shard row per item, the items sent as one JSON array: a row of bound parameters per
-item would pass PostgreSQL's limit of 65,535 parameters at a few thousand items."""
-
-
-def _fan_out(
-    session: Session, job: JobRow, row: StepRunRow, spec: StepSpec, now: datetime
-) -> FannedOut | None:
-    assert spec.for_each is not None
-    outputs = step_outputs(session, job.id, referenced_steps(spec.for_each.items))
-    items = resolve(spec.for_each.items, ExprContext(params=job.params, outputs=outputs))
-    if not isinstance(items, list):
-        raise ExpressionError(
-            f"for_each.items of step {spec.id!r} is not a list",
-            {"expression": spec.for_each.items, "reason": f"got {type(items).__name__}"},
-        )
-    key = StepKey(job.id, spec.id)
-    if not items:
-        _write_checkpoint(session, key, row.attempts, [])
-        _succeed(row, now)
-        settle_job(session, job.id, now)
-        return None
-    driver(session).execute(
-        _INSERT_SHARDS,
-        {
-            "job_id": job.id,
-            "step_id": spec.id,
-            "items": Jsonb(items),
-            "inputs_from": sorted(step_facts(job_profile(job), spec.id)[0]),
-        },
-    )
-    row.lease_until = None
-    return FannedOut(
-        key=key,
-        shards=pending_shards(session, key),
-        max_parallel=spec.for_each.max_parallel,
-        timeout_s=spec.timeout_s,
-    )
-
-
-def pending_shards(session: Session, key: StepKey) -> list[int]:
-    return list(
-        session.scalars(
-            select(StepRunRow.shard)
-            .where(
-                StepRunRow.job_id == key.job_id,
-                StepRunRow.step_id == key.step_id,
-                StepRunRow.shard >= 0,
-                StepRunRow.status.not_in(list(STEP_FINAL)),
-            )
-            .order_by(StepRunRow.shard)
-        )
-    )
-
-
-def _write_checkpoint(session: Session, key: StepKey, attempt: int, output: Any) -> None:
-    session.execute(
-        insert(CheckpointRow)
-        .values(
-            job_id=key.job_id,
-            step_id=key.step_id,
-            shard=key.shard,
-            attempt=attempt,
-            output=output,
-        )
-        .on_conflict_do_nothing()
-    )
-
-
-def _succeed(row: StepRunRow, now: datetime) -> None:
-    row.status = StepStatus.SUCCEEDED
-    row.finished_at = now
-    row.lease_token = None
-    row.lease_until = None
 
 
 def _skip(row: StepRunRow, now: datetime) -> None:
@@ -610,28 +418,6 @@ def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now
             "token": lease.token,
         },
     )
-
-
-def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:
-    """The chord body of a for_each step: gather shard outputs in item order."""
-    _live_job(session, key.job_id)
-    row = _lock_step(session, key)
-    if row.status in STEP_FINAL:
-        return
-    if pending_shards(session, key):
-        raise RetryLater(1.0, "shards are not settled")
-    outputs = session.scalars(
-        select(CheckpointRow.output)
-        .where(
-            CheckpointRow.job_id == key.job_id,
-            CheckpointRow.step_id == key.step_id,
-            CheckpointRow.shard >= 0,
-        )
-        .order_by(CheckpointRow.shard)
-    )
-    _write_checkpoint(session, key, row.attempts, list(outputs))
-    _succeed(row, now)
-    settle_job(session, key.job_id, now)
 
 
 def fail_step(

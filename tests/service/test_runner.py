@@ -14,41 +14,16 @@ from sqlalchemy.exc import OperationalError
 from service.clock import utcnow
 from service.db import DirectConnections, ping, unit_of_work
 from service.errors import StopChain
-from service.jobs import JobRequest, cancel_job, submit_job
+from service.jobs import cancel_job
 from service.models import CheckpointRow, JobRow, StepRunRow
 from service.runner import run_finish_fanout, run_lane, run_step
 from service.runtime import Runtime
-from service.steps import FannedOut, StepKey
+from service.shards import FannedOut
+from service.steps import StepKey
 from tests.drill_actions import drop_connections, named_connections
+from tests.support.fanouts import fan_profile, submitted
 
 ITEMS = 5
-
-
-def fan_profile(uses: str = "${{ item }}") -> dict[str, Any]:
-    return {
-        "name": "fan",
-        "params": {"items": {"type": "array"}},
-        "steps": [
-            {
-                "id": "each",
-                "action": "noop",
-                "for_each": {"items": "${{ params.items }}", "max_parallel": 2},
-                "with": {"item": uses},
-            }
-        ],
-    }
-
-
-def submitted(rt: Runtime, profile: dict[str, Any], params: dict[str, Any]) -> uuid.UUID:
-    with unit_of_work(rt.sessions) as session:
-        job, _ = submit_job(
-            session,
-            JobRequest(pipeline=profile, params=params),
-            owner=f"o-{uuid.uuid4().hex[:8]}",
-            profiles_dir=rt.settings.profiles_dir,
-            known_actions=rt.registry.names(),
-        )
-    return job.id
 
 
 def fanned_out(rt: Runtime, items: int = ITEMS, uses: str = "${{ item }}") -> StepKey:
@@ -68,21 +43,6 @@ def shards_done(rt: Runtime, key: StepKey) -> int:
             )
         )
     return done or 0
-
-
-def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(
-    runtime: Runtime, leftovers: list[uuid.UUID]
-) -> None:
-    key = fanned_out(runtime, items=10_000)
-    leftovers.append(key.job_id)
-
-    with runtime.sessions() as session:
-        shards = session.execute(
-            select(func.count(), func.max(StepRunRow.shard)).where(
-                StepRunRow.job_id == key.job_id, StepRunRow.shard >= 0
-            )
-        ).one()
-    assert tuple(shards) == (10_000, 9_999)
 
 
 def test_a_used_up_slice_hands_the_lane_on_after_one_shard(

@@ -1,0 +1,62 @@
+"""A for_each step's shards: one row per item however many, recorded in the claim's transaction."""
+
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+
+from service.clock import utcnow
+from service.db import unit_of_work
+from service.models import CheckpointRow, JobRow, StepRunRow
+from service.runtime import Runtime
+from service.shards import FannedOut, fan_out
+from service.steps import FanOutDue, StepKey, Unresolvable, claim_step
+from tests.support.fanouts import fan_profile, submitted
+
+LEASE_S = 30.0
+
+
+def fanned_out(
+    rt: Runtime, items: Any, items_type: str = "array"
+) -> tuple[StepKey, FannedOut | Unresolvable | None]:
+    key = StepKey(submitted(rt, fan_profile(items_type=items_type), {"items": items}), "each")
+    with unit_of_work(rt.sessions) as session:
+        due = claim_step(session, key, task_id=uuid.uuid4().hex, lease_s=LEASE_S, now=utcnow())
+        assert isinstance(due, FanOutDue)
+        return key, fan_out(session, due, utcnow())
+
+
+def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    key, fanned = fanned_out(runtime, list(range(10_000)))
+    leftovers.append(key.job_id)
+
+    assert isinstance(fanned, FannedOut)
+    assert fanned.shards == list(range(10_000))
+    assert (fanned.max_parallel, fanned.timeout_s) == (2, 300)
+
+
+def test_no_items_succeed_the_step_at_once_with_an_empty_list(runtime: Runtime) -> None:
+    key, fanned = fanned_out(runtime, [])
+
+    assert fanned is None
+    with runtime.sessions() as session:
+        output = session.scalar(
+            select(CheckpointRow.output).where(
+                CheckpointRow.job_id == key.job_id, CheckpointRow.step_id == "each"
+            )
+        )
+        job = session.get(JobRow, key.job_id)
+    assert output == []
+    assert job is not None and job.status == "succeeded" and job.result == {"each": []}
+
+
+def test_items_that_are_not_a_list_fail_the_step_and_record_no_shard(runtime: Runtime) -> None:
+    key, fanned = fanned_out(runtime, {"not": "a list"}, items_type="object")
+
+    assert isinstance(fanned, Unresolvable) and fanned.job_over
+    with runtime.sessions() as session:
+        rows = session.scalars(select(StepRunRow).where(StepRunRow.job_id == key.job_id)).all()
+    assert [(row.shard, row.status) for row in rows] == [(-1, "failed")]
+    assert rows[0].error is not None and rows[0].error["code"] == "bad_reference"
