@@ -304,6 +304,50 @@ class RawResult:
     tasks_per_s: float
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """What one bench run holds until its stack closes: a temp directory, the admin database
+    URL, and one Redis DB per side."""
+
+    tmp: Path
+    admin_db: str
+    redis_base: str
+    dbs: tuple[int, int]
+
+    def fresh_redis(self, side: int) -> str:
+        """Side 0's or side 1's Redis DB, emptied, as a URL."""
+        flush_redis_db(self.redis_base, self.dbs[side])
+        return redis_db_url(self.redis_base, self.dbs[side])
+
+
+def workspace(stack: ExitStack, bench: str) -> Workspace:
+    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
+    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
+    owner = f"bench-{bench}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
+    stack.callback(shutil.rmtree, tmp, True)
+    taken: set[int] = set()
+    dbs = tuple(stack.enter_context(claimed_redis_db(redis_base, owner, taken)) for _ in "ab")
+    log(f"Redis DBs: A={dbs[0]} B={dbs[1]}; temp dir {tmp}")
+    return Workspace(tmp, admin_db, redis_base, (dbs[0], dbs[1]))
+
+
+@contextmanager
+def raw_worker(redis_url: str, tmp: Path) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
+    """``bench.raw_app`` bound to ``redis_url`` and its worker, started and answering; the
+    worker is stopped on exit."""
+    os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
+    from bench import raw_app
+
+    env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
+    node = f"bench-raw-{os.getpid()}@{socket.gethostname()}"
+    log_path = tmp / "raw-worker.log"
+    argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
+    with subprocess_group(argv, env, log_path, "raw celery worker") as proc:
+        wait_for_worker(raw_app.app, node, proc, log_path)
+        yield raw_app, proc
+
+
 def wait_results(results: list[Any], deadline: float) -> tuple[float, int]:
     """When the last chain finished (epoch seconds), and how many results were read from
     the backend because their pubsub message never came: Celery 5.7's Redis result
@@ -329,22 +373,14 @@ def wait_results(results: list[Any], deadline: float) -> tuple[float, int]:
 
 
 def run_raw(n: int, warmup: int, redis_url: str, tmp: Path, timeout_s: float) -> RawResult:
-    os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
     from celery import chain
 
-    from bench import raw_app
+    with raw_worker(redis_url, tmp) as (raw_app, _):
+        noop = raw_app.noop
 
-    env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
-    node = f"bench-raw-{os.getpid()}@{socket.gethostname()}"
-    log_path = tmp / "raw-worker.log"
-    noop = raw_app.noop
+        def submit(count: int) -> list[Any]:
+            return [chain(noop.si(), noop.si(), noop.si()).apply_async() for _ in range(count)]
 
-    def submit(count: int) -> list[Any]:
-        return [chain(noop.si(), noop.si(), noop.si()).apply_async() for _ in range(count)]
-
-    argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
-    with subprocess_group(argv, env, log_path, "raw celery worker") as proc:
-        wait_for_worker(raw_app.app, node, proc, log_path)
         if warmup:
             wait_results(submit(warmup), time.monotonic() + timeout_s)
         log(f"A: submitting {n} chains of {STEPS_PER_JOB} no-op tasks")
@@ -753,35 +789,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
-    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
-    owner = f"bench-chain-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     rounds: list[Round] = []
     with ExitStack() as stack:
-        tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
-        stack.callback(shutil.rmtree, tmp, True)
-        taken: set[int] = set()
-        db_a = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
-        db_b = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
-        log(f"Redis DBs: raw={db_a} flowbeat={db_b}; temp dir {tmp}")
+        ws = workspace(stack, "chain")
 
         def side_a() -> RawResult:
-            flush_redis_db(redis_base, db_a)
-            result = run_raw(
-                args.jobs, args.warmup, redis_db_url(redis_base, db_a), tmp, args.timeout
-            )
+            result = run_raw(args.jobs, args.warmup, ws.fresh_redis(0), ws.tmp, args.timeout)
             log(f"A: {result.tasks_per_s:.0f} tasks/s")
             return result
 
         def side_b() -> FlowbeatResult:
-            flush_redis_db(redis_base, db_b)
             result = run_flowbeat(
                 args.jobs,
                 args.warmup,
                 args.clients,
-                redis_db_url(redis_base, db_b),
-                admin_db,
-                tmp,
+                ws.fresh_redis(1),
+                ws.admin_db,
+                ws.tmp,
                 args.timeout,
                 args.py_spy,
             )

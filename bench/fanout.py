@@ -22,12 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -39,21 +35,14 @@ import httpx
 import psycopg
 
 from bench.chain_throughput import (
-    DEFAULT_ADMIN_DB,
-    DEFAULT_REDIS,
-    REPO,
     WORKER_CONCURRENCY,
     alternate,
-    claimed_redis_db,
-    flush_redis_db,
     log,
     on_sigterm,
-    redis_db_url,
+    raw_worker,
     start_flowbeat,
-    subprocess_group,
     tail,
-    wait_for_worker,
-    worker_argv,
+    workspace,
 )
 
 PIPELINE = "bench_fanout"
@@ -83,26 +72,17 @@ class Side:
 
 
 def run_raw(items: int, redis_url: str, tmp: Path, timeout_s: float) -> Side:
-    os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
     from celery import chord
 
-    from bench import raw_app
+    with raw_worker(redis_url, tmp) as (raw_app, _):
+        noop = raw_app.noop
 
-    env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
-    node = f"bench-raw-{os.getpid()}@{socket.gethostname()}"
-    log_path = tmp / "raw-worker.log"
-    noop = raw_app.noop
+        def fan_out(count: int) -> float:
+            started = time.perf_counter()
+            result = chord([noop.si() for _ in range(count)], noop.si()).apply_async()
+            result.get(timeout=timeout_s, propagate=True)
+            return time.perf_counter() - started
 
-    def fan_out(count: int) -> float:
-        started = time.perf_counter()
-        result = chord([noop.si() for _ in range(count)], noop.si()).apply_async()
-        result.get(timeout=timeout_s, propagate=True)
-        return time.perf_counter() - started
-
-    with subprocess_group(
-        worker_argv("bench.raw_app", raw_app.QUEUE, node), env, log_path, "raw celery worker"
-    ) as proc:
-        wait_for_worker(raw_app.app, node, proc, log_path)
         fan_out(WARMUP_ITEMS)
         log(f"A: a chord of {items} no-op tasks")
         wall = fan_out(items)
@@ -173,26 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
-    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
-    owner = f"bench-fanout-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     with ExitStack() as stack:
-        tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
-        stack.callback(shutil.rmtree, tmp, True)
-        taken: set[int] = set()
-        db_a = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
-        db_b = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+        ws = workspace(stack, "fanout")
 
         def side_a() -> Side:
-            flush_redis_db(redis_base, db_a)
-            side = run_raw(args.items, redis_db_url(redis_base, db_a), tmp, args.timeout)
+            side = run_raw(args.items, ws.fresh_redis(0), ws.tmp, args.timeout)
             log(f"A: {side.items_per_s:.0f} items/s")
             return side
 
         def side_b() -> Side:
-            flush_redis_db(redis_base, db_b)
-            url = redis_db_url(redis_base, db_b)
-            side = run_flowbeat(args.items, args.lanes, url, admin_db, tmp, args.timeout)
+            url = ws.fresh_redis(1)
+            side = run_flowbeat(args.items, args.lanes, url, ws.admin_db, ws.tmp, args.timeout)
             log(f"B: {side.items_per_s:.0f} items/s")
             return side
 

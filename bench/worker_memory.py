@@ -24,12 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -37,27 +33,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.chain_throughput import (
-    DEFAULT_ADMIN_DB,
-    DEFAULT_REDIS,
     PIPELINE,
     PROFILE_YAML,
-    REPO,
     STEPS_PER_JOB,
     WORKER_CONCURRENCY,
     alternate,
-    claimed_redis_db,
-    flush_redis_db,
     log,
     on_sigterm,
     post_jobs,
-    redis_db_url,
+    raw_worker,
     start_flowbeat,
-    subprocess_group,
     tail,
     wait_final,
-    wait_for_worker,
     wait_results,
-    worker_argv,
+    workspace,
 )
 
 WARMUP_CHAINS = 200
@@ -150,23 +139,15 @@ def run_batches(
 
 
 def run_raw(chains: int, batch: int, redis_url: str, tmp: Path, timeout_s: float) -> Side:
-    os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
     from celery import chain
 
-    from bench import raw_app
+    with raw_worker(redis_url, tmp) as (raw_app, proc):
+        noop = raw_app.noop
 
-    env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
-    node = f"bench-raw-{os.getpid()}@{socket.gethostname()}"
-    log_path = tmp / "raw-worker.log"
-    noop = raw_app.noop
+        def run(count: int) -> None:
+            results = [chain(noop.si(), noop.si(), noop.si()).apply_async() for _ in range(count)]
+            wait_results(results, time.monotonic() + timeout_s)
 
-    def run(count: int) -> None:
-        results = [chain(noop.si(), noop.si(), noop.si()).apply_async() for _ in range(count)]
-        wait_results(results, time.monotonic() + timeout_s)
-
-    argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
-    with subprocess_group(argv, env, log_path, "raw celery worker") as proc:
-        wait_for_worker(raw_app.app, node, proc, log_path)
         return run_batches("A", proc.pid, chains, batch, run)
 
 
@@ -205,25 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     chains = args.steps // STEPS_PER_JOB
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
-    admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
-    owner = f"bench-memory-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     with ExitStack() as stack:
-        tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
-        stack.callback(shutil.rmtree, tmp, True)
-        taken: set[int] = set()
-        db_a = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
-        db_b = stack.enter_context(claimed_redis_db(redis_base, owner, taken))
+        ws = workspace(stack, "memory")
 
         def side_a() -> Side:
-            flush_redis_db(redis_base, db_a)
-            url = redis_db_url(redis_base, db_a)
-            return run_raw(chains, args.batch, url, tmp, args.timeout)
+            return run_raw(chains, args.batch, ws.fresh_redis(0), ws.tmp, args.timeout)
 
         def side_b() -> Side:
-            flush_redis_db(redis_base, db_b)
-            url = redis_db_url(redis_base, db_b)
-            return run_flowbeat(chains, args.batch, url, admin_db, tmp, args.timeout)
+            url = ws.fresh_redis(1)
+            return run_flowbeat(chains, args.batch, url, ws.admin_db, ws.tmp, args.timeout)
 
         raw, fb = alternate(0, side_a, side_b)
     return report(args, raw, fb)
