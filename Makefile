@@ -5,15 +5,25 @@ BIN := $(VENV)/bin
 LOCAL_PG ?= postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup demo test lint unit bench bench-fanout bench-memory clean
+# The locks pin every dependency (and the build backend) with hashes, for any platform from
+# Python 3.11: requirements.lock for images, requirements-dev.lock for people and CI.
+LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
-$(BIN)/flowbeat: pyproject.toml
+.PHONY: setup lock demo test lint unit bench bench-fanout bench-memory clean
+
+$(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --require-hashes -r requirements-dev.lock
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 setup: $(BIN)/flowbeat
+
+lock: setup
+	$(LOCK) -o requirements.lock
+	$(LOCK) --extra dev -o requirements-dev.lock
 
 demo: setup
 	env -u FLOWBEAT_DATABASE_URL -u FLOWBEAT_BROKER_URL $(BIN)/flowbeat run papers-digest
@@ -38,4 +48,5 @@ bench-memory: setup
 	$(BIN)/python -m bench.worker_memory --steps 100000
 
 clean:
-	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache
+	if [ -x $(BIN)/flowbeat ]; then FLOWBEAT_DATA_DIR=.flowbeat $(BIN)/flowbeat stop; fi
+	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis

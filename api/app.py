@@ -9,7 +9,19 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
-from api.routes import health, jobs, metrics, pipelines, runs, schedules
+from api.openapi import install_openapi
+from api.routes import (
+    approvals,
+    events,
+    health,
+    hooks,
+    jobs,
+    metrics,
+    pipelines,
+    runs,
+    schedules,
+)
+from api.streams import stop_listener
 from service.auth import KeyCache
 from service.constants import VERSION
 from service.runtime import Runtime
@@ -26,7 +38,7 @@ def create_app(
     the defaults are built from ``settings`` and the process-wide ``tasks.app.app``."""
     owns_engine = runtime is None
     if runtime is None:
-        runtime = Runtime.start(settings)
+        runtime = Runtime.start(settings, pool_size=settings.api_db_pool_size)
     if celery_app is None:
         from tasks.app import app as default_celery
 
@@ -34,8 +46,9 @@ def create_app(
     built = runtime
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        stop_listener(app)
         if owns_engine:
             bind = built.sessions.kw.get("bind")
             if bind is not None:
@@ -47,15 +60,20 @@ def create_app(
     app.state.celery_app = celery_app
     app.state.started_at = time.monotonic()
     app.state.keys = KeyCache(settings.auth_cache_s)
+    app.state.key_limiters = {}
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(events.router)
+    app.include_router(approvals.router)
     app.include_router(runs.router)
     app.include_router(pipelines.router)
     app.include_router(schedules.router)
+    app.include_router(hooks.router)
     app.include_router(metrics.router)
     metrics.install_metrics(app, runtime)
+    install_openapi(app)
     return app
 
 

@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.throttle import check_rate
 from service.auth import SCOPES, KeyCache, Principal
 from service.errors import Unauthorized
 from service.runtime import Runtime
@@ -72,6 +73,7 @@ def require(scope: str) -> Callable[..., Awaitable[Principal]]:
         if principal is None:
             principal = await run_in_threadpool(keys.authenticate, session, token)
         principal.require(scope)
+        await check_rate(request.app, request.app.state.settings, principal)
         return principal
 
     return dependency

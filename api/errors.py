@@ -26,7 +26,13 @@ STATUS_BY_CODE: dict[str, int] = {
     "params_invalid": 422,
     "unknown_action": 422,
     "bad_reference": 422,
+    "condition_invalid": 422,
     "notify_url_invalid": 422,
+    "egress_refused": 422,
+    "egress_scheme_refused": 422,
+    "egress_host_not_allowed": 422,
+    "egress_address_refused": 422,
+    "egress_redirect_refused": 422,
     "validation_error": 422,
     "cron_invalid": 422,
     "interval_invalid": 422,
@@ -42,6 +48,11 @@ STATUS_BY_CODE: dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "job_conflict": 409,
+    "not_awaiting_approval": 409,
+    "already_decided": 409,
+    "unknown_step": 400,
+    "rerun_invalid": 422,
+    "pipeline_version_gone": 409,
     "idempotency_conflict": 409,
     "no_result_items": 409,
     "unauthorized": 401,
@@ -50,6 +61,16 @@ STATUS_BY_CODE: dict[str, int] = {
     "database_unavailable": 503,
     "broker_unavailable": 503,
     "internal_error": 500,
+    "rate_limited": 429,
+    "hook_not_found": 404,
+    "trigger_cycle": 422,
+    "hook_invalid": 422,
+    "hook_signature_invalid": 401,
+    "hook_timestamp_stale": 401,
+    "hook_payload_invalid": 422,
+    "hook_delivery_seen": 409,
+    "open_jobs_limit": 429,
+    "fanout_too_large": 422,
     "pipeline_read_only": 409,
     "pipeline_name_mismatch": 422,
     "unsupported_media_type": 415,
@@ -114,8 +135,11 @@ def error_response(
 
 
 async def _flowbeat_error(_: Request, exc: Exception) -> JSONResponse:
+    """An error that says when to come back (``retry_after_s``) says it in ``Retry-After``."""
     assert isinstance(exc, FlowbeatError)
-    return error_response(exc.code, exc.message, exc.details)
+    retry = exc.details.get("retry_after_s")
+    headers = {"Retry-After": str(retry)} if isinstance(retry, int) else None
+    return error_response(exc.code, exc.message, exc.details, headers=headers)
 
 
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
@@ -123,7 +147,20 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.code, exc.message, exc.details)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+JSON_MEDIA_TYPES = ("application/json", "text/json")
+
+
+def _not_json(request: Request, errors: list[dict[str, Any]]) -> str | None:
+    """Why a body was not read: curl's ``-d`` alone sends form encoding, not JSON."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    in_body = any(e["loc"][:1] == ["body"] for e in errors)
+    if not in_body or media in JSON_MEDIA_TYPES or media.endswith("+json"):
+        return None
+    sent = media or "no Content-Type"
+    return f"the body must be JSON sent with Content-Type: application/json, not {sent}"
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [
         {"loc": list(err.get("loc", ())), "type": err.get("type"), "message": err.get("msg")}
@@ -132,6 +169,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {"loc": [], "message": "invalid request"}
     where = ".".join(str(part) for part in first["loc"])
     message = f"{where}: {first['message']}" if where else str(first["message"])
+    message = _not_json(request, errors) or message
     in_query = bool(errors) and all(e["loc"][:1] in (["query"], ["path"]) for e in errors)
     code = "invalid_query" if in_query else "validation_error"
     return error_response(code, message, {"errors": errors})

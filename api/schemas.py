@@ -6,7 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
+from service.constants import SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
 from service.jobs import JobView, StepView
+from service.models import ApprovalRow
 
 
 def _utc_iso(value: datetime) -> str:
@@ -35,6 +37,45 @@ class JobCreate(BaseModel):
     notify_url: str | None = Field(
         default=None, description="http(s) URL that receives a signed POST when new items appear"
     )
+    mode: Literal["async", "sync"] = Field(
+        default="async",
+        description=(
+            "sync: hold the request until the job is final (200 with the job and its result) "
+            "or wait_s passes (202 with the job as it stands)"
+        ),
+    )
+    wait_s: float = Field(
+        default=SYNC_WAIT_DEFAULT_S,
+        gt=0,
+        le=SYNC_WAIT_MAX_S,
+        description="how long a sync request waits for the job to be final",
+    )
+
+
+class RerunCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: str | None = Field(
+        default=None, description="the step to run again with all it feeds; none: every step"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="params that replace the parent job's"
+    )
+    reuse_upstream: bool = Field(
+        default=True, description="reuse the parent's checkpoints of the steps not rerun"
+    )
+    only_failed_items: bool = Field(
+        default=False, description="a for_each from_step runs only the items that failed"
+    )
+
+
+class RoundPublic(BaseModel):
+    round: int
+    status: str
+    attempts: int
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
+    error: dict[str, Any] | None
 
 
 class StepPublic(BaseModel):
@@ -45,6 +86,8 @@ class StepPublic(BaseModel):
     finished_at: UtcDatetime | None
     error: dict[str, Any] | None
     shards: dict[str, int] | None
+    round: int = Field(description="the loop round the step is in; 1 outside loops")
+    rounds: list[RoundPublic] = Field(description="earlier rounds of a step in a loop")
 
     @classmethod
     def of(cls, step: StepView) -> "StepPublic":
@@ -56,6 +99,8 @@ class StepPublic(BaseModel):
             finished_at=step.finished_at,
             error=step.error,
             shards=step.shards,
+            round=step.round,
+            rounds=[RoundPublic(**vars(r)) for r in step.rounds],
         )
 
 
@@ -79,6 +124,10 @@ class JobPublic(BaseModel):
     new_count: int | None
     removed_count: int | None
     steps: list[StepPublic]
+    compensation: dict[str, Any] | None = Field(
+        default=None,
+        description="a saga's compensations: {status: running|completed|failed, steps: [...]}",
+    )
 
     @classmethod
     def of(cls, view: JobView) -> "JobPublic":
@@ -102,6 +151,7 @@ class JobPublic(BaseModel):
             item_count=job.item_count,
             new_count=job.new_count,
             removed_count=job.removed_count,
+            compensation=view.compensation,
             steps=[StepPublic.of(step) for step in view.steps],
         )
 
@@ -136,3 +186,69 @@ class ErrorDetail(BaseModel):
 
 class ErrorEnvelope(BaseModel):
     error: ErrorDetail
+
+
+class DecisionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    comment: str | None = Field(default=None, max_length=2000)
+    payload: Any = Field(
+        default=None, description="what the step and its downstream read as approval.<step>"
+    )
+
+
+class ApprovalPublic(BaseModel):
+    job_id: uuid.UUID
+    pipeline: str
+    step_id: str
+    status: str
+    on_timeout: str
+    requested_at: UtcDatetime
+    due_at: UtcDatetime
+    escalated_at: UtcDatetime | None
+    decided_at: UtcDatetime | None
+    decided_by: str | None
+    comment: str | None
+    payload: Any
+
+    @classmethod
+    def of(cls, approval: ApprovalRow, pipeline: str) -> "ApprovalPublic":
+        return cls(
+            job_id=approval.job_id,
+            pipeline=pipeline,
+            step_id=approval.step_id,
+            status=approval.status,
+            on_timeout=approval.on_timeout,
+            requested_at=approval.requested_at,
+            due_at=approval.due_at,
+            escalated_at=approval.escalated_at,
+            decided_at=approval.decided_at,
+            decided_by=approval.decided_by,
+            comment=approval.comment,
+            payload=approval.payload,
+        )
+
+
+class DecisionEnvelope(BaseModel):
+    approval: ApprovalPublic
+    job: JobPublic
+
+
+class ApprovalList(BaseModel):
+    approvals: list[ApprovalPublic]
+
+
+class EventPublic(BaseModel):
+    """One entry of a job's event log, as a stream sends it."""
+
+    job_id: uuid.UUID
+    seq: int = Field(description="the event's number within its job, in commit order")
+    kind: str = Field(
+        description=(
+            "job.<status>, step.<status>, step.progress (fan-out), approval.<status>, "
+            "compensation.<status>, or a notice (new_items, notified, notify_failed...)"
+        )
+    )
+    step_id: str | None
+    data: dict[str, Any]
+    at: datetime

@@ -538,16 +538,24 @@ class FlowbeatStack:
     worker: subprocess.Popen[bytes]
     api_log: Path
     worker_log: Path
+    env: dict[str, str]
 
     def dead(self) -> bool:
         return self.worker.poll() is not None or self.api.poll() is not None
 
 
 def start_flowbeat(
-    stack: ExitStack, profiles: dict[str, str], redis_url: str, admin_db: str, tmp: Path
+    stack: ExitStack,
+    profiles: dict[str, str],
+    redis_url: str,
+    admin_db: str,
+    tmp: Path,
+    settings: dict[str, str] | None = None,
 ) -> FlowbeatStack:
     """Everything is stopped and dropped when ``stack`` closes. ``profiles`` maps a name to
-    the YAML of a profile the API serves as shipped; each is validated here first."""
+    the YAML of a profile the API serves as shipped; each is validated here first.
+    ``settings`` are extra ``FLOWBEAT_*`` variables for every process. The per-key request
+    limit and the open-jobs cap are off: a bench sends as fast as the API answers."""
     from celery import Celery
 
     from service.constants import QUEUE_STEPS
@@ -566,6 +574,9 @@ def start_flowbeat(
         "FLOWBEAT_PROFILES_DIR": str(profiles_dir),
         "FLOWBEAT_DATA_DIR": str(tmp / "data"),
         "PYTHONPATH": str(REPO),
+        "FLOWBEAT_RATE_LIMIT_PER_S": "0",
+        "FLOWBEAT_MAX_OPEN_JOBS_PER_OWNER": "0",
+        **(settings or {}),
     }
     api_proc, base_url = _start_api(stack, env, tmp)
     node = f"bench-flowbeat-{os.getpid()}@{socket.gethostname()}"
@@ -579,7 +590,7 @@ def start_flowbeat(
     stack.callback(control.close)
     wait_for_worker(control, node, worker, worker_log)
     conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
-    return FlowbeatStack(base_url, key, conn, api_proc, worker, tmp / "api.log", worker_log)
+    return FlowbeatStack(base_url, key, conn, api_proc, worker, tmp / "api.log", worker_log, env)
 
 
 def run_flowbeat(
@@ -703,7 +714,23 @@ def median_round(rounds: list[Round]) -> tuple[RawResult | None, FlowbeatResult 
     return middle.raw, middle.fb
 
 
-def report(args: argparse.Namespace, rounds: list[Round]) -> int:
+CALIBRATION_LOOP = 2_000_000
+
+
+def calibrate() -> dict[str, float]:
+    """How fast this machine runs a fixed pure-Python loop right now (best of three), and its
+    load: the VM's speed drifts, so a run is read against its own calibration."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        sum(i * i for i in range(CALIBRATION_LOOP))
+        times.append(time.perf_counter() - started)
+    return {"loop_ms": min(times) * 1000, "load_1m": os.getloadavg()[0]}
+
+
+def report(
+    args: argparse.Namespace, rounds: list[Round], calibration: dict[str, dict[str, float]]
+) -> int:
     """Print the median round's figures (and every round's ratio); non-zero if any job failed."""
     raw, fb = median_round(rounds)
     ratio = fb.steps_per_s / raw.tasks_per_s if raw and fb else None
@@ -723,6 +750,7 @@ def report(args: argparse.Namespace, rounds: list[Round]) -> int:
         "ratio": ratio,
         "round_ratios": [r.ratio for r in rounds],
         "target_ratio": 0.80,
+        "calibration": calibration,
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -746,6 +774,12 @@ def report(args: argparse.Namespace, rounds: list[Round]) -> int:
                 if r.raw and r.fb and r.ratio is not None
             )
             print(f"  {len(rounds)} rounds (raw/flowbeat=ratio): {each}; the median is shown")
+        before, after = calibration["before"], calibration["after"]
+        print(
+            f"  calibration: {CALIBRATION_LOOP:,}-step loop {before['loop_ms']:.0f} ms before, "
+            f"{after['loop_ms']:.0f} ms after; load {before['load_1m']:.2f} before, "
+            f"{after['load_1m']:.2f} after"
+        )
         if fb:
             print(
                 f"  enqueue latency p50={fb.enqueue_p50_ms:.1f}ms p99={fb.enqueue_p99_ms:.1f}ms, "
@@ -789,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    calibration = {"before": calibrate()}
     rounds: list[Round] = []
     with ExitStack() as stack:
         ws = workspace(stack, "chain")
@@ -816,7 +851,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"round {number + 1} of {args.rounds}")
             rounds.append(run_round(number, args.only, side_a, side_b))
 
-    return report(args, rounds)
+    calibration["after"] = calibrate()
+    return report(args, rounds, calibration)
 
 
 if __name__ == "__main__":

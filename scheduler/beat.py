@@ -2,9 +2,11 @@
 
 Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
 static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
-scheduled runs past their timeout and prunes old runs. Schedules are read on every tick, so a
-change through the API applies at the next tick without a restart. The lock only keeps
-standbys idle: exactly-once per fire comes from the ``schedule_fires`` fence in PostgreSQL.
+scheduled runs past their timeout and prunes old runs. Schedules are read on every tick, and
+the leader spends the time between ticks listening for saved schedules
+(``scheduler.wakeups``), so a change through the API applies at once, without a restart. The
+lock only keeps standbys idle: exactly-once per fire comes from the ``schedule_fires`` fence
+in PostgreSQL.
 """
 
 import logging
@@ -21,11 +23,15 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from scheduler.lock import LeaderLock, make_token
+from scheduler.wakeups import ScheduleWakeups
+from service.approvals import expire_due
 from service.clock import utcnow
-from service.constants import BEAT_LOCK_KEY
+from service.constants import BEAT_LOCK_KEY, LEADER_POLL_S
 from service.db import unit_of_work
+from service.dependencies import fire_dependents
 from service.errors import BrokerUnavailable
-from service.plan import initial_plan
+from service.plan import JobPlan, initial_plan
+from service.retention import prune_runs
 from service.runtime import Runtime
 from service.schedules import (
     TickResult,
@@ -33,11 +39,11 @@ from service.schedules import (
     due_schedule_ids,
     fire_schedule,
     next_wakeup,
-    prune_runs,
 )
 from service.settings import Settings, get_settings
 from service.snapshots import job_profile
-from tasks.dispatch import publish_new_job
+from tasks.approvals import send_escalation
+from tasks.dispatch import publish_new_job, publish_or_defer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             self.settings.require_broker_url(), socket_timeout=self.tick_s
         )
         self.lock = LeaderLock(client, BEAT_LOCK_KEY, self.settings.beat_lock_ttl_s, make_token())
+        self.wakeups = ScheduleWakeups(self.settings.require_database_url())
         super().__init__(*args, **kwargs)
 
     @cached_property
@@ -59,24 +66,30 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         return Runtime.start(self.settings, pool_size=2)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One tick; the leader then waits here for its next one or a saved schedule, whichever
+        comes first, and returns 0 so celery beat ticks again at once. A leader that cannot
+        listen, and every standby, return their sleep for celery beat to sleep."""
         was_leader = self.lock.held
         try:
             leader = self.lock.hold()
         except RedisError as exc:
             log.warning("beat: leader lock unreachable: %s", exc)
             self.lock.held = False
-            return self.tick_s
+            leader = False
         if leader != was_leader:
             log.info("beat: %s leader (%s)", "became" if leader else "no longer", self.lock.token)
         if not leader:
+            self.wakeups.close()
             return self.tick_s
+        self.wakeups.listen()
         static_s = float(super().tick(*args, **kwargs))
         try:
             fire_s = self.fire_due(utcnow())
         except SQLAlchemyError as exc:
             log.warning("beat: database unavailable, retrying next tick: %s", exc)
             fire_s = self.tick_s
-        return max(MIN_SLEEP_S, min(static_s, fire_s, self.tick_s))
+        sleep_s = max(MIN_SLEEP_S, min(static_s, fire_s, self.tick_s, LEADER_POLL_S))
+        return sleep_s if self.wakeups.wait(sleep_s) is None else 0.0
 
     def fire_due(self, now: datetime) -> float:
         """Fire every due schedule; returns the seconds until the next fire.
@@ -104,6 +117,9 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         with unit_of_work(sessions) as session:
             overdue = cancel_overdue(session, now=now, timeout_s=settings.schedule_run_timeout_s)
         self.revoke(overdue.revoke)
+        self.compensate(overdue.compensate)
+        self.expire_approvals(now)
+        self.fire_dependents()
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session, held=held.keys())
         wakes = [w for w in (wake, *held.values()) if w is not None]
@@ -112,7 +128,8 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         return max(0.0, (min(wakes) - utcnow()).total_seconds())
 
     def send(self, result: TickResult) -> None:
-        """After the commit: publish new jobs, revoke cancelled tasks, prune old runs."""
+        """After the commit: publish new jobs, revoke cancelled tasks, send the compensations
+        of cancelled sagas, prune old runs."""
         for job in result.jobs:
             try:
                 publish_new_job(self.app, self.runtime, initial_plan(job_profile(job), job.id))
@@ -122,6 +139,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                 )
             log.info("beat: fired %s for %s as job %s", job.pipeline, job.scheduled_for, job.id)
         self.revoke(result.revoke)
+        self.compensate(result.compensate)
         for owner, pipeline in {(job.owner, job.pipeline) for job in result.jobs}:
             with unit_of_work(self.runtime.sessions) as session:
                 prune_runs(
@@ -130,6 +148,44 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                     pipeline=pipeline,
                     keep=self.settings.runs_kept_per_pipeline,
                 )
+
+    def fire_dependents(self) -> None:
+        """Start the jobs that queued successes wait for (dependency triggers); they are sent
+        after the commit, and a job whose message is lost is the sweeper's, as any."""
+        with unit_of_work(self.runtime.sessions) as session:
+            started = fire_dependents(
+                session,
+                profiles_dir=self.settings.profiles_dir,
+                known_actions=self.runtime.registry.names(),
+            )
+        for job in started:
+            try:
+                publish_new_job(self.app, self.runtime, initial_plan(job_profile(job), job.id))
+            except BrokerUnavailable:
+                log.warning("beat: job %s stored; the sweeper sends it later", job.id)
+            log.info(
+                "beat: job %s of %s started by job %s", job.id, job.pipeline, job.parent_job_id
+            )
+
+    def expire_approvals(self, now: datetime) -> None:
+        """Approvals past due get their timeout action here, on the elected replica, rather
+        than in a task sleeping on a worker; what they make ready is sent after the commit."""
+        with unit_of_work(self.runtime.sessions) as session:
+            expired = expire_due(session, now)
+        for plan in expired.ready:
+            publish_or_defer(self.app, self.runtime, plan)
+        for job_id, step_id in expired.escalated:
+            try:
+                send_escalation.delay(str(job_id), step_id)
+            except (KombuOperationalError, RedisError, OSError) as exc:
+                log.warning(
+                    "beat: could not queue the escalation of %s/%s: %s", job_id, step_id, exc
+                )
+
+    def compensate(self, job_ids: Iterable[uuid.UUID]) -> None:
+        """With the broker away, the sweeper sends them once it is back."""
+        for job_id in job_ids:
+            publish_or_defer(self.app, self.runtime, JobPlan(job_id, compensate=True))
 
     def revoke(self, task_ids: Iterable[str]) -> None:
         ids = list(task_ids)
@@ -141,6 +197,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             log.warning("beat: could not revoke %s: %s", ids, exc)
 
     def close(self) -> None:
+        self.wakeups.close()
         try:
             self.lock.release()
         except RedisError as exc:

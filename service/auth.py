@@ -126,6 +126,18 @@ def revoke_api_key(session: Session, prefix: str, *, now: datetime | None = None
     return True
 
 
+def list_api_keys(
+    session: Session, *, owner: str | None = None, include_revoked: bool = False
+) -> list[ApiKeyRow]:
+    """Oldest first, so a listing reads in the order keys were handed out."""
+    query = select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.prefix)
+    if owner is not None:
+        query = query.where(ApiKeyRow.owner == owner)
+    if not include_revoked:
+        query = query.where(ApiKeyRow.revoked_at.is_(None))
+    return list(session.scalars(query))
+
+
 class KeyCache:
     """Remembers keys that authenticated for ``ttl_s``, so a busy client costs no query per call.
 

@@ -1,5 +1,7 @@
 """Names and durations shared by every process, in one place so they cannot drift apart."""
 
+from importlib import resources
+from pathlib import Path
 from typing import Final
 
 VERSION: Final = "0.1.0"
@@ -10,6 +12,7 @@ QUEUE_CONTROL: Final = "flowbeat.control"
 TASK_RUN_STEP: Final = "flowbeat.run_step"
 TASK_RUN_LANE: Final = "flowbeat.run_lane"
 TASK_FINISH_FANOUT: Final = "flowbeat.finish_fanout"
+TASK_COMPENSATE: Final = "flowbeat.compensate"
 TASK_SWEEP: Final = "flowbeat.sweep"
 
 BROKER_EPOCH_KEY: Final = "flowbeat:broker-epoch"
@@ -29,6 +32,8 @@ API_KEY_PREFIX: Final = "fb_"
 SWEEP_ADVISORY_LOCK_ID: Final = 0x666C6F77
 
 TASK_SEND_NOTICE: Final = "flowbeat.send_notice"
+TASK_SEND_ESCALATION: Final = "flowbeat.send_escalation"
+APPROVAL_LIST_MAX: Final = 500
 DIFF_PAGE_MAX_LIMIT: Final = 1000
 DIFF_PAGE_DEFAULT_LIMIT: Final = 100
 RATE_LIMIT_KEY_PREFIX: Final = "flowbeat:ratelimit:"
@@ -37,5 +42,38 @@ LITERATURE_HTTP_ATTEMPTS: Final = 4
 LITERATURE_RETRY_AFTER_MAX_S: Final = 30.0
 NCBI_RATE_WINDOW_S: Final = 1.1
 BEAT_LOCK_KEY: Final = "flowbeat:beat-leader"
+SCHEDULES_CHANNEL: Final = "flowbeat_schedules"
 TRIGGER_SCHEDULE: Final = "schedule"
 SCHEDULE_LIST_MAX: Final = 500
+LEADER_POLL_S: Final = 1.0
+"""The beat leader reads schedules and approval deadlines at least this often, so a schedule
+saved through the API (or a decision that timed out) is acted on within a second, not at the
+next lock renewal; a replica that does not lead only renews its bid for the lock."""
+
+SHIPPED_DIR: Final = Path(str(resources.files("profiles")))
+"""The shipped profiles and their data, wherever flowbeat is installed."""
+EVENTS_CHANNEL: Final = "flowbeat_events"
+"""Notified with a job id by the event-log triggers of migration 0011 when a change commits."""
+EVENT_PAGE_ROWS: Final = 500
+EVENT_KEEPALIVE_S: Final = 15.0
+"""An open stream writes a comment this often when nothing happens, so proxies keep it open."""
+EVENT_LISTEN_RETRY_S: Final = 1.0
+SYNC_WAIT_MAX_S: Final = 60.0
+SYNC_WAIT_DEFAULT_S: Final = 30.0
+"""The longest a ``"mode": "sync"`` submission holds its request open before answering 202."""
+RETENTION_BATCH_ROWS: Final = 1000
+"""Finished jobs one sweep deletes at most, so the pass stays a short transaction."""
+FIRE_RECORDS_KEPT_S: Final = 86_400
+"""How long a fire record outlives its schedule's catch-up window before it is pruned."""
+OPEN_JOBS_RETRY_AFTER_S: Final = 5
+"""The Retry-After of a submission refused because its owner has too many open jobs."""
+TRIGGER_WEBHOOK: Final = "webhook"
+HOOK_TOLERANCE_S: Final = 300
+"""How far a delivery's signed timestamp may be from now, either way."""
+HOOK_DELIVERIES_KEPT_S: Final = 3600
+"""Delivery ids are kept this long: well past the tolerance, after which a replay is stale."""
+TRIGGER_DEPENDENCY: Final = "dependency"
+DEPENDENCY_BATCH: Final = 100
+"""Queued successes one pass turns into downstream jobs; the rest wait for the next pass."""
+LLM_HTTP_ATTEMPTS: Final = 3
+"""Requests an ``llm.chat`` attempt makes on 429, 5xx and transport errors before it fails."""

@@ -107,3 +107,13 @@ def ancestors(deps: Mapping[str, Collection[str]], node: str) -> set[str]:
         seen.add(current)
         stack.extend(deps.get(current, ()))
     return seen
+
+
+def descendants(deps: Mapping[str, Collection[str]], node: str) -> set[str]:
+    """Every node that depends on ``node``, directly or transitively."""
+    seen: set[str] = set()
+    frontier = {node}
+    while frontier:
+        frontier = {other for other, its in deps.items() if frontier & set(its)} - seen
+        seen |= frontier
+    return seen

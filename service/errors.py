@@ -36,6 +36,31 @@ class JobConflict(FlowbeatError):
     code = "job_conflict"
 
 
+class UnknownStep(FlowbeatError):
+    code = "unknown_step"
+
+
+class RerunInvalid(FlowbeatError):
+    """A rerun request that cannot apply to this job, e.g. ``only_failed_items`` on a step
+    that does not fan out."""
+
+    code = "rerun_invalid"
+
+
+class PipelineVersionGone(FlowbeatError):
+    """The saved pipeline version a job ran was deleted, so it cannot be rerun as it was."""
+
+    code = "pipeline_version_gone"
+
+
+class NotAwaitingApproval(FlowbeatError):
+    code = "not_awaiting_approval"
+
+
+class AlreadyDecided(FlowbeatError):
+    code = "already_decided"
+
+
 class IdempotencyConflict(FlowbeatError):
     """The idempotency key was used before with a different request."""
 
@@ -86,6 +111,33 @@ class ExpressionError(FlowbeatError):
     """A ``${{ ... }}`` reference could not be resolved at run time."""
 
     code = "bad_reference"
+
+
+class FanOutTooLarge(FlowbeatError):
+    """A for_each step resolved to more items than ``FLOWBEAT_MAX_FANOUT_ITEMS``."""
+
+    code = "fanout_too_large"
+
+
+class RateLimited(FlowbeatError):
+    """A key sent more requests than ``FLOWBEAT_RATE_LIMIT_PER_S`` allows."""
+
+    code = "rate_limited"
+
+
+class OpenJobsLimit(FlowbeatError):
+    """An owner has ``FLOWBEAT_MAX_OPEN_JOBS_PER_OWNER`` jobs still open."""
+
+    code = "open_jobs_limit"
+
+
+class ConditionInvalid(ExpressionError):
+    """A condition breaks the grammar or its limits, or compares values of incompatible types.
+
+    A subclass so that code catching ``ExpressionError`` (what does not resolve) also catches
+    what cannot be evaluated; the own code tells a client which of the two happened."""
+
+    code = "condition_invalid"
 
 
 class PipelineReadOnly(FlowbeatError):
@@ -162,6 +214,13 @@ class ImportNotFound(ImportRefused):
     code = "import_not_found"
 
 
+class ActionModuleUnimportable(FlowbeatError):
+    """A process cannot start with a module of ``FLOWBEAT_ACTION_MODULES`` (or an entry point)
+    that does not import; never an API answer, since the API does not start without it."""
+
+    code = "action_module_unimportable"
+
+
 class RetryLater(Exception):
     """Control flow for task adapters: deliver this message again after ``delay_s``."""
 
@@ -211,3 +270,78 @@ class ScheduleLimitReached(FlowbeatError):
 
 class ScheduleNotFound(FlowbeatError):
     code = "schedule_not_found"
+
+
+class FlowerAuthRequired(FlowbeatError):
+    """Flower would answer anyone: no credentials, and not an unauthenticated loopback."""
+
+    code = "flower_auth_required"
+
+
+class KeyNotFound(FlowbeatError):
+    """No live API key has the prefix given: unknown, or revoked already."""
+
+    code = "key_not_found"
+
+
+class EgressRefused(ActionError):
+    """A request the egress policy does not let out: a step failure never retried."""
+
+    code = "egress_refused"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details, retryable=False)
+
+
+class EgressSchemeRefused(EgressRefused):
+    code = "egress_scheme_refused"
+
+
+class EgressHostNotAllowed(EgressRefused):
+    code = "egress_host_not_allowed"
+
+
+class EgressAddressRefused(EgressRefused):
+    code = "egress_address_refused"
+
+
+class EgressRedirectRefused(EgressRefused):
+    code = "egress_redirect_refused"
+
+
+class HookNotFound(FlowbeatError):
+    code = "hook_not_found"
+
+
+class HookInvalid(FlowbeatError):
+    """A hook's definition: its mapping, secret or pipeline."""
+
+    code = "hook_invalid"
+
+
+class HookSignatureInvalid(FlowbeatError):
+    """A delivery whose signature headers are missing or do not match its body."""
+
+    code = "hook_signature_invalid"
+
+
+class HookTimestampStale(FlowbeatError):
+    """A correctly signed delivery signed too long ago (or ahead): a replay, or a bad clock."""
+
+    code = "hook_timestamp_stale"
+
+
+class HookPayloadInvalid(FlowbeatError):
+    """A delivery's body is not JSON or lacks what the hook's mapping reads."""
+
+    code = "hook_payload_invalid"
+
+
+class HookDeliverySeen(FlowbeatError):
+    code = "hook_delivery_seen"
+
+
+class TriggerCycle(FlowbeatError):
+    """Saving the pipeline would make dependency triggers start each other in a circle."""
+
+    code = "trigger_cycle"

@@ -7,9 +7,10 @@ no thread is started or joined per step.
 import itertools
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -18,11 +19,13 @@ from service.clock import utcnow
 from service.db import unit_of_work
 from service.steps import Lease, StepKey, renew_lease
 
+Renew = Callable[[Session, float, datetime], bool]
+"""Extends one lease by the given seconds from the given moment; ``False`` once it is lost."""
+
 
 @dataclass(frozen=True)
 class _Held:
-    key: StepKey
-    lease: Lease
+    renew: Renew
     lost: threading.Event
     since: float
 
@@ -37,12 +40,23 @@ class Heartbeats:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
+    def hold(
+        self, key: StepKey, lease: Lease, lost: threading.Event
+    ) -> AbstractContextManager[None]:
+        """Keep a step's ``lease`` alive while the block runs; ``lost`` is set if it is taken
+        away."""
+
+        def renew(session: Session, lease_s: float, now: datetime) -> bool:
+            return renew_lease(session, key, lease, lease_s, now)
+
+        return self.hold_lease(renew, lost)
+
     @contextmanager
-    def hold(self, key: StepKey, lease: Lease, lost: threading.Event) -> Iterator[None]:
-        """Keep ``lease`` alive while the block runs; ``lost`` is set if it is taken away."""
+    def hold_lease(self, renew: Renew, lost: threading.Event) -> Iterator[None]:
+        """Keep any lease alive through ``renew`` while the block runs."""
         ident = next(self._ids)
         with self._lock:
-            self._held[ident] = _Held(key, lease, lost, time.monotonic())
+            self._held[ident] = _Held(renew, lost, time.monotonic())
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
                 self._thread.start()
@@ -65,7 +79,7 @@ class Heartbeats:
     def _renew(self, held: _Held) -> None:
         try:
             with unit_of_work(self._sessions) as session:
-                kept = renew_lease(session, held.key, held.lease, self._lease_s, utcnow())
+                kept = held.renew(session, self._lease_s, utcnow())
         except OperationalError:
             return
         if not kept:

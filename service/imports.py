@@ -1,26 +1,28 @@
 """Fetching a profile to import, from an allow-listed https URL or a file in the import directory.
 
-An import makes this server fetch what a client names, so every step is checked against a
-policy rather than trusted: the scheme, the host (an operator's allow-list), every address the
-host resolves to (no private, loopback, link-local or reserved networks), every redirect hop,
-the content type, the size while streaming, and the time taken. The connection goes to the
-address that was checked, with the host name sent as Host header and TLS server name, so a DNS
-answer that changes between the check and the connect (rebinding) cannot redirect the fetch.
+An import makes this server fetch what a client names, so it goes through the egress policy
+every step's request goes through (``service.egress``: every address the host resolves to
+public unless the operator opened it, the connection pinned to the checked address, every
+redirect hop checked), with a stricter allow-list of its own and https only. On top of that
+only YAML, JSON or text is read, within a size cap while streaming and a time limit.
+Refusals keep the import codes and HTTP statuses clients already know.
 """
 
-import ipaddress
 import os
-import socket
 import ssl
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path, PurePath
 from typing import Final
 
 import httpx
 
+from service.egress import EgressPolicy, Resolver, guarded_client, host_key, resolve_host
 from service.errors import (
+    EgressAddressRefused,
+    EgressHostNotAllowed,
+    EgressRedirectRefused,
+    EgressSchemeRefused,
     ImportAddressRefused,
     ImportContentTypeRefused,
     ImportFetchFailed,
@@ -38,45 +40,25 @@ from service.settings import Settings
 ALLOWED_CONTENT_TYPES: Final = frozenset(
     {"application/yaml", "application/x-yaml", "text/yaml", "application/json", "text/plain"}
 )
-REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 CHUNK_BYTES: Final = 16 * 1024
 
-Resolver = Callable[[str, int], list[str]]
 
-
-def resolve_host(host: str, port: int) -> list[str]:
-    """Every address the system resolver gives for ``host``."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-@dataclass(frozen=True)
-class UrlPolicy:
-    """What a URL import may fetch. ``allow_loopback`` exists for tests that serve a profile
-    from a local TLS server; it is a parameter, never a setting, and off by default."""
-
-    allowed_hosts: frozenset[str]
-    max_bytes: int = 100_000
-    timeout_s: float = 10.0
-    max_redirects: int = 5
-    allow_loopback: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> "UrlPolicy":
-        return cls(
-            allowed_hosts=frozenset(host.lower() for host in settings.import_allowed_hosts),
-            max_bytes=settings.import_max_bytes,
-            timeout_s=settings.import_timeout_s,
-            max_redirects=settings.import_max_redirects,
-        )
-
-    def address_ok(self, raw: str) -> bool:
-        address = ipaddress.ip_address(raw.split("%", 1)[0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        if self.allow_loopback and address.is_loopback:
-            return True
-        return address.is_global and not address.is_multicast
+def import_policy(settings: Settings) -> EgressPolicy:
+    """The deployment's egress policy with the import allow-list (within the deployment's, when
+    it has one), https only whatever ``FLOWBEAT_EGRESS_ALLOW_HTTP`` says, and the import limits.
+    The operator's internal hosts stay open, as for every other outbound request."""
+    egress = EgressPolicy.from_settings(settings)
+    allowed = frozenset(map(host_key, settings.import_allowed_hosts))
+    if egress.allowed_hosts is not None:
+        allowed &= egress.allowed_hosts
+    return replace(
+        egress,
+        allow_http=False,
+        allowed_hosts=allowed,
+        max_redirects=settings.import_max_redirects,
+        timeout_s=settings.import_timeout_s,
+        max_bytes=settings.import_max_bytes,
+    )
 
 
 def _parse(raw: str) -> httpx.URL:
@@ -86,43 +68,19 @@ def _parse(raw: str) -> httpx.URL:
         raise ImportSchemeRefused(f"not a URL: {raw!r}", {"url": raw}) from exc
 
 
-def _ascii_host(url: httpx.URL) -> str:
-    """The host as DNS and TLS see it (IDNA), whichever form the allow-list uses."""
-    return url.raw_host.decode("ascii").lower()
-
-
-def _check_url(url: httpx.URL, policy: UrlPolicy) -> None:
-    if url.scheme != "https":
-        raise ImportSchemeRefused(
-            f"only https URLs can be imported, not {url.scheme or 'no scheme'!r}",
-            {"url": str(url), "scheme": url.scheme},
-        )
-    if url.userinfo:
-        raise ImportSchemeRefused("URLs with credentials are refused", {"host": url.host})
-    if {url.host.lower(), _ascii_host(url)}.isdisjoint(policy.allowed_hosts):
-        raise ImportHostNotAllowed(
-            f"host {url.host!r} is not on the import allow-list",
-            {"host": url.host, "allowed": sorted(policy.allowed_hosts)},
-        )
-
-
-def _checked_address(url: httpx.URL, policy: UrlPolicy, resolver: Resolver) -> str:
-    """One address to connect to; refused if any address of the host is not public, since
-    the system could otherwise pick a private one on a later connection."""
-    port = url.port or 443
+def _check_url(url: httpx.URL, policy: EgressPolicy) -> None:
     try:
-        addresses = resolver(_ascii_host(url), port)
-    except OSError as exc:
-        raise ImportFetchFailed(f"cannot resolve {url.host!r}", {"host": url.host}) from exc
-    if not addresses:
-        raise ImportFetchFailed(f"cannot resolve {url.host!r}", {"host": url.host})
-    refused = [address for address in addresses if not policy.address_ok(address)]
-    if refused:
-        raise ImportAddressRefused(
-            f"host {url.host!r} resolves to a non-public address",
-            {"host": url.host, "addresses": refused},
-        )
-    return addresses[0]
+        policy.check_url(url)
+    except EgressSchemeRefused as exc:
+        raise ImportSchemeRefused(
+            f"only https URLs without credentials can be imported: {exc.message}", exc.details
+        ) from exc
+    except EgressHostNotAllowed as exc:
+        raise ImportHostNotAllowed(
+            f"host {url.host!r} is not on the import allow-list", exc.details
+        ) from exc
+    except EgressAddressRefused as exc:
+        raise ImportAddressRefused(exc.message, exc.details) from exc
 
 
 def _media_type(response: httpx.Response) -> str:
@@ -130,7 +88,7 @@ def _media_type(response: httpx.Response) -> str:
     return raw.split(";", 1)[0].strip().lower()
 
 
-def _read_capped(response: httpx.Response, policy: UrlPolicy, deadline: float) -> bytes:
+def _read_capped(response: httpx.Response, policy: EgressPolicy, deadline: float) -> bytes:
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > policy.max_bytes:
         raise ImportTooLarge(
@@ -156,87 +114,51 @@ def _decode(body: bytes) -> str:
         raise ImportContentTypeRefused("the document is not UTF-8 text", {}) from exc
 
 
-def _redirect_target(url: httpx.URL, response: httpx.Response, policy: UrlPolicy) -> httpx.URL:
-    location = response.headers.get("location")
-    if not location:
-        raise ImportFetchFailed("a redirect without a Location", {"status": response.status_code})
-    target = url.join(location)
-    try:
-        _check_url(target, policy)
-    except (ImportSchemeRefused, ImportHostNotAllowed) as exc:
-        raise ImportRedirectRefused(
-            f"redirect to {target.host or location!r} refused: {exc.message}",
-            {"location": str(target)},
-        ) from exc
-    return target
-
-
-def _get(
-    client: httpx.Client, url: httpx.URL, address: str, policy: UrlPolicy, deadline: float
-) -> tuple[httpx.URL | None, bytes]:
-    """One hop: the next URL for a redirect, else the body of the document."""
-    host_header = url.netloc.decode("ascii")
-    request = client.build_request(
-        "GET",
-        url.copy_with(host=address),
-        headers={"Host": host_header, "Accept": ", ".join(sorted(ALLOWED_CONTENT_TYPES))},
-        extensions={"sni_hostname": _ascii_host(url)},
-    )
-    response = client.send(request, stream=True)
-    try:
-        if response.status_code in REDIRECT_STATUSES:
-            return _redirect_target(url, response, policy), b""
-        if response.status_code != 200:
-            raise ImportFetchFailed(
-                f"{url.host} answered {response.status_code}",
-                {"status": response.status_code, "url": str(url)},
-            )
-        media_type = _media_type(response)
-        if media_type not in ALLOWED_CONTENT_TYPES:
-            raise ImportContentTypeRefused(
-                f"content type {media_type or 'none'!r} is not YAML, JSON or text",
-                {"content_type": media_type, "allowed": sorted(ALLOWED_CONTENT_TYPES)},
-            )
-        return None, _read_capped(response, policy, deadline)
-    finally:
-        response.close()
+def _document(response: httpx.Response, policy: EgressPolicy, deadline: float) -> bytes:
+    if response.status_code != 200:
+        raise ImportFetchFailed(
+            f"{response.url.host} answered {response.status_code}",
+            {"status": response.status_code, "url": str(response.url)},
+        )
+    media_type = _media_type(response)
+    if media_type not in ALLOWED_CONTENT_TYPES:
+        raise ImportContentTypeRefused(
+            f"content type {media_type or 'none'!r} is not YAML, JSON or text",
+            {"content_type": media_type, "allowed": sorted(ALLOWED_CONTENT_TYPES)},
+        )
+    return _read_capped(response, policy, deadline)
 
 
 def fetch_url(
     raw_url: str,
-    policy: UrlPolicy,
+    policy: EgressPolicy,
     *,
     resolver: Resolver = resolve_host,
-    verify: ssl.SSLContext | bool = True,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> str:
-    """The text of the document at ``raw_url``, following allowed redirects by hand."""
+    """The text of the document at ``raw_url``; ``policy`` comes from ``import_policy``."""
     if not policy.allowed_hosts:
         raise ImportsDisabled("imports from URLs are disabled (no allowed hosts)", {})
     url = _parse(raw_url)
     _check_url(url, policy)
     deadline = time.monotonic() + policy.timeout_s
-    timeout = httpx.Timeout(policy.timeout_s)
-    with httpx.Client(
-        verify=verify, timeout=timeout, follow_redirects=False, trust_env=False
-    ) as client:
-        for _ in range(policy.max_redirects + 1):
-            address = _checked_address(url, policy, resolver)
-            try:
-                next_url, body = _get(client, url, address, policy, deadline)
-            except httpx.TimeoutException as exc:
-                raise ImportTimeout(
-                    f"the fetch took longer than {policy.timeout_s}s", {"url": str(url)}
-                ) from exc
-            except httpx.HTTPError as exc:
-                raise ImportFetchFailed(
-                    f"fetching {url.host} failed: {exc}", {"url": str(url)}
-                ) from exc
-            if next_url is None:
-                return _decode(body)
-            url = next_url
-    raise ImportRedirectRefused(
-        f"more than {policy.max_redirects} redirects", {"limit": policy.max_redirects}
-    )
+    accept = {"Accept": ", ".join(sorted(ALLOWED_CONTENT_TYPES))}
+    try:
+        with (
+            guarded_client(policy, resolver=resolver, ssl_context=ssl_context) as client,
+            client.stream("GET", url, headers=accept) as response,
+        ):
+            return _decode(_document(response, policy, deadline))
+    except EgressRedirectRefused as exc:
+        raise ImportRedirectRefused(exc.message, exc.details) from exc
+    except EgressAddressRefused as exc:
+        raise ImportAddressRefused(exc.message, exc.details) from exc
+    except httpx.TimeoutException as exc:
+        raise ImportTimeout(
+            f"the fetch took longer than {policy.timeout_s}s", {"url": str(url)}
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ImportFetchFailed(f"fetching {url.host} failed: {exc}", {"url": str(url)}) from exc
 
 
 def read_import_file(raw_path: str, import_dir: Path | None, max_bytes: int) -> str:

@@ -5,26 +5,38 @@ import hashlib
 import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.clock import utcnow
-from service.constants import SHARD_NONE
+from service.compensations import (
+    compensation_of,
+    failed_compensation_jobs,
+    record_compensations,
+)
+from service.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
 from service.db import driver
-from service.errors import IdempotencyConflict, InvalidCursor, JobConflict, JobNotFound
+from service.errors import (
+    IdempotencyConflict,
+    InvalidCursor,
+    JobConflict,
+    JobNotFound,
+    OpenJobsLimit,
+)
 from service.models import JobRow, StepRunRow
 from service.notices import validate_notify_url
 from service.pipelines import ResolvedPipeline, resolve_pipeline
 from service.profiles import Profile, resolve_params, validate_profile
+from service.rounds import rounds_of
 from service.settle import close_open_steps
-from service.snapshots import step_facts
-from service.states import JOB_FINAL, JobStatus, StepStatus
+from service.snapshots import job_profile, step_facts
+from service.states import JOB_FINAL, JOB_OPEN, JobStatus, StepStatus
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,16 @@ class JobRequest:
 
 
 @dataclass(frozen=True)
+class RoundView:
+    round: int
+    status: str
+    attempts: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
 class StepView:
     step_id: str
     status: str
@@ -49,12 +71,17 @@ class StepView:
     finished_at: datetime | None
     error: dict[str, Any] | None
     shards: dict[str, int] | None
+    round: int = 1
+    rounds: list[RoundView] = field(default_factory=list)
+    """Earlier rounds of a step in a loop, oldest first; the row itself is the current one."""
 
 
 @dataclass(frozen=True)
 class JobView:
     job: JobRow
     steps: list[StepView]
+    compensation: dict[str, Any] | None = None
+    """A saga's outcome: ``{status: running|completed|failed, steps: [...]}``."""
 
 
 def resolve_request(
@@ -62,7 +89,7 @@ def resolve_request(
     pipeline: str | Mapping[str, Any],
     *,
     owner: str,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> ResolvedPipeline:
     """A name resolves to the owner's saved pipeline, one shared with it, or a shipped profile,
@@ -90,12 +117,35 @@ def _request_hash(profile: Profile, params: Mapping[str, Any], request: JobReque
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def check_open_jobs(session: Session, owner: str, limit: int) -> None:
+    """Refuse a new job when ``owner`` already has ``limit`` open ones (0: no limit).
+
+    A cap, not a fence: two submissions at the same moment may both pass at ``limit - 1``;
+    the count reads at most ``limit`` entries of an index of open jobs, whatever the history.
+    """
+    if limit <= 0:
+        return
+    open_jobs = session.scalar(
+        select(func.count()).select_from(
+            select(JobRow.id)
+            .where(JobRow.owner == owner, JobRow.status.in_(sorted(JOB_OPEN)))
+            .limit(limit)
+            .subquery()
+        )
+    )
+    if open_jobs is not None and open_jobs >= limit:
+        raise OpenJobsLimit(
+            f"{owner} has {limit} jobs queued, running or waiting; the limit is {limit}",
+            {"limit": limit, "retry_after_s": OPEN_JOBS_RETRY_AFTER_S},
+        )
+
+
 def submit_job(
     session: Session,
     request: JobRequest,
     *,
     owner: str,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     known_actions: Collection[str],
     publish_now: bool = True,
 ) -> tuple[JobRow, bool]:
@@ -149,15 +199,7 @@ def submit_job(
         "schedule_id": request.schedule_id,
         "scheduled_for": request.scheduled_for,
     }
-    steps = [
-        {
-            "step_id": step.id,
-            "depends_on": list(step.depends_on),
-            "inputs_from": sorted(step_facts(profile, step.id)[0]),
-        }
-        for step in profile.steps
-    ]
-    if _insert(session, job, steps):
+    if insert_job(session, job, step_rows(profile)):
         return JobRow(**job), True
     raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
     if raced is None:
@@ -180,16 +222,37 @@ _INSERT_JOB = f"""
         ON CONFLICT (owner, idempotency_key) DO NOTHING
         RETURNING id
     ), new_steps AS (
-        INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on, inputs_from)
-        SELECT new_job.id, s.step_id, {SHARD_NONE}, 'pending', 0, s.depends_on, s.inputs_from
+        INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on,
+                               inputs_from, waiting_on, finished_at)
+        SELECT new_job.id, s.step_id, {SHARD_NONE}, s.status, 0, s.depends_on, s.inputs_from,
+               s.waiting_on, s.finished_at
           FROM new_job, jsonb_to_recordset(%(steps)s)
-               AS s(step_id text, depends_on text[], inputs_from text[])
+               AS s(step_id text, depends_on text[], inputs_from text[], status text,
+                    waiting_on int, finished_at timestamptz)
     )
     SELECT count(*) FROM new_job
     """
 
 
-def _insert(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+def step_rows(
+    profile: Profile, reused: Collection[str] = (), now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The step rows of a new job: ``reused`` steps (a rerun's) settled at ``now``, the rest
+    pending on as many upstream steps as are not reused."""
+    return [
+        {
+            "step_id": step.id,
+            "depends_on": list(step.depends_on),
+            "inputs_from": sorted(step_facts(profile, step.id).referenced),
+            "status": StepStatus.REUSED if step.id in reused else StepStatus.PENDING,
+            "waiting_on": len(set(step.depends_on) - set(reused)),
+            "finished_at": now.isoformat() if step.id in reused and now else None,
+        }
+        for step in profile.steps
+    ]
+
+
+def insert_job(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
     """The job and its steps in one constant statement; ``False`` if its idempotency key was
     taken first. ``ON CONFLICT`` waits for a concurrent holder of the key to commit or roll
     back, so a key is never stored twice and no savepoint is needed."""
@@ -234,6 +297,8 @@ def job_view(session: Session, job: JobRow) -> JobView:
     rows = session.scalars(
         select(StepRunRow).where(StepRunRow.job_id == job.id).order_by(StepRunRow.id)
     ).all()
+    profile = job_profile(job)
+    past = rounds_of(session, job.id) if profile.loops else {}
     shards: dict[str, dict[str, int]] = {}
     for row in rows:
         if row.shard != SHARD_NONE:
@@ -249,11 +314,18 @@ def job_view(session: Session, job: JobRow) -> JobView:
             finished_at=row.finished_at,
             error=row.error,
             shards=shards.get(row.step_id),
+            round=row.round,
+            rounds=[
+                RoundView(r.round, r.status, r.attempts, r.started_at, r.finished_at, r.error)
+                for r in past.get(row.step_id, [])
+            ],
         )
         for row in rows
         if row.shard == SHARD_NONE
     ]
-    return JobView(job=job, steps=steps)
+    undoable = any(step.compensate is not None for step in profile.steps)
+    compensation = compensation_of(session, job.id) if undoable else None
+    return JobView(job=job, steps=steps, compensation=compensation)
 
 
 def new_job_view(job: JobRow, profile: Profile) -> JobView:
@@ -286,9 +358,13 @@ def list_jobs(
     statuses: Sequence[str] = (),
     limit: int,
     cursor: str | None = None,
+    compensation_failed: bool = False,
 ) -> tuple[list[JobRow], str | None]:
-    """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts."""
+    """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts.
+    ``compensation_failed`` keeps the jobs a compensation failed for good in: an operator's."""
     query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit + 1)
+    if compensation_failed:
+        query = query.where(failed_compensation_jobs())
     if owner is not None:
         query = query.where(JobRow.owner == owner)
     if pipeline:
@@ -332,4 +408,7 @@ def cancel_job(
     job.finished_at = now
     job.error = {"code": "cancelled", "message": "cancelled on request", "details": {}}
     close_open_steps(session, job_id, StepStatus.CANCELLED, now)
+    profile = job_profile(job)
+    if profile.on_cancel == "compensate":
+        record_compensations(session, job, profile, now)
     return job, [task_id for task_id in running if task_id]

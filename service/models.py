@@ -55,6 +55,11 @@ class JobRow(Base):
         Index(None, "pipeline", "created_at"),
         Index(None, "status", "created_at"),
         Index(None, "created_at", "id"),
+        Index(
+            "ix_jobs_open_by_owner",
+            "owner",
+            postgresql_where=text("status IN ('queued', 'running', 'awaiting_approval')"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
@@ -92,6 +97,8 @@ class JobRow(Base):
         UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="SET NULL"), index=True
     )
     scheduled_for: Mapped[datetime | None]
+    trigger_data: Mapped[dict[str, Any] | None]
+    """For a job a dependency trigger started: the upstream ``job_id`` and ``result``."""
 
 
 OPEN_SHARD_PREDICATE = "shard >= 0 AND status IN ('pending', 'retrying', 'running')"
@@ -102,6 +109,10 @@ class StepRunRow(Base):
 
     ``ix_step_runs_open_shards`` holds only shards still to run, so a lane finds the next one
     without walking past every finished shard of a fan-out thousands of items wide.
+
+    ``waiting_on`` counts the upstream steps not yet settled. Each upstream step takes one off
+    as it settles, under the row lock of the UPDATE, so exactly one of several parents that
+    settle at once sees it reach zero and sends the step: no parent misses it, none sends twice.
     """
 
     __tablename__ = "step_runs"
@@ -131,6 +142,8 @@ class StepRunRow(Base):
     item: Mapped[Any] = mapped_column(JSONB, nullable=True)
     depends_on: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
     inputs_from: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
+    waiting_on: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    round: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     error: Mapped[dict[str, Any] | None]
@@ -164,18 +177,96 @@ class ResultItemRow(Base):
 
 
 class JobEventRow(Base):
-    """Something a job's owner may be told about: new items found, a notice sent or given up."""
+    """One entry of a job's event log: a state change, fan-out progress, new items, a notice.
+
+    State changes are written by the triggers of migration 0011, which also number every event
+    (``seq``, per job, in commit order) when its transaction commits; code that appends an event
+    itself leaves ``seq`` empty for them. No foreign key: the migration says why, and a trigger
+    deletes a job's log with the job.
+    """
 
     __tablename__ = "job_events"
-    __table_args__ = (Index(None, "job_id", "id"),)
+    __table_args__ = (UniqueConstraint("job_id", "seq"), Index(None, "created_at"))
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    job_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE")
-    )
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    seq: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(32))
+    step_id: Mapped[str | None] = mapped_column(String(64))
     data: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class JobEventSeqRow(Base):
+    """The last event number of a job, locked by each committing transaction that adds one."""
+
+    __tablename__ = "job_event_seqs"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+
+
+class StepRoundRow(Base):
+    """A finished round of a step in a loop, kept when the next round starts over its row."""
+
+    __tablename__ = "step_rounds"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(24))
+    attempts: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    error: Mapped[dict[str, Any] | None]
+    output: Mapped[Any] = mapped_column(JSONB, nullable=True)
+
+
+class CompensationRow(Base):
+    """The undoing of one succeeded step of a failed or cancelled job. ``seq`` orders them by
+    reverse completion; only the first unfinished one may run, so they run one at a time."""
+
+    __tablename__ = "compensations"
+    __table_args__ = (Index(None, "status", "due_at"),)
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(24))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None]
+    due_at: Mapped[datetime]
+    """When it became ready to run (again): the sweeper re-sends one left pending past it."""
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    error: Mapped[dict[str, Any] | None]
+
+
+class ApprovalRow(Base):
+    """The decision on a gated step of a job: asked for when the job reached it, then given by
+    a person, or by the elected beat replica when it times out."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (Index(None, "status", "due_at"),)
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(24))
+    on_timeout: Mapped[str] = mapped_column(String(24))
+    requested_at: Mapped[datetime]
+    due_at: Mapped[datetime]
+    escalated_at: Mapped[datetime | None]
+    decided_at: Mapped[datetime | None]
+    decided_by: Mapped[str | None] = mapped_column(String(128))
+    comment: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[Any] = mapped_column(JSONB, nullable=True)
 
 
 class PipelineRow(Base):
@@ -237,6 +328,8 @@ class ScheduleRow(Base):
     buffered_fire_at: Mapped[datetime | None]
     last_fire_at: Mapped[datetime | None]
     last_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    run_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    """Runs this schedule created; its fire records are pruned, the count is not."""
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
@@ -257,4 +350,72 @@ class ScheduleFireRow(Base):
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
     )
     outcome: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class HookRow(Base):
+    """A webhook: deliveries signed with ``secret`` start jobs of ``pipeline`` as ``owner``,
+    with params mapped from the delivery's body. The secret is kept to check signatures with,
+    and shown only when it is set."""
+
+    __tablename__ = "hooks"
+    __table_args__ = (UniqueConstraint("name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(128))
+    pipeline: Mapped[str] = mapped_column(String(200))
+    params: Mapped[dict[str, Any]]
+    secret: Mapped[str] = mapped_column(String(128))
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class HookDeliveryRow(Base):
+    """A delivery a hook accepted: its id fences a replay, which gets the first job back."""
+
+    __tablename__ = "hook_deliveries"
+    __table_args__ = (Index(None, "received_at"),)
+
+    hook_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("hooks.id", ondelete="CASCADE"), primary_key=True
+    )
+    delivery_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
+    )
+    received_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class PipelineTriggerRow(Base):
+    """``downstream`` (a saved pipeline of ``owner``) starts when ``owner``'s job of
+    ``upstream`` succeeds: the ``on.succeeded`` of its current version."""
+
+    __tablename__ = "pipeline_triggers"
+
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    upstream: Mapped[str] = mapped_column(String(64), primary_key=True)
+    downstream: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+class DependencyQueueRow(Base):
+    """A success some pipeline waits for, queued by a trigger with the success itself."""
+
+    __tablename__ = "dependency_queue"
+
+    upstream_job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    queued_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class DependencyFireRow(Base):
+    """The fence: one downstream job per (upstream job, downstream pipeline)."""
+
+    __tablename__ = "dependency_fires"
+
+    upstream_job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    downstream: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
+    )
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from service.db import unit_of_work
 from service.diffs import DiffCounts, DiffKind, diff_page
-from service.errors import NotifyUrlInvalid
+from service.egress import EgressPolicy, guarded_client
+from service.errors import EgressRefused, NotifyUrlInvalid
 from service.models import JobEventRow, JobRow
 from service.settings import Settings
 
@@ -108,17 +109,32 @@ class Delivery:
     ok: bool
     retryable: bool
     detail: str
+    code: str | None = None
+    """The egress policy's refusal code, when it refused the URL."""
+
+    def event_data(self, **data: Any) -> dict[str, Any]:
+        coded = {} if self.code is None else {"code": self.code}
+        return {**data, "detail": self.detail, **coded}
 
 
-def deliver(notice: Notice, secret: bytes, timestamp: str, timeout_s: float) -> Delivery:
-    """One POST, no redirects: 2xx is delivered, 5xx/429/timeouts may succeed later."""
+def notice_policy(settings: Settings, kind: str) -> EgressPolicy:
+    """The egress policy of ``kind`` (``notice``, ``escalation``), with the notice timeout."""
+    return replace(EgressPolicy.from_settings(settings, kind), timeout_s=settings.notify_timeout_s)
+
+
+def deliver(notice: Notice, secret: bytes, timestamp: str, policy: EgressPolicy) -> Delivery:
+    """One POST, no redirects, through the egress policy: 2xx is delivered, 5xx/429/timeouts
+    may succeed later, a refused URL or address never will."""
     headers = {
         "Content-Type": "application/json",
         TIMESTAMP_HEADER: timestamp,
         SIGNATURE_HEADER: sign(secret, timestamp, notice.body),
     }
     try:
-        response = httpx.post(notice.url, content=notice.body, headers=headers, timeout=timeout_s)
+        with guarded_client(policy, follow_redirects=False) as client:
+            response = client.post(notice.url, content=notice.body, headers=headers)
+    except EgressRefused as exc:
+        return Delivery(ok=False, retryable=False, detail=exc.message, code=exc.code)
     except httpx.HTTPError as exc:
         return Delivery(ok=False, retryable=True, detail=f"{type(exc).__name__}: {exc}")
     status = response.status_code
@@ -144,16 +160,42 @@ def send_notice(
         notice = build_notice(session, job_id, settings.notify_items_max)
     if notice is None:
         return None
+    return try_delivery(
+        sessions,
+        settings,
+        job_id,
+        notice,
+        sender="notice",
+        kinds=("notified", "notify_failed"),
+        attempt=attempt,
+        now_s=now_s,
+    )
+
+
+def try_delivery(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    job_id: uuid.UUID,
+    notice: Notice,
+    *,
+    sender: str,
+    kinds: tuple[str, str],
+    attempt: int,
+    now_s: float,
+    **event: Any,
+) -> float | None:
+    """One signed delivery of any notice (new items, an escalation): the delay before the next
+    attempt, or ``None`` once delivered or given up, recorded as ``kinds`` (ok, failed)."""
     if settings.webhook_secret is None:
         outcome = Delivery(ok=False, retryable=False, detail="FLOWBEAT_WEBHOOK_SECRET is not set")
     else:
         secret = settings.webhook_secret.get_secret_value().encode()
-        outcome = deliver(notice, secret, str(int(now_s)), settings.notify_timeout_s)
+        outcome = deliver(notice, secret, str(int(now_s)), notice_policy(settings, sender))
     if not outcome.ok and outcome.retryable and attempt < settings.notify_max_attempts:
         return float(settings.notify_backoff_s * 2 ** (attempt - 1))
-    kind = "notified" if outcome.ok else "notify_failed"
+    kind = kinds[0] if outcome.ok else kinds[1]
     with unit_of_work(sessions) as session:
-        record_event(session, job_id, kind, {"attempts": attempt, "detail": outcome.detail})
+        record_event(session, job_id, kind, outcome.event_data(**event, attempts=attempt))
     return None
 
 

@@ -1,9 +1,10 @@
 """Saved pipelines: versioned profiles in PostgreSQL, owned by one owner, shareable read-only.
 
-Shipped profiles (the files in ``profiles_dir``) appear as read-only pipelines of the owner
-``system``; their names cannot be saved over, so a name that runs a shipped profile today keeps
-doing so. A saved name resolves, for a caller, to the caller's own pipeline, then to one shared
-with the caller, then to a shipped profile. Functions flush; the caller commits.
+Profile files (the shipped ones, and an operator's in ``FLOWBEAT_PROFILES_DIR``) appear as
+read-only pipelines of the owner ``system``; their names cannot be saved over, so a name that
+runs a profile file today keeps doing so. A saved name resolves, for a caller, to the caller's own
+pipeline, then to one shared with the caller, then to a profile file. Functions flush; the caller
+commits.
 """
 
 import re
@@ -30,13 +31,14 @@ from service.errors import (
 from service.models import JobRow, PipelineRow, PipelineVersionRow, ScheduleRow
 from service.profiles import (
     NAME_PATTERN,
-    PROFILE_SUFFIXES,
     Profile,
     find_profile,
     list_profiles,
     load_profile_text,
+    profile_file_exists,
     validate_profile,
 )
+from service.triggers import forget_triggers, record_triggers
 
 SYSTEM_OWNER = "system"
 MAX_OWNER_LENGTH = 128
@@ -106,17 +108,17 @@ def _check_name(name: str) -> None:
         )
 
 
-def _shipped(profiles_dir: Path, name: str) -> Profile | None:
+def _shipped(profiles_dir: Path | None, name: str) -> Profile | None:
     try:
         return find_profile(profiles_dir, name)
     except ProfileNotFound:
         return None
 
 
-def _refuse_shipped_name(profiles_dir: Path, name: str) -> None:
-    if any((profiles_dir / f"{name}{suffix}").is_file() for suffix in PROFILE_SUFFIXES):
+def _refuse_shipped_name(profiles_dir: Path | None, name: str) -> None:
+    if profile_file_exists(profiles_dir, name):
         raise PipelineReadOnly(
-            f"{name!r} is a shipped profile and cannot be changed",
+            f"{name!r} is a profile file (shipped or the operator's) and cannot be changed",
             {"name": name, "owner": SYSTEM_OWNER},
         )
 
@@ -136,7 +138,7 @@ def save_pipeline(
     owner: str,
     name: str | None,
     body: str | Mapping[str, Any],
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     known_actions: Collection[str],
     now: datetime | None = None,
 ) -> SaveOutcome:
@@ -154,6 +156,7 @@ def save_pipeline(
             {"name": name, "profile_name": profile.name},
         )
     _refuse_shipped_name(profiles_dir, profile.name)
+    record_triggers(session, owner, profile)
     now = now or utcnow()
     content_hash = profile.content_hash()
     session.execute(
@@ -319,7 +322,7 @@ def get_pipeline(
     name: str,
     *,
     viewer: str,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     owner: str | None = None,
     version: int | None = None,
     admin: bool = False,
@@ -395,7 +398,7 @@ def list_pipelines(
     session: Session,
     *,
     viewer: str,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     tag: str | None = None,
     admin: bool = False,
 ) -> list[PipelineView]:
@@ -432,7 +435,13 @@ def list_pipelines(
 
 
 def _owned_row(
-    session: Session, name: str, *, viewer: str, owner: str | None, admin: bool, profiles_dir: Path
+    session: Session,
+    name: str,
+    *,
+    viewer: str,
+    owner: str | None,
+    admin: bool,
+    profiles_dir: Path | None,
 ) -> PipelineRow:
     """The row the caller may change: its own, or with ``owner`` any owner's for admins."""
     _check_name(name)
@@ -459,25 +468,29 @@ def delete_pipeline(
     name: str,
     *,
     viewer: str,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     owner: str | None = None,
     admin: bool = False,
     purge_history: bool = False,
 ) -> int:
     """Delete a pipeline with its versions (and whatever cascades from it, e.g. a schedule).
-    Its jobs stay as history unless ``purge_history``. Returns the number of jobs deleted."""
+    Its jobs stay as history unless ``purge_history``, which deletes the owner's own runs only:
+    the runs of those it was shared with are theirs. Returns the number of jobs deleted."""
     row = _owned_row(
         session, name, viewer=viewer, owner=owner, admin=admin, profiles_dir=profiles_dir
     )
     purged = 0
     if purge_history:
         deleted = session.scalars(
-            delete(JobRow).where(JobRow.pipeline_id == row.id).returning(JobRow.id)
+            delete(JobRow)
+            .where(JobRow.pipeline_id == row.id, JobRow.owner == row.owner)
+            .returning(JobRow.id)
         )
         purged = len(deleted.all())
     session.execute(
         delete(ScheduleRow).where(ScheduleRow.owner == row.owner, ScheduleRow.pipeline == row.name)
     )
+    forget_triggers(session, row.owner, row.name)
     session.delete(row)
     session.flush()
     return purged
@@ -497,7 +510,7 @@ def set_share(
     *,
     shared: bool,
     viewer: str,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     owner: str | None = None,
     admin: bool = False,
 ) -> list[str]:
@@ -523,7 +536,7 @@ def resolve_pipeline(
     name: str,
     *,
     owner: str,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> ResolvedPipeline:
     """What a job named ``name`` submitted by ``owner`` runs: its own saved pipeline, one shared

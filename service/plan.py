@@ -1,10 +1,13 @@
-"""What is left to run of a job, as layers of steps: the shape the task layer turns into a canvas.
+"""What of a job can be sent now: the steps whose upstream is settled and that are not.
 
-Used for the first dispatch and again by the sweeper, so a job whose messages were lost is
-re-published from what PostgreSQL says is unfinished, never from what the broker remembers.
+A job's first message carries its root steps; from then on each step that settles sends the
+steps it was the last upstream of (``steps.release_children``), so a step starts as soon as its
+own upstream is done, whatever else runs. The same frontier, read from PostgreSQL, is what the
+sweeper re-publishes when the broker lost messages, never what the broker remembers.
 """
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -28,26 +31,53 @@ class StepPlan:
 @dataclass(frozen=True)
 class JobPlan:
     job_id: uuid.UUID
-    layers: list[list[StepPlan]] = field(default_factory=list)
+    steps: list[StepPlan] = field(default_factory=list)
+    compensate: bool = False
+    """The job ended with compensations to run (a saga): send the task that runs them."""
+    pipeline: str | None = field(default=None, compare=False)
+    """The job's pipeline, for the names its messages show in Flower and worker logs only; a
+    label, so two plans of the same steps are equal with or without it."""
+
+
+def steps_plan(profile: Profile, job_id: uuid.UUID, step_ids: Iterable[str]) -> JobPlan:
+    """Messages for steps that have just become ready, in profile order."""
+    wanted = set(step_ids)
+    return JobPlan(
+        job_id=job_id,
+        steps=[StepPlan(s.id, s.timeout_s) for s in profile.steps if s.id in wanted],
+        pipeline=profile.name,
+    )
+
+
+def initial_plan(profile: Profile, job_id: uuid.UUID) -> JobPlan:
+    """The root steps of a job that has not started yet."""
+    return steps_plan(profile, job_id, (s.id for s in profile.steps if not s.depends_on))
 
 
 def plan_remaining(profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow]) -> JobPlan:
-    """Unsettled steps in dependency layers; a fanned-out step carries its unsettled shards."""
-    steps = {row.step_id: row for row in rows if row.shard == SHARD_NONE}
+    """Unsettled steps with a settled upstream, but for those parked at their gate; a fanned-out
+    step carries its open shards."""
     open_shards: dict[str, list[int]] = {}
     for row in rows:
         if row.shard != SHARD_NONE and row.status not in STEP_FINAL:
             open_shards.setdefault(row.step_id, []).append(row.shard)
-    layers: list[list[StepPlan]] = []
-    for layer in profile.layers():
-        planned = [
-            _plan_step(profile, step_id, steps[step_id], sorted(open_shards.get(step_id, [])))
-            for step_id in layer
-            if steps[step_id].status not in STEP_FINAL
-        ]
-        if planned:
-            layers.append(planned)
-    return JobPlan(job_id=job_id, layers=layers)
+    ready = {
+        row.step_id: row
+        for row in rows
+        if row.shard == SHARD_NONE
+        and row.status not in STEP_FINAL
+        and row.status != StepStatus.AWAITING_APPROVAL
+        and row.waiting_on == 0
+    }
+    return JobPlan(
+        job_id=job_id,
+        steps=[
+            _plan_step(profile, s.id, ready[s.id], sorted(open_shards.get(s.id, [])))
+            for s in profile.steps
+            if s.id in ready
+        ],
+        pipeline=profile.name,
+    )
 
 
 def _plan_step(profile: Profile, step_id: str, row: StepRunRow, shards: list[int]) -> StepPlan:
@@ -64,15 +94,6 @@ def _plan_step(profile: Profile, step_id: str, row: StepRunRow, shards: list[int
         shards=shards,
         max_parallel=spec.for_each.max_parallel,
     )
-
-
-def initial_plan(profile: Profile, job_id: uuid.UUID) -> JobPlan:
-    """Every step of a job that has not started yet."""
-    layers = [
-        [StepPlan(step_id=step_id, timeout_s=profile.step(step_id).timeout_s) for step_id in layer]
-        for layer in profile.layers()
-    ]
-    return JobPlan(job_id=job_id, layers=layers)
 
 
 def load_plan(session: Session, job_id: uuid.UUID) -> JobPlan | None:

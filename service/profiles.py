@@ -9,6 +9,7 @@ pass; the semantic phase only runs on a schema-valid document, since it needs we
 import copy
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -17,14 +18,18 @@ import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
+from urllib.parse import urlsplit
 
 import yaml
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
@@ -32,6 +37,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from service import dag
+from service.conditions import Condition, parse_condition
+from service.constants import SHIPPED_DIR
 from service.cron import ScheduleSpec, normalize
 from service.errors import (
     ExpressionError,
@@ -41,16 +48,27 @@ from service.errors import (
     ProfileNotFound,
 )
 from service.expressions import Ref, parse_path, parse_refs, whole_ref
+from service.yamlsafe import YamlLimitExceeded, load_yaml
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 MAX_PROFILE_BYTES = 256 * 1024
 MAX_DOCUMENT_NODES = 100_000
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "profiles" / "profile.schema.json"
+log = logging.getLogger(__name__)
+SCHEMA_PATH = SHIPPED_DIR / "profile.schema.json"
 PROFILE_SUFFIXES = (".yaml", ".yml")
 
 ParamType = Literal["string", "integer", "number", "boolean", "array", "object"]
 ErrorEntry = dict[str, Any]
+
+VERIFY_ROOTS = frozenset({"output", "params"})
+WHEN_ROOTS = frozenset({"params", "steps", "approval"})
+UNTIL_ROOTS = frozenset({"params", "steps", "loop"})
+"""A verify ``expr`` checks the step's own output, so it names ``output`` (and params), never
+another step."""
+RULE_KINDS = ("not_empty", "min_items", "max_items", "json_schema", "expr")
+MAX_VERIFY_RULES = 50
+_OWN_ERROR_CODES = frozenset({"bad_reference", "condition_invalid", "json_schema_invalid"})
 
 
 def json_type_ok(kind: ParamType, value: Any) -> bool:
@@ -129,8 +147,165 @@ class ForEach(BaseModel):
         return ref
 
 
+class ApprovalSpec(BaseModel):
+    """A person decides before the step runs; ``on_timeout`` says what happens without one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    required: bool = True
+    timeout_s: int = Field(default=86400, ge=1, le=90 * 86400)
+    on_timeout: Literal["escalate", "auto_reject", "auto_approve"] = "auto_reject"
+    escalate_after_s: int = Field(default=86400, ge=1, le=90 * 86400)
+    escalate_to: str | None = Field(
+        default=None, description="http(s) URL that receives a signed notice on escalation"
+    )
+
+    @field_validator("escalate_to")
+    @classmethod
+    def _escalate_to_is_a_url(cls, value: str | None) -> str | None:
+        """Its address is checked again by the egress policy when the notice is sent."""
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
+                raise ValueError("an http(s) URL with a host and no credentials")
+        return value
+
+
+class ItemCount(BaseModel):
+    """The list at ``path`` in the output (``""``: the output itself) and a bound on its length."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = ""
+    count: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _is_path(cls, value: str) -> str:
+        dotted_path(value)
+        return value
+
+
+def _local_refs_only(schema: Any) -> None:
+    """A ``$ref`` to anything but the schema itself would be fetched or fail on every run; the
+    validator is given no way to fetch, and this says so when the profile is loaded."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in ("$ref", "$dynamicRef"):
+                target = node.get(key)
+                if isinstance(target, str) and not target.startswith("#"):
+                    raise PydanticCustomError(
+                        "json_schema_invalid",
+                        "{key} {target!r}: a schema may only refer within itself ('#...')",
+                        {"key": key, "target": target},
+                    )
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _one_rule_schema(schema: dict[str, Any]) -> None:
+    """In the JSON Schema a rule key is never null and exactly one is present; ``None`` is only
+    how the model spells "not this kind"."""
+    for kind in RULE_KINDS:
+        prop = schema["properties"][kind]
+        prop.pop("default", None)
+        prop.update(next(option for option in prop.pop("anyOf") if option != {"type": "null"}))
+    schema["oneOf"] = [{"required": [kind]} for kind in RULE_KINDS]
+
+
+def _never_null(value: Any) -> bool:
+    return value is None
+
+
+# One model with optional keys rather than a union of models: a mistake is then reported at
+# ``verify[i].<key>``, not under a union member's name, and the stored form holds only the key set.
+class VerifyRule(BaseModel):
+    """One check of a step's output: exactly one of not_empty, min_items, max_items,
+    json_schema or expr; a failed check fails the attempt with ``verification_failed``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_rule_schema)
+    _condition: Condition | None = PrivateAttr(default=None)
+
+    not_empty: str | None = Field(default=None, exclude_if=_never_null)
+    min_items: ItemCount | None = Field(default=None, exclude_if=_never_null)
+    max_items: ItemCount | None = Field(default=None, exclude_if=_never_null)
+    json_schema: dict[str, Any] | None = Field(default=None, exclude_if=_never_null)
+    expr: str | None = Field(default=None, exclude_if=_never_null)
+    message: str = ""
+    retry: bool = True
+
+    @field_validator("not_empty")
+    @classmethod
+    def _not_empty_is_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            dotted_path(value)
+        return value
+
+    @field_validator("json_schema")
+    @classmethod
+    def _is_json_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        try:
+            validator_for(value).check_schema(value)
+        except SchemaError as exc:
+            raise PydanticCustomError(
+                "json_schema_invalid", "not a valid JSON Schema: {reason}", {"reason": exc.message}
+            ) from None
+        _local_refs_only(value)
+        return value
+
+    @field_validator("expr")
+    @classmethod
+    def _is_condition(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_condition(value, roots=VERIFY_ROOTS)
+            except ExpressionError as exc:
+                raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "VerifyRule":
+        found = [kind for kind in RULE_KINDS if getattr(self, kind) is not None]
+        if len(found) != 1:
+            raise PydanticCustomError(
+                "verify_rule",
+                "a verify rule has exactly one of {kinds}; found {found}",
+                {"kinds": ", ".join(RULE_KINDS), "found": " and ".join(found) or "none"},
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in RULE_KINDS if getattr(self, kind) is not None)
+
+    @property
+    def condition(self) -> Condition:
+        """The parsed ``expr``; only for an ``expr`` rule."""
+        if self._condition is None:
+            assert self.expr is not None
+            self._condition = parse_condition(self.expr, roots=VERIFY_ROOTS)
+        return self._condition
+
+
+class CompensateSpec(BaseModel):
+    """What undoes a succeeded step when a later one fails for good (a saga)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    action: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    timeout_s: int = Field(default=300, ge=1, le=86400)
+
+
 class StepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    _condition: Condition | None = PrivateAttr(default=None)
 
     id: str = Field(pattern=STEP_ID_PATTERN)
     action: str
@@ -139,7 +314,41 @@ class StepSpec(BaseModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout_s: int = Field(default=300, ge=1, le=86400)
     for_each: ForEach | None = None
+    when: str | None = Field(default=None, exclude_if=_never_null)
+    needs: Literal["all", "any"] = Field(default="all", exclude_if=lambda needs: needs == "all")
+    approval: ApprovalSpec | None = Field(default=None, exclude_if=lambda gate: gate is None)
+    compensate: CompensateSpec | None = Field(default=None, exclude_if=lambda undo: undo is None)
+    verify: list[VerifyRule] = Field(
+        default_factory=list, max_length=MAX_VERIFY_RULES, exclude_if=lambda rules: not rules
+    )
     description: str = ""
+
+    @field_validator("when")
+    @classmethod
+    def _when_is_condition(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_condition(value, roots=WHEN_ROOTS)
+            except ExpressionError as exc:
+                raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+    @property
+    def condition(self) -> Condition | None:
+        """The parsed ``when``: the step runs only if it holds, else it is skipped."""
+        if self._condition is None and self.when is not None:
+            self._condition = parse_condition(self.when, roots=WHEN_ROOTS)
+        return self._condition
+
+
+def dotted_path(value: str) -> tuple[str | int, ...]:
+    """``"a.b[0]"`` as segments; ``""`` is the whole value. Raises ``ValueError``."""
+    if not value:
+        return ()
+    try:
+        return parse_path("." + value)
+    except ExpressionError:
+        raise ValueError(f"not a dotted path: {value!r}") from None
 
 
 class ResultSpec(BaseModel):
@@ -152,12 +361,51 @@ class ResultSpec(BaseModel):
     @field_validator("items")
     @classmethod
     def _items_is_path(cls, value: str) -> str:
-        if value:
-            try:
-                parse_path("." + value)
-            except ExpressionError:
-                raise ValueError(f"not a dotted path: {value!r}") from None
+        dotted_path(value)
         return value
+
+
+class OnSpec(BaseModel):
+    """Dependency triggers: a job of this pipeline starts when a job of one of these succeeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    succeeded: list[Annotated[str, StringConstraints(pattern=NAME_PATTERN)]] = Field(
+        min_length=1, max_length=20
+    )
+
+
+class LoopSpec(BaseModel):
+    """Steps run again, round after round, until ``until`` holds after the loop's last step."""
+
+    model_config = ConfigDict(extra="forbid")
+    _condition: Condition | None = PrivateAttr(default=None)
+
+    steps: list[str] = Field(min_length=1, max_length=50)
+    until: str
+    max_rounds: int = Field(default=3, ge=1, le=100)
+    on_exhausted: Literal["fail", "continue", "escalate"] = "fail"
+    decision_timeout_s: int = Field(
+        default=86400,
+        ge=1,
+        le=90 * 86400,
+        description="escalate: how long a person has to let the loop end (else it fails)",
+    )
+
+    @field_validator("until")
+    @classmethod
+    def _until_is_condition(cls, value: str) -> str:
+        try:
+            parse_condition(value, roots=UNTIL_ROOTS)
+        except ExpressionError as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+    @property
+    def condition(self) -> Condition:
+        if self._condition is None:
+            self._condition = parse_condition(self.until, roots=UNTIL_ROOTS)
+        return self._condition
 
 
 class Profile(BaseModel):
@@ -173,6 +421,11 @@ class Profile(BaseModel):
     result: ResultSpec | None = None
     failure_policy: Literal["fail_fast", "best_effort"] = "fail_fast"
     schedule: ScheduleSpec | None = None
+    loops: list[LoopSpec] = Field(default_factory=list, exclude_if=lambda loops: not loops)
+    on_cancel: Literal["compensate", "leave"] = Field(
+        default="compensate", exclude_if=lambda choice: choice == "compensate"
+    )
+    on: OnSpec | None = Field(default=None, exclude_if=lambda spec: spec is None)
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:
@@ -185,6 +438,14 @@ class Profile(BaseModel):
 
     def layers(self) -> list[list[str]]:
         return dag.topological_layers(self.deps())
+
+    def loop_of(self, step_id: str) -> LoopSpec | None:
+        return next((loop for loop in self.loops if step_id in loop.steps), None)
+
+    def loop_last(self, loop: LoopSpec) -> str:
+        """The one step of the loop that no other step of it depends on (validated)."""
+        inside = set(loop.steps)
+        return next(s for s in loop.steps if not any(s in self.step(o).depends_on for o in inside))
 
     def __eq__(self, other: object) -> bool:
         """Equal by content; the cached hash and JSON form are not part of a profile."""
@@ -243,7 +504,7 @@ def _schema_errors(data: Mapping[str, Any], exc: ValidationError) -> list[ErrorE
             raw = raw_steps[loc[1]] if isinstance(raw_steps, list) else None
             step_id = raw.get("id") if isinstance(raw, dict) else None
             step = step_id if isinstance(step_id, str) else None
-        code = "bad_reference" if err["type"] == "bad_reference" else "schema"
+        code = err["type"] if err["type"] in _OWN_ERROR_CODES else "schema"
         errors.append(_error(code, err["msg"], _loc_to_field(loc), step))
     return errors
 
@@ -262,6 +523,16 @@ def _step_structure_errors(
                 )
             )
         seen.add(step.id)
+        undo = step.compensate
+        if known_actions is not None and undo is not None and undo.action not in known_actions:
+            errors.append(
+                _error(
+                    "unknown_action",
+                    f"unknown action {undo.action!r}",
+                    f"steps[{i}].compensate.action",
+                    step.id,
+                )
+            )
         if known_actions is not None and step.action not in known_actions:
             errors.append(
                 _error(
@@ -289,6 +560,75 @@ def _known_deps(profile: Profile) -> dict[str, list[str]]:
     return deps
 
 
+def _loop_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[ErrorEntry]:
+    errors: list[ErrorEntry] = []
+    seen: set[str] = set()
+    for i, loop in enumerate(profile.loops):
+        field = f"loops[{i}].steps"
+        unknown = [s for s in loop.steps if s not in deps]
+        twice = [s for s in loop.steps if s in seen]
+        seen |= set(loop.steps)
+        if unknown or twice:
+            problem = f"unknown steps {unknown}" if unknown else f"steps in two loops: {twice}"
+            errors.append(_error("loop_invalid", problem, field))
+            continue
+        errors += [_error("loop_invalid", p, field) for p in _loop_shape(profile, deps, loop)]
+        errors += _until_errors(profile, deps, loop, i)
+    return errors
+
+
+def _loop_shape(profile: Profile, deps: Mapping[str, list[str]], loop: LoopSpec) -> Iterator[str]:
+    """A loop is a piece of the DAG that can run again as a whole: nothing outside it lies
+    between two of its steps, one step ends each round, and only that step has dependents
+    outside it (they run once the loop is over)."""
+    inside = set(loop.steps)
+    between = {
+        s
+        for s in deps
+        if s not in inside
+        and dag.ancestors(deps, s) & inside
+        and any(s in dag.ancestors(deps, t) for t in inside)
+    }
+    if between:
+        yield f"steps {sorted(between)} lie between steps of the loop; add them to it"
+    lasts = [s for s in loop.steps if not any(s in deps[o] for o in inside)]
+    if len(lasts) != 1:
+        yield f"a loop ends with exactly one step, found {sorted(lasts)}"
+    leaving = sorted(
+        s
+        for s in loop.steps
+        if s not in lasts and any(s in deps[o] for o in deps if o not in inside)
+    )
+    if leaving:
+        yield f"only the loop's last step may have dependents outside it, not {leaving}"
+    gated = sorted(s for s in loop.steps if profile.step(s).approval is not None)
+    if gated:
+        yield f"approval gates cannot be inside a loop: {gated}"
+
+
+def _until_errors(
+    profile: Profile, deps: Mapping[str, list[str]], loop: LoopSpec, index: int
+) -> list[ErrorEntry]:
+    inside = set(loop.steps)
+    readable = inside | set().union(*(dag.ancestors(deps, s) for s in inside))
+    errors = []
+    for ref in loop.condition.refs():
+        problem = None
+        if ref.root == "params" and ref.name not in profile.params:
+            problem = f"{ref} refers to undeclared param {ref.name!r}"
+        if ref.root == "steps" and ref.name not in readable:
+            problem = f"{ref}: only the loop's steps and their upstream can be read"
+        if problem is not None:
+            errors.append(_error("bad_reference", problem, f"loops[{index}].until"))
+    return errors
+
+
+def _trigger_errors(profile: Profile) -> list[ErrorEntry]:
+    if profile.on is not None and profile.name in profile.on.succeeded:
+        return [_error("trigger_cycle", "a pipeline cannot start on its own success", "on")]
+    return []
+
+
 def _cycle_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[ErrorEntry]:
     cycle = dag.find_cycle(deps)
     if cycle is None:
@@ -305,30 +645,64 @@ def _cycle_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[Error
 
 
 def _ref_problem(
-    ref: Ref, step: StepSpec, params: Collection[str], upstream: Collection[str], in_with: bool
+    ref: Ref,
+    step: StepSpec,
+    params: Collection[str],
+    upstream: Collection[str],
+    in_with: bool,
+    gated: Collection[str] = (),
+    loop: Collection[str] = (),
+    own_output: bool = False,
 ) -> str | None:
     if ref.root == "params" and ref.name not in params:
         return f"{ref} refers to undeclared param {ref.name!r}"
+    if ref.root == "steps" and ref.name == step.id and own_output:
+        return None
     if ref.root == "steps" and ref.name == step.id:
         return f"{ref}: a step cannot reference its own output"
     if ref.root == "steps" and ref.name not in upstream:
         return f"{ref}: step {step.id!r} must depend on {ref.name!r} (directly or transitively)"
     if ref.root == "item" and not (in_with and step.for_each is not None):
         return f"{ref}: 'item' is only defined in the 'with' of a for_each step"
+    if ref.root == "approval" and ref.name not in gated:
+        return f"{ref}: step {ref.name!r} has no approval gate"
+    if ref.root == "approval" and ref.name != step.id and ref.name not in upstream:
+        return f"{ref}: step {step.id!r} must depend on {ref.name!r} (directly or transitively)"
+    if ref.root == "approval" and not in_with and ref.name == step.id:
+        return f"{ref}: a step's own decision is known only once it runs, in its 'with'"
+    if ref.root == "loop" and not loop:
+        return f"{ref}: 'loop' is only defined for the steps of a loop"
+    if ref.root == "loop" and ref.name == "previous" and ref.path[0] not in loop:
+        return f"{ref}: {ref.path[0]!r} is not a step of this loop"
     return None
 
 
 def _field_refs(step: StepSpec, index: int) -> Iterator[tuple[str, Any, bool]]:
     for key, value in step.with_.items():
         yield f"steps[{index}].with.{key}", value, True
+    if step.compensate is not None:
+        for key, value in step.compensate.with_.items():
+            yield f"steps[{index}].compensate.with.{key}", value, False
     if step.for_each is not None:
         yield f"steps[{index}].for_each.items", step.for_each.items, False
 
 
+def _condition_refs(step: StepSpec, index: int) -> Iterator[tuple[str, Ref]]:
+    if step.condition is not None:
+        for ref in step.condition.refs():
+            yield f"steps[{index}].when", ref
+    for j, rule in enumerate(step.verify):
+        for ref in rule.condition.refs() if rule.expr is not None else ():
+            yield f"steps[{index}].verify[{j}].expr", ref
+
+
 def _reference_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[ErrorEntry]:
     errors = []
+    gated = {step.id for step in profile.steps if step.approval is not None}
     for i, step in enumerate(profile.steps):
         upstream = dag.ancestors(deps, step.id) - {step.id}
+        loop = profile.loop_of(step.id)
+        loop_steps = set(loop.steps) if loop is not None else set()
         for field, value, in_with in _field_refs(step, i):
             try:
                 refs = parse_refs(value)
@@ -336,9 +710,26 @@ def _reference_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[E
                 errors.append(_error("bad_reference", exc.message, field, step.id))
                 continue
             for ref in refs:
-                problem = _ref_problem(ref, step, profile.params, upstream, in_with)
+                if ref.root == "trigger" and profile.on is None:
+                    needs_on = "trigger.* is only defined in a pipeline with on: {succeeded: [...]}"
+                    errors.append(_error("bad_reference", needs_on, field, step.id))
+                    continue
+                problem = _ref_problem(
+                    ref,
+                    step,
+                    profile.params,
+                    upstream,
+                    in_with,
+                    gated,
+                    loop_steps,
+                    own_output=".compensate." in field,
+                )
                 if problem is not None:
                     errors.append(_error("bad_reference", problem, field, step.id))
+        for field, ref in _condition_refs(step, i):
+            problem = _ref_problem(ref, step, profile.params, upstream, False, gated, loop_steps)
+            if problem is not None:
+                errors.append(_error("bad_reference", problem, field, step.id))
     return errors
 
 
@@ -376,6 +767,8 @@ def validate_profile(
     """Build a ``Profile`` or raise one ``ProfileInvalid`` listing every problem found."""
     if not isinstance(data, dict):
         _raise_invalid(source, [_error("schema", "a profile must be a mapping")])
+    if True in data and "on" not in data:
+        data = {"on" if key is True else key: value for key, value in data.items()}
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:
@@ -384,7 +777,9 @@ def validate_profile(
     errors = [
         *_step_structure_errors(profile, known_actions),
         *_cycle_errors(profile, deps),
+        *_trigger_errors(profile),
         *_reference_errors(profile, deps),
+        *_loop_errors(profile, deps),
         *_result_errors(profile),
         *_schedule_errors(profile),
     ]
@@ -417,12 +812,13 @@ def load_profile_text(
         message = f"profile is {size} bytes, the limit is {MAX_PROFILE_BYTES}"
         _raise_invalid(source, [_error("too_large", message)])
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         column = mark.column + 1 if mark is not None else None
-        entry = _error("yaml_syntax", f"invalid YAML: {getattr(exc, 'problem', None) or exc}")
+        code = exc.kind if isinstance(exc, YamlLimitExceeded) else "yaml_syntax"
+        entry = _error(code, f"invalid YAML: {getattr(exc, 'problem', None) or exc}")
         entry.update(line=line, column=column)
         _raise_invalid(source, [entry], line=line, column=column)
     if _too_many_nodes(data):
@@ -454,6 +850,9 @@ def _profile_path(profiles_dir: Path, name: str) -> tuple[Path, os.stat_result] 
             found = candidate.lstat()
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:
+            log.warning("profile %s cannot be read: %s", candidate, exc)
+            continue
         if stat.S_ISREG(found.st_mode):
             return candidate, found
         if not stat.S_ISLNK(found.st_mode):
@@ -473,12 +872,26 @@ def _load_file_cached(
     return load_profile_file(path, known_actions=known_actions)
 
 
+def search_dirs(profiles_dir: Path | None) -> list[Path]:
+    """The operator's directory first, so a file of theirs takes the place of a shipped profile
+    of the same name (and of its data files), then the shipped profiles."""
+    if profiles_dir is None or profiles_dir == SHIPPED_DIR:
+        return [SHIPPED_DIR]
+    return [profiles_dir, SHIPPED_DIR]
+
+
+def profile_file_exists(profiles_dir: Path | None, name: str) -> bool:
+    """Whether ``name`` is a profile file, the operator's or shipped: such names are not saved."""
+    return any(_profile_path(directory, name) for directory in search_dirs(profiles_dir))
+
+
 def find_profile(
-    profiles_dir: Path, name: str, *, known_actions: Collection[str] | None = None
+    profiles_dir: Path | None, name: str, *, known_actions: Collection[str] | None = None
 ) -> Profile:
+    """``name`` from the operator's ``profiles_dir`` if it holds one, else a shipped profile."""
     if not re.fullmatch(NAME_PATTERN, name):
         _raise_invalid(name, [_error("bad_name", f"invalid profile name {name!r}", "name")])
-    found = _profile_path(profiles_dir, name)
+    found = next((hit for d in search_dirs(profiles_dir) if (hit := _profile_path(d, name))), None)
     if found is None:
         raise ProfileNotFound(f"no profile named {name!r}", {"name": name})
     path, file_stat = found
@@ -491,11 +904,20 @@ def find_profile(
 
 
 def list_profiles(
-    profiles_dir: Path, *, known_actions: Collection[str] | None = None
+    profiles_dir: Path | None, *, known_actions: Collection[str] | None = None
 ) -> list[Profile]:
-    """Every profile in the directory; an invalid file raises rather than silently vanishing."""
-    stems = sorted({p.stem for p in profiles_dir.iterdir() if p.suffix in PROFILE_SUFFIXES})
-    profiles = [find_profile(profiles_dir, stem, known_actions=known_actions) for stem in stems]
+    """Every profile of ``profiles_dir`` and the shipped ones; an invalid file raises rather
+    than silently vanishing, and a directory that can no longer be read (it was checked at start)
+    is skipped with a warning rather than failing every listing."""
+    stems: set[str] = set()
+    for directory in search_dirs(profiles_dir):
+        try:
+            stems |= {p.stem for p in directory.iterdir() if p.suffix in PROFILE_SUFFIXES}
+        except OSError as exc:
+            log.warning("profiles in %s cannot be listed: %s", directory, exc)
+    profiles = [
+        find_profile(profiles_dir, stem, known_actions=known_actions) for stem in sorted(stems)
+    ]
     return sorted(profiles, key=lambda profile: profile.name)
 
 

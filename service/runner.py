@@ -1,10 +1,12 @@
 """Runs one step attempt in a worker: claim, call the action under a renewed lease, record.
 
-Task adapters call these functions and translate ``RetryLater`` and ``StopChain`` for Celery.
+Each returns the steps its attempt made ready, for the task adapter to send; task adapters also
+translate ``RetryLater`` and ``StopChain`` for Celery.
 """
 
 import contextlib
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,11 +15,26 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
+from service import verify
 from service.actions import StepContext
 from service.clock import utcnow
+from service.compensations import (
+    Busy,
+    CompensationClaim,
+    Due,
+    claim_next,
+    idempotency_key,
+    next_due,
+    record_outcome,
+    release,
+    renew,
+)
 from service.constants import LANE_SLICE_S, SHARD_NONE
 from service.db import unit_of_work
 from service.errors import ActionError, RetryLater, StepCancelled, StopChain
+from service.loops import complete_round
+from service.models import JobRow
+from service.plan import JobPlan
 from service.runtime import Runtime
 from service.settle import settle_job, sink_settles_job
 from service.shards import (
@@ -31,10 +48,13 @@ from service.shards import (
     ready_shard,
     use_shard_claim,
 )
+from service.snapshots import job_profile, step_facts
 from service.steps import (
     Claimed,
+    Completion,
     FanOutDue,
     Lease,
+    Skipped,
     StepKey,
     Unresolvable,
     claim_step,
@@ -91,32 +111,37 @@ def run_step(
     *,
     task_id: str,
     timeout_errors: tuple[type[BaseException], ...] = (),
-) -> FannedOut | None:
+) -> FannedOut | JobPlan:
     """Run a step once. A for_each step returns its shards for the caller to fan out."""
     now, lease_s = utcnow(), rt.settings.lease_s
     with rt.claims.connect() as conn:
         fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
-    claim: Claimed | FannedOut | Unresolvable | None
+    claim: Claimed | FannedOut | Unresolvable | Skipped | Completion | None
     if fast is None:
         with unit_of_work(rt.sessions) as session:
             held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
-            claim = _fanned_out(session, held, now)
+            claim = _fanned_out(session, held, now, rt.settings.max_fanout_items)
     else:
         with _released_if_cut_short(rt, key, fast.lease):
             claim = ready_claim(key, fast)
             if claim is None:
                 with unit_of_work(rt.sessions) as session:
-                    claim = _fanned_out(session, use_fast_claim(session, key, fast, now), now)
+                    due = use_fast_claim(session, key, fast, now)
+                    claim = _fanned_out(session, due, now, rt.settings.max_fanout_items)
     if isinstance(claim, FannedOut):
         return claim
-    _run_claim(rt, claim, timeout_errors)
-    return None
+    return _run_claim(rt, key, claim, timeout_errors)
 
 
 def _fanned_out(
-    session: Session, claim: Claimed | FanOutDue | Unresolvable | None, now: datetime
-) -> Claimed | FannedOut | Unresolvable | None:
-    return fan_out(session, claim, now) if isinstance(claim, FanOutDue) else claim
+    session: Session,
+    claim: Claimed | FanOutDue | Unresolvable | Skipped | None,
+    now: datetime,
+    max_items: int,
+) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | None:
+    if isinstance(claim, FanOutDue):
+        return fan_out(session, claim, now, max_items=max_items)
+    return claim
 
 
 def run_lane(
@@ -155,7 +180,7 @@ def run_lane(
                 claim = _shard_work(rt, fast, params, now)
         if claim is None:
             return False
-        _run_claim(rt, claim, timeout_errors)
+        _run_claim(rt, parent, claim, timeout_errors)
         if time.monotonic() - started >= slice_s:
             return True
 
@@ -173,28 +198,38 @@ def _shard_work(
 
 def _run_claim(
     rt: Runtime,
-    claim: Claimed | Unresolvable | None,
+    asked: StepKey,
+    claim: Claimed | Unresolvable | Skipped | Completion | None,
     timeout_errors: tuple[type[BaseException], ...],
-) -> None:
+) -> JobPlan:
     if claim is None:
-        return
-    if isinstance(claim, Unresolvable):
-        if claim.job_over:
-            raise StopChain("a step's references do not resolve")
-        return
+        return JobPlan(asked.job_id)
+    if not isinstance(claim, Claimed):
+        return claim.ready
     key = claim.key
     with _released_if_cut_short(rt, key, claim.lease):
         outcome = _attempt(rt, claim, timeout_errors)
         if isinstance(outcome, _Failure):
-            _settle_failure(rt, claim, outcome)
-            return
+            return _settle_failure(rt, claim, outcome)
         now = utcnow()
+        if key.shard == SHARD_NONE and step_facts(claim.profile, key.step_id).ends_round:
+            with unit_of_work(rt.sessions) as session:
+                return complete_round(session, key, claim.lease, outcome, claim.profile, now)
         succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
         with rt.checkpoints.connect() as conn:
-            written = complete_step(conn, key, claim.lease, outcome, now, succeeds_job=succeeds_job)
-    if written and claim.sink and not succeeds_job:
+            done = complete_step(
+                conn,
+                key,
+                claim.lease,
+                outcome,
+                now,
+                profile=claim.profile,
+                succeeds_job=succeeds_job,
+            )
+    if done.written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, key.job_id, now)
+    return done.ready
 
 
 def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]) -> Any:
@@ -209,7 +244,12 @@ def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseExcepti
     )
     try:
         with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
-            return rt.registry.call(claim.action, ctx, claim.inputs)
+            output = rt.registry.call(claim.action, ctx, claim.inputs)
+            unverified = verify.check(claim.profile.step(key.step_id).verify, output, ctx.params)
+        if unverified is None:
+            return output
+        error = _error("verification_failed", unverified.message, unverified.details)
+        failure = _Failure(error, unverified.retry)
     except StepCancelled as exc:
         raise StopChain("cancelled") from exc
     except ActionError as exc:
@@ -228,19 +268,86 @@ def _error(code: str, message: str, details: dict[str, Any]) -> dict[str, Any]:
     return {"code": code, "message": message, "details": dict(details)}
 
 
-def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> None:
+def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> JobPlan:
     policy, attempt, error = claim.retry, claim.lease.attempt, failure.error
     blocked = {error["code"], error["details"].get("type")} & set(policy.non_retryable)
     retry = failure.retryable and not blocked and attempt < policy.attempts
     delay = policy.delay_s(attempt) if retry else None
     with unit_of_work(rt.sessions) as session:
-        over = fail_step(session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow())
+        failed = fail_step(
+            session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow()
+        )
     if delay is not None:
         raise RetryLater(delay, f"attempt {attempt} failed: {error['message']}")
-    if over:
-        raise StopChain(error["message"])
+    return failed.ready
 
 
-def run_finish_fanout(rt: Runtime, key: StepKey) -> None:
+def run_compensation(
+    rt: Runtime,
+    job_id: uuid.UUID,
+    step_id: str | None,
+    timeout_errors: tuple[type[BaseException], ...] = (),
+) -> Due | None:
+    """Run the compensation ``step_id`` of an ended job if it is the next one; returns the
+    one to send a message for next, if any."""
     with unit_of_work(rt.sessions) as session:
-        finish_fanout(session, key, utcnow())
+        job = session.get(JobRow, job_id)
+        if job is None:
+            return None
+        profile = job_profile(job)
+        claim = claim_next(session, job, profile, step_id, rt.settings.lease_s, utcnow())
+    if isinstance(claim, Busy):
+        raise RetryLater(claim.retry_in_s, "the next compensation is held by a live lease")
+    if not isinstance(claim, CompensationClaim):
+        return claim
+    try:
+        failure = _undo(rt, claim, timeout_errors)
+    except BaseException:
+        with unit_of_work(rt.sessions) as session:
+            release(session, claim, utcnow())
+        raise
+    policy, error = claim.spec.retry, None if failure is None else failure.error
+    delay = None
+    if failure is not None and failure.retryable and claim.attempt < policy.attempts:
+        blocked = {failure.error["code"], failure.error["details"].get("type")}
+        delay = None if blocked & set(policy.non_retryable) else policy.delay_s(claim.attempt)
+    with unit_of_work(rt.sessions) as session:
+        record_outcome(session, claim, error, delay, utcnow())
+    if delay is not None and error is not None:
+        raise RetryLater(delay, f"compensation of {claim.step_id} failed: {error['message']}")
+    with unit_of_work(rt.sessions) as session:
+        return next_due(session, job_id, profile)
+
+
+def _undo(
+    rt: Runtime, claim: CompensationClaim, timeout_errors: tuple[type[BaseException], ...]
+) -> _Failure | None:
+    ctx = StepContext(
+        job_id=str(claim.job_id),
+        step_id=claim.step_id,
+        attempt=claim.attempt,
+        shard=None,
+        params=claim.params,
+        settings=rt.settings,
+        idempotency_key=idempotency_key(claim.job_id, claim.step_id),
+    )
+
+    def held(session: Session, lease_s: float, now: datetime) -> bool:
+        return renew(session, claim, lease_s, now)
+
+    try:
+        with rt.heartbeats.hold_lease(held, ctx.cancel_event):
+            rt.registry.call(claim.spec.action, ctx, claim.inputs)
+    except ActionError as exc:
+        return _Failure(_error(exc.code, exc.message, exc.details), exc.retryable)
+    except timeout_errors as exc:
+        return _Failure(_error("timeout", f"compensation timed out: {exc!r}", {}), True)
+    except Exception as exc:
+        kind = type(exc).__name__
+        return _Failure(_error("exception", f"{kind}: {exc}", {"type": kind}), True)
+    return None
+
+
+def run_finish_fanout(rt: Runtime, key: StepKey) -> JobPlan:
+    with unit_of_work(rt.sessions) as session:
+        return finish_fanout(session, key, utcnow())

@@ -14,11 +14,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import cast
 
-from sqlalchemy import and_, delete, func, insert, or_, select
+from sqlalchemy import func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.constants import SCHEDULE_LIST_MAX, TRIGGER_SCHEDULE
+from service.compensations import unfinished as unfinished_compensations
+from service.constants import SCHEDULE_LIST_MAX, SCHEDULES_CHANNEL, TRIGGER_SCHEDULE
 from service.cron import (
     Catchup,
     ScheduleSpec,
@@ -30,6 +31,7 @@ from service.cron import (
     next_fire,
     normalize,
 )
+from service.egress import check_notify_url
 from service.errors import (
     FlowbeatError,
     ScheduleLimitReached,
@@ -45,7 +47,6 @@ from service.states import JOB_FINAL, JobStatus
 log = logging.getLogger(__name__)
 
 OPEN_STATUSES = tuple(status.value for status in JobStatus if status not in JOB_FINAL)
-FINAL_STATUSES = tuple(status.value for status in JOB_FINAL)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class TickResult:
 
     jobs: list[JobRow] = field(default_factory=list)
     revoke: list[str] = field(default_factory=list)
+    compensate: list[uuid.UUID] = field(default_factory=list)
+    """Cancelled jobs with compensations to run (sagas whose profile says ``on_cancel:
+    compensate``)."""
     fired: list[datetime] = field(default_factory=list)
     held_until: datetime | None = None
 
@@ -81,10 +85,13 @@ def put_schedule(
     """Create or replace the owner's schedule of ``profile``; refuses before writing anything.
 
     Owners are serialised with an advisory lock so two concurrent saves cannot both pass the
-    per-owner limit. A schedule whose timing is unchanged keeps its next fire time.
+    per-owner limit. A schedule whose timing is unchanged keeps its next fire time. The save
+    notifies ``SCHEDULES_CHANNEL``, which PostgreSQL delivers when the caller commits, so the
+    sleeping scheduler leader reads it at once rather than at its next timed tick.
     """
     schedule = normalize(spec)
     resolve_params(profile, schedule.params)
+    check_notify_url(settings, schedule.notify_url)
     gap = min_gap_s(schedule.timing, now)
     if gap < settings.schedule_min_interval_s:
         raise ScheduleTooFrequent(
@@ -99,21 +106,7 @@ def put_schedule(
         .with_for_update()
     ).one_or_none()
     if schedule.enabled:
-        active = session.scalar(
-            select(func.count())
-            .select_from(ScheduleRow)
-            .where(
-                ScheduleRow.owner == owner,
-                ScheduleRow.enabled,
-                ScheduleRow.pipeline != profile.name,
-            )
-        )
-        limit = settings.schedule_max_active_per_owner
-        if (active or 0) >= limit:
-            raise ScheduleLimitReached(
-                f"{owner!r} already has {active} enabled schedules; the limit is {limit}",
-                {"active": active, "limit": limit},
-            )
+        _check_active_limit(session, owner, profile.name, settings)
     if row is None:
         row = ScheduleRow(id=uuid.uuid4(), owner=owner, pipeline=profile.name, created_at=now)
         session.add(row)
@@ -139,6 +132,49 @@ def put_schedule(
         row.next_fire_at = next_fire(schedule.timing, now) if schedule.enabled else None
         row.buffered_fire_at = None
     session.flush()
+    session.execute(select(func.pg_notify(SCHEDULES_CHANNEL, str(row.id))))
+    return row
+
+
+def _check_active_limit(session: Session, owner: str, pipeline: str, settings: Settings) -> None:
+    """Refuses enabling ``pipeline``'s schedule when the owner's others already fill the limit."""
+    active = session.scalar(
+        select(func.count())
+        .select_from(ScheduleRow)
+        .where(ScheduleRow.owner == owner, ScheduleRow.enabled, ScheduleRow.pipeline != pipeline)
+    )
+    limit = settings.schedule_max_active_per_owner
+    if (active or 0) >= limit:
+        raise ScheduleLimitReached(
+            f"{owner!r} already has {active} enabled schedules; the limit is {limit}",
+            {"active": active, "limit": limit},
+        )
+
+
+def set_schedule_enabled(
+    session: Session, *, owner: str, pipeline: str, enabled: bool, settings: Settings, now: datetime
+) -> ScheduleRow:
+    """Pause or resume a schedule, keeping everything else about it. Paused, it has no next
+    fire; resumed, it fires next from ``now`` (missed fires are not caught up), within the
+    owner's limit of enabled schedules. The scheduler is woken as by a save."""
+    session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"schedules:{owner}"))))
+    row = session.scalars(
+        select(ScheduleRow)
+        .where(ScheduleRow.owner == owner, ScheduleRow.pipeline == pipeline)
+        .with_for_update()
+    ).one_or_none()
+    if row is None:
+        raise ScheduleNotFound(f"pipeline {pipeline!r} has no schedule", {"pipeline": pipeline})
+    if row.enabled == enabled:
+        return row
+    if enabled:
+        _check_active_limit(session, owner, pipeline, settings)
+    row.enabled = enabled
+    row.next_fire_at = next_fire(timing_of(row), now) if enabled else None
+    row.buffered_fire_at = None
+    row.updated_at = now
+    session.flush()
+    session.execute(select(func.pg_notify(SCHEDULES_CHANNEL, str(row.id))))
     return row
 
 
@@ -158,15 +194,6 @@ def delete_schedule(session: Session, *, owner: str, pipeline: str) -> None:
 
 
 def summarize(session: Session, rows: Collection[ScheduleRow]) -> list[ScheduleSummary]:
-    ids = [row.id for row in rows]
-    counts = {
-        schedule_id: count
-        for schedule_id, count in session.execute(
-            select(ScheduleFireRow.schedule_id, func.count())
-            .where(ScheduleFireRow.schedule_id.in_(ids), ScheduleFireRow.outcome == "created")
-            .group_by(ScheduleFireRow.schedule_id)
-        )
-    }
     last_ids = [row.last_job_id for row in rows if row.last_job_id is not None]
     statuses = {
         job_id: status
@@ -178,7 +205,7 @@ def summarize(session: Session, rows: Collection[ScheduleRow]) -> list[ScheduleS
         ScheduleSummary(
             schedule=row,
             last_status=statuses.get(row.last_job_id) if row.last_job_id else None,
-            run_count=counts.get(row.id, 0),
+            run_count=row.run_count,
         )
         for row in rows
     ]
@@ -236,7 +263,7 @@ def _start(
     row: ScheduleRow,
     fire: datetime,
     *,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> JobRow | None:
     """Create the job for one fire together with its fence row, or nothing at all."""
@@ -271,6 +298,7 @@ def _start(
         _record(session, row, fire, "error")
         return None
     row.last_job_id = job.id
+    row.run_count += 1
     return job
 
 
@@ -280,7 +308,7 @@ def _run_fire(
     fire: datetime,
     result: TickResult,
     *,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     known_actions: Collection[str],
     now: datetime,
 ) -> None:
@@ -295,8 +323,7 @@ def _run_fire(
                 _record(session, row, fire, "skipped")
             return
         if row.overlap == "cancel_previous" and row.last_job_id is not None:
-            _, running = cancel_job(session, row.last_job_id, owner=None, now=now)
-            result.revoke.extend(running)
+            _cancel(session, row.last_job_id, result, now)
     job = _start(session, row, fire, profiles_dir=profiles_dir, known_actions=known_actions)
     row.last_fire_at = fire
     if job is not None:
@@ -310,7 +337,7 @@ def fire_schedule(
     *,
     now: datetime,
     grace_s: float,
-    profiles_dir: Path,
+    profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> TickResult:
     """Run whatever of one schedule is due at ``now`` and advance its next fire time.
@@ -383,33 +410,21 @@ def cancel_overdue(session: Session, *, now: datetime, timeout_s: float) -> Tick
         .with_for_update(skip_locked=True)
     ).all()
     for job_id in overdue:
-        job, running = cancel_job(session, job_id, owner=None, now=now)
+        job = _cancel(session, job_id, result, now)
         job.error = {
             "code": "run_timeout",
             "message": f"scheduled run exceeded {timeout_s:.0f}s",
             "details": {"timeout_s": timeout_s},
         }
-        result.revoke.extend(running)
     session.flush()
     return result
 
 
-def prune_runs(session: Session, *, owner: str, pipeline: str, keep: int) -> int:
-    """Delete finished jobs of a pipeline beyond its newest ``keep``; steps and checkpoints
-    go with them through their foreign keys."""
-    ranked = (
-        select(
-            JobRow.id,
-            JobRow.status,
-            func.row_number()
-            .over(order_by=(JobRow.created_at.desc(), JobRow.id.desc()))
-            .label("rank"),
-        )
-        .where(JobRow.owner == owner, JobRow.pipeline == pipeline)
-        .subquery()
-    )
-    doomed = select(ranked.c.id).where(
-        and_(ranked.c.rank > keep, ranked.c.status.in_(FINAL_STATUSES))
-    )
-    deleted = session.scalars(delete(JobRow).where(JobRow.id.in_(doomed)).returning(JobRow.id))
-    return len(deleted.all())
+def _cancel(session: Session, job_id: uuid.UUID, result: TickResult, now: datetime) -> JobRow:
+    """A cancellation by the scheduler is a cancellation: a saga compensates as it would on a
+    person's request, once the tick has committed."""
+    job, running = cancel_job(session, job_id, owner=None, now=now)
+    result.revoke.extend(running)
+    if unfinished_compensations(session, job_id):
+        result.compensate.append(job_id)
+    return job

@@ -1,11 +1,34 @@
 """Process settings, read once at start from the environment (``FLOWBEAT_`` prefix) or ``.env``."""
 
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.constants import EVENT_KEEPALIVE_S
+
+
+class LlmProvider(BaseModel):
+    """An OpenAI-compatible endpoint (OpenAI, Azure OpenAI, vLLM, Ollama). The key is named
+    here, never given: ``api_key_env`` is the environment variable that holds it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")
+    kind: Literal["openai", "azure", "vllm", "ollama"] = "openai"
+    base_url: str = Field(description="e.g. https://api.openai.com/v1")
+    api_key_env: str | None = None
+    default_model: str
+    embedding_model: str | None = None
+    api_version: str | None = Field(default=None, description="Azure's api-version")
+    timeout_s: float = Field(default=60.0, gt=0)
+    requests_per_minute: int = Field(default=0, ge=0, description="0: no limit")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="defaults a step's own options override"
+    )
 
 
 class Settings(BaseSettings):
@@ -14,7 +37,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
     result_backend_url: str | None = None
-    profiles_dir: Path = Path("profiles")
+    profiles_dir: Path | None = None
     action_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     data_dir: Path = Path(".flowbeat")
 
@@ -28,10 +51,26 @@ class Settings(BaseSettings):
 
     max_body_bytes: int = 1_000_000
     auth_cache_s: float = 5.0
+    api_db_pool_size: int = Field(default=20, ge=1)
+    """Connections an API process keeps open; requests beyond it open and close their own, which
+    costs PostgreSQL a backend each, so it is sized for the thread pool's usual concurrency."""
+    event_keepalive_s: float = Field(default=EVENT_KEEPALIVE_S, gt=0)
+    rate_limit_per_s: float = Field(default=100.0, ge=0)
+    """Requests per second each API key may send, shared by every API process; 0: no limit."""
+    rate_limit_burst: int = Field(default=200, ge=1)
+    max_open_jobs_per_owner: int = Field(default=10_000, ge=0)
+    """Queued, running and waiting jobs an owner may have before a new one is refused; 0: none."""
+    max_fanout_items: int = Field(default=100_000, ge=1)
     http_max_response_bytes: int = 10_000_000
     http_timeout_s: float = 30.0
+    egress_allow_http: bool = False
+    egress_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    egress_internal_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    egress_action_allowed_hosts: dict[str, list[str]] = Field(default_factory=dict)
+    egress_max_redirects: int = 5
 
     webhook_secret: SecretStr | None = None
+    flower_basic_auth: SecretStr | None = None
     notify_max_attempts: int = 5
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0
@@ -59,21 +98,56 @@ class Settings(BaseSettings):
     runs_kept_per_pipeline: int = 100
     beat_lock_ttl_s: float = 30.0
 
+    llm_providers: list[LlmProvider] = Field(default_factory=list)
+    """JSON in ``FLOWBEAT_LLM_PROVIDERS``; ``llm.chat`` steps name one, or get the first."""
+
     worker_concurrency: int = 2
+    task_events: bool = False
+    """Celery task events, for Flower: each step then costs its worker three more publishes
+    (about 9% of a no-op chain's throughput), so they are on only where Flower runs."""
     worker_prefetch: int = 4
 
-    @field_validator("action_modules", "import_allowed_hosts", mode="before")
+    @field_validator(
+        "action_modules",
+        "import_allowed_hosts",
+        "egress_allowed_hosts",
+        "egress_internal_hosts",
+        mode="before",
+    )
     @classmethod
     def _split_modules(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("import_dir", mode="before")
+    @field_validator("profiles_dir")
+    @classmethod
+    def _profiles_dir_readable(cls, value: Path | None) -> Path | None:
+        """Refused at start rather than found missing or unreadable on the first request."""
+        if value is not None and not value.is_dir():
+            raise ValueError(f"{str(value)!r} is not a directory")
+        if value is not None and not os.access(value, os.R_OK | os.X_OK):
+            raise ValueError(f"{str(value)!r} cannot be read")
+        return value
+
+    @field_validator("profiles_dir", "import_dir", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
-        """An empty ``FLOWBEAT_IMPORT_DIR`` disables file imports rather than meaning ``.``."""
+        """An empty ``FLOWBEAT_PROFILES_DIR`` or ``FLOWBEAT_IMPORT_DIR`` means none rather than
+        ``.``, so a blank line in a ``.env`` never turns the working directory into one."""
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _user_colon_password(cls, value: SecretStr | None) -> SecretStr | None:
+        """``user:password``, or several separated by commas, each with both parts."""
+        if value is None:
+            return None
+        for pair in value.get_secret_value().split(","):
+            user, sep, password = pair.partition(":")
+            if not (user and sep and password):
+                raise ValueError("expected user:password (several separated by commas)")
+        return value
 
     def require_database_url(self) -> str:
         if not self.database_url:

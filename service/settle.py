@@ -17,7 +17,9 @@ from service.models import CheckpointRow, JobRow, StepRunRow
 from service.notices import note_new_items
 from service.profiles import Profile
 from service.snapshots import job_profile, step_facts
-from service.states import JOB_FINAL, STEP_FINAL, JobStatus, StepStatus
+from service.states import JOB_FINAL, STEP_FINAL, STEP_SUCCESSFUL, JobStatus, StepStatus
+
+_NOT_FAILED = STEP_SUCCESSFUL | {StepStatus.SKIPPED}
 
 
 def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dict[str, Any]:
@@ -37,13 +39,14 @@ def sink_settles_job(profile: Profile, step_id: str) -> bool:
     """Whether the checkpoint of ``step_id`` may succeed the job in the same statement.
 
     It may when this step is the job's only sink and the job fails fast with no result items:
-    every other step has then succeeded already and the result is this step's output. In
+    every other step has then succeeded or been skipped by its condition, and the result is
+    this step's output. In
     every other case (another sink holds the result, a best-effort job may end with failures,
     result items must be stored) ``settle_job`` decides.
     """
     if profile.failure_policy != "fail_fast" or profile.result is not None:
         return False
-    return [s.id for s in profile.steps if step_facts(profile, s.id)[1]] == [step_id]
+    return [s.id for s in profile.steps if step_facts(profile, s.id).sink] == [step_id]
 
 
 def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
@@ -63,7 +66,9 @@ def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
     job.finished_at = now
     outcome = result_of(session, job, profile, statuses)
     if outcome is None:
-        failed = sorted(step for step, status in statuses.items() if status != StepStatus.SUCCEEDED)
+        failed = sorted(step for step, status in statuses.items() if status not in _NOT_FAILED)
+        if not failed and profile.result is not None:
+            failed = [profile.result.step]
         job.status = JobStatus.FAILED
         job.error = job.error or {
             "code": "steps_failed",
@@ -95,14 +100,23 @@ def _succeed_job(session: Session, job: JobRow, profile: Profile, outcome: Any) 
 def result_of(
     session: Session, job: JobRow, profile: Profile, statuses: dict[str, str]
 ) -> Any | None:
-    """The job's result, or ``None`` when the steps that make it did not all succeed."""
-    sinks = [step for step in statuses if not any(step in s.depends_on for s in profile.steps)]
-    needed = [profile.result.step] if profile.result else sinks
-    if any(statuses[step] != StepStatus.SUCCEEDED for step in needed):
-        return None
-    outputs = step_outputs(session, job.id, set(needed))
+    """The job's result, or ``None`` when the job did not succeed.
+
+    With a ``result`` block the job succeeds when its result step did (under ``best_effort``
+    other branches may have failed). Without one it succeeds when no step failed; a step
+    skipped by its condition or ``needs`` rule is no failure, and the result holds the outputs
+    of the sinks that ran.
+    """
     if profile.result is None:
-        return {step: outputs[step] for step in needed}
+        if any(status not in _NOT_FAILED for status in statuses.values()):
+            return None
+        sinks = [s.id for s in profile.steps if step_facts(profile, s.id).sink]
+        ran = {step for step in sinks if statuses[step] in STEP_SUCCESSFUL}
+        outputs = step_outputs(session, job.id, ran)
+        return {step: outputs[step] for step in sinks if step in ran}
+    if statuses[profile.result.step] not in STEP_SUCCESSFUL:
+        return None
+    outputs = step_outputs(session, job.id, {profile.result.step})
     items = resolve_path(outputs[profile.result.step], profile.result.items)
     return {"items": items, "key": profile.result.key, "count": len(items)}
 

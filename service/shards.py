@@ -18,19 +18,23 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.db import driver
-from service.errors import ExpressionError, RetryLater
+from service.errors import ExpressionError, FanOutTooLarge, RetryLater
 from service.expressions import ExprContext, resolve
+from service.loops import settle_succeeded
 from service.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
+from service.plan import JobPlan
 from service.profiles import ForEach, Profile
-from service.settle import settle_job, step_outputs
+from service.settle import step_outputs
 from service.snapshots import cached_profile, job_profile, referenced_steps, step_facts
 from service.states import STEP_FINAL, StepStatus
 from service.steps import (
     _INPUT_OUTPUTS,
     _TAKE_LEASE,
     Claimed,
+    Completion,
     FanOutDue,
     Lease,
+    Skipped,
     StepKey,
     Unresolvable,
     _claim_of,
@@ -65,32 +69,38 @@ _INSERT_SHARDS = """
 item would pass PostgreSQL's limit of 65,535 parameters at a few thousand items."""
 
 
-def fan_out(session: Session, due: FanOutDue, now: datetime) -> FannedOut | Unresolvable | None:
+def fan_out(
+    session: Session, due: FanOutDue, now: datetime, *, max_items: int
+) -> FannedOut | Unresolvable | Completion:
     """Record a held for_each step's shards, one per item, in the transaction that claimed it.
 
-    ``None`` when there are no items: the step then succeeds at once with an empty list. Items
-    that do not resolve to a list fail the step like any unresolvable input.
+    With no items the step succeeds at once with an empty list. Items that do not resolve to a
+    list, or more than ``max_items`` of them, fail the step for good like unresolvable input.
     """
     job, row, spec = due.job, due.row, due.spec
     assert spec.for_each is not None
     key = StepKey(job.id, spec.id)
     try:
         items = _items(session, job, spec.id, spec.for_each)
-    except ExpressionError as exc:
+        if len(items) > max_items:
+            raise FanOutTooLarge(
+                f"step {spec.id!r} fans out over {len(items)} items, the limit is {max_items}",
+                {"items": len(items), "limit": max_items},
+            )
+    except (ExpressionError, FanOutTooLarge) as exc:
         error = {"code": exc.code, "message": exc.message, "details": exc.details}
-        return Unresolvable(key, _record_failure(session, row, key, error, None, now))
+        failed = _record_failure(session, row, key, error, None, now)
+        return Unresolvable(key, failed.job_over, failed.ready)
     if not items:
         _write_checkpoint(session, key, row.attempts, [])
-        _succeed(row, now)
-        settle_job(session, job.id, now)
-        return None
+        return Completion(True, _succeed(session, row, job_profile(job), now))
     driver(session).execute(
         _INSERT_SHARDS,
         {
             "job_id": job.id,
             "step_id": spec.id,
             "items": Jsonb(items),
-            "inputs_from": sorted(step_facts(job_profile(job), spec.id)[0]),
+            "inputs_from": sorted(step_facts(job_profile(job), spec.id).referenced),
         },
     )
     row.lease_until = None
@@ -140,7 +150,8 @@ _FAST_SHARD_CLAIM = f"""
         UPDATE step_runs AS s
            SET {_TAKE_LEASE}
           FROM next, jobs AS j
-         WHERE s.id = next.id AND j.id = s.job_id AND j.status = 'running'
+         WHERE s.id = next.id AND j.id = s.job_id
+           AND j.status IN ('running', 'awaiting_approval')
         RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
     )
     SELECT c.shard, c.attempts, c.item, c.profile_hash,
@@ -184,7 +195,11 @@ def job_params(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, An
 
 def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
     """A fast shard claim as work to run, with no further statement; ``None`` when its inputs
-    do not resolve and the failure must be recorded in a transaction (``use_shard_claim``)."""
+    do not resolve and the failure must be recorded in a transaction (``use_shard_claim``),
+    or when they read a decision, which only a transaction reads."""
+    facts = step_facts(claim.profile, claim.key.step_id)
+    if facts.decisions or facts.reads_loop:
+        return None
     try:
         return _claim_of(claim.key, claim.lease, claim.profile, params, claim.item, claim.outputs)
     except ExpressionError:
@@ -228,16 +243,16 @@ def claim_next_shard(
     if row is None:
         return None
     claim = _claim_row(session, job, row, task_id, lease_s, now)
-    assert not isinstance(claim, FanOutDue)
+    assert not isinstance(claim, FanOutDue | Skipped)
     return claim
 
 
-def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:
+def finish_fanout(session: Session, key: StepKey, now: datetime) -> JobPlan:
     """The chord body of a for_each step: gather shard outputs in item order."""
-    _live_job(session, key.job_id)
+    job = _live_job(session, key.job_id)
     row = _lock_step(session, key)
     if row.status in STEP_FINAL:
-        return
+        return JobPlan(key.job_id)
     if pending_shards(session, key):
         raise RetryLater(1.0, "shards are not settled")
     outputs = session.scalars(
@@ -250,8 +265,7 @@ def finish_fanout(session: Session, key: StepKey, now: datetime) -> None:
         .order_by(CheckpointRow.shard)
     )
     _write_checkpoint(session, key, row.attempts, list(outputs))
-    _succeed(row, now)
-    settle_job(session, key.job_id, now)
+    return _succeed(session, row, job_profile(job), now)
 
 
 def _write_checkpoint(session: Session, key: StepKey, attempt: int, output: Any) -> None:
@@ -268,8 +282,9 @@ def _write_checkpoint(session: Session, key: StepKey, attempt: int, output: Any)
     )
 
 
-def _succeed(row: StepRunRow, now: datetime) -> None:
+def _succeed(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> JobPlan:
     row.status = StepStatus.SUCCEEDED
     row.finished_at = now
     row.lease_token = None
     row.lease_until = None
+    return settle_succeeded(session, row, profile, now)

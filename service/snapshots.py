@@ -5,7 +5,7 @@ every step, so each content hash is parsed once per process.
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from service.expressions import parse_refs
 from service.models import JobRow
@@ -29,19 +29,45 @@ def job_profile(job: JobRow) -> Profile:
     return cached_profile(job.profile_hash, lambda: job.profile)
 
 
-_FACTS: dict[tuple[str, str], tuple[frozenset[str], bool]] = {}
+class StepFacts(NamedTuple):
+    referenced: frozenset[str]
+    """Steps whose outputs the step's inputs or its ``when`` reference."""
+    children: tuple[str, ...]
+    """Steps that depend on it, in profile order."""
+    decisions: frozenset[str]
+    """Gated steps whose decision its inputs or its ``when`` read."""
+    reads_loop: bool
+    """Its inputs read ``loop.round`` or ``loop.previous``."""
+    ends_round: bool
+    """It is the last step of a loop: its checkpoint closes a round."""
+    reads_trigger: bool
+    """Its inputs or its ``when`` read ``trigger.job_id`` or ``trigger.result``."""
+
+    @property
+    def sink(self) -> bool:
+        return not self.children
 
 
-def step_facts(profile: Profile, step_id: str) -> tuple[frozenset[str], bool]:
-    """Steps a step's inputs reference, and whether it is a sink (nothing depends on it)."""
+_FACTS: dict[tuple[str, str], StepFacts] = {}
+
+
+def step_facts(profile: Profile, step_id: str) -> StepFacts:
+    """What the engine asks of a step on every attempt, derived once per profile and step."""
     cache_key = (profile.content_hash(), step_id)
     facts = _FACTS.get(cache_key)
     if facts is None:
         if len(_FACTS) >= _PROFILE_CACHE_SIZE * 16:
             _FACTS.clear()
-        referenced = frozenset(referenced_steps(profile.step(step_id).with_))
-        sink = not any(step_id in other.depends_on for other in profile.steps)
-        facts = _FACTS[cache_key] = (referenced, sink)
+        spec = profile.step(step_id)
+        refs = parse_refs(spec.with_) + (spec.condition.refs() if spec.condition else [])
+        facts = _FACTS[cache_key] = StepFacts(
+            frozenset(ref.name for ref in refs if ref.root == "steps" and ref.name),
+            tuple(other.id for other in profile.steps if step_id in other.depends_on),
+            frozenset(ref.name for ref in refs if ref.root == "approval" and ref.name),
+            any(ref.root == "loop" for ref in refs),
+            (loop := profile.loop_of(step_id)) is not None and profile.loop_last(loop) == step_id,
+            any(ref.root == "trigger" for ref in refs),
+        )
     return facts
 
 

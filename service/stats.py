@@ -4,7 +4,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.models import JobRow, StepRunRow
-from service.states import JobStatus, StepStatus
+from service.states import STEP_FINAL, JobStatus, StepStatus
 
 
 def jobs_by_status(session: Session) -> dict[str, int]:
@@ -16,7 +16,7 @@ def jobs_by_status(session: Session) -> dict[str, int]:
 
 def steps_by_open_status(session: Session) -> dict[str, int]:
     """Open steps and shards only; settled ones are history, counted through their jobs."""
-    open_statuses = [StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING]
+    open_statuses = [s for s in StepStatus if s not in STEP_FINAL]
     counts = {status.value: 0 for status in open_statuses}
     rows = session.execute(
         select(StepRunRow.status, func.count())

@@ -1,9 +1,11 @@
-"""Step state transitions in PostgreSQL: claim, checkpoint, fail, release.
+"""Step state transitions in PostgreSQL: claim, checkpoint, fail, skip, release.
 
 The common path is two autocommitted statements per step (``fast_claim``, ``complete_step``)
 whose WHERE clauses carry the rules; every other transition runs in the caller's transaction
 and locks the step row it changes. Either way, two deliveries of the same message cannot both
-run a step, and a checkpoint is written once. A for_each step's shards, which are step rows
+run a step, and a checkpoint is written once. Every transition that settles a step also takes
+it off its children's ``waiting_on`` and hands back the children it was the last upstream of,
+for the caller to send once it has committed. A for_each step's shards, which are step rows
 too, come and go in ``service.shards``.
 """
 
@@ -17,14 +19,20 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from service.compensations import record_compensations
+from service.conditions import evaluate
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
+from service.db import driver
 from service.errors import ExpressionError, RetryLater, StopChain
 from service.expressions import ExprContext, resolve
+from service.gates import approved, decisions
 from service.models import JobRow, StepRunRow
+from service.plan import JobPlan, steps_plan
 from service.profiles import Profile, RetryPolicy, StepSpec
+from service.rounds import loop_context
 from service.settle import close_open_steps, settle_job, step_outputs
 from service.snapshots import cached_profile, job_profile, step_facts
-from service.states import JOB_FINAL, STEP_FINAL, JobStatus, StepStatus
+from service.states import JOB_FINAL, STEP_FINAL, STEP_SUCCESSFUL, JobStatus, StepStatus
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,23 @@ class Unresolvable:
 
     key: StepKey
     job_over: bool
+    ready: JobPlan
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """The step settled without running (its upstream rule said so); send ``ready`` next."""
+
+    key: StepKey
+    ready: JobPlan
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A checkpointed attempt: whether it was written, and the children it made ready."""
+
+    written: bool
+    ready: JobPlan
 
 
 @dataclass(frozen=True)
@@ -144,13 +169,14 @@ _FAST_CLAIM = f"""
            SET {_TAKE_LEASE}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
-           AND j.id = s.job_id AND j.status IN ('queued', 'running')
+           AND j.id = s.job_id AND j.status IN ('queued', 'running', 'awaiting_approval')
            AND (s.status IN ('pending', 'retrying')
                 OR (s.status = 'running' AND s.lease_until < %(now)s))
            AND NOT EXISTS (
                SELECT 1 FROM step_runs AS u
                 WHERE u.job_id = s.job_id AND u.shard = -1
-                  AND u.step_id = ANY(s.depends_on) AND u.status <> 'succeeded')
+                  AND u.step_id = ANY(s.depends_on)
+                  AND u.status NOT IN ('succeeded', 'reused'))
         RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params
     ), started AS (
         UPDATE jobs SET status = 'running', started_at = %(now)s
@@ -203,10 +229,14 @@ def fast_claim(
 def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
     """A fast claim of a plain step as work to run, with no further statement.
 
-    ``None`` when it needs a transaction: a for_each step to fan out, or inputs that do not
-    resolve and must be recorded as the step's failure (``use_fast_claim``).
+    ``None`` when it needs a transaction: a for_each step to fan out, a gate to pass, or
+    inputs that do not resolve and must be recorded as the step's failure (``use_fast_claim``).
     """
-    if claim.profile.step(key.step_id).for_each is not None:
+    spec = claim.profile.step(key.step_id)
+    if spec.for_each is not None or spec.approval is not None or spec.when is not None:
+        return None
+    facts = step_facts(claim.profile, key.step_id)
+    if facts.decisions or facts.reads_loop or facts.reads_trigger:
         return None
     try:
         return _claim_of(key, claim.lease, claim.profile, claim.params, None, claim.outputs)
@@ -216,9 +246,19 @@ def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
 
 def use_fast_claim(
     session: Session, key: StepKey, claim: FastClaim, now: datetime
-) -> Claimed | FanOutDue | Unresolvable | None:
-    """Turn a fast claim into work: resolve inputs, or hold a for_each step to fan out."""
+) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
+    """Turn a fast claim into work: pass its gate, resolve inputs, or hold a for_each step to
+    fan out."""
     spec = claim.profile.step(key.step_id)
+    if spec.approval is not None:
+        row = _lock_step(session, key)
+        if not holds_lease(row, claim.lease) or not approved(
+            session, _live_job(session, key.job_id), row, spec.approval
+        ):
+            return None
+    unless = _unless_condition(session, key, claim.profile, claim.params, claim.outputs, now)
+    if unless is not None:
+        return unless
     if spec.for_each is None:
         return _claimed(
             session, key, claim.lease, claim.profile, claim.params, None, now, claim.outputs
@@ -231,7 +271,7 @@ def use_fast_claim(
 
 def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
-) -> Claimed | FanOutDue | Unresolvable | None:
+) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
     """Take a step for this worker under row locks. ``None`` means it is already settled."""
     job = _live_job(session, key.job_id)
     return _claim_row(session, job, _lock_step(session, key), task_id, lease_s, now)
@@ -261,15 +301,18 @@ def _claimed(
     now: datetime,
     outputs: dict[str, Any] | None = None,
 ) -> Claimed | Unresolvable:
+    facts = step_facts(profile, key.step_id)
     if outputs is None:
-        outputs = step_outputs(session, key.job_id, set(step_facts(profile, key.step_id)[0]))
+        outputs = step_outputs(session, key.job_id, set(facts.referenced))
+    decided = decisions(session, key.job_id, facts.decisions)
+    loop = loop_context(session, key.job_id, key.step_id, profile) if facts.reads_loop else {}
+    trigger = trigger_context(session, key.job_id) if facts.reads_trigger else {}
     try:
-        return _claim_of(key, lease, profile, params, item, outputs)
+        return _claim_of(key, lease, profile, params, item, outputs, decided, loop, trigger)
     except ExpressionError as exc:
         error = {"code": exc.code, "message": exc.message, "details": exc.details}
-        return Unresolvable(
-            key, _record_failure(session, _lock_step(session, key), key, error, None, now)
-        )
+        settled = _record_failure(session, _lock_step(session, key), key, error, None, now)
+        return Unresolvable(key, settled.job_over, settled.ready)
 
 
 def _claim_of(
@@ -279,14 +322,23 @@ def _claim_of(
     params: dict[str, Any],
     item: Any,
     outputs: dict[str, Any],
+    decided: dict[str, Any] | None = None,
+    loop: dict[str, Any] | None = None,
+    trigger: dict[str, Any] | None = None,
 ) -> Claimed:
     """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve."""
     spec = profile.step(key.step_id)
-    sink = step_facts(profile, key.step_id)[1]
-    if key.shard == SHARD_NONE:
-        context = ExprContext(params=params, outputs=outputs)
-    else:
-        context = ExprContext(params=params, outputs=outputs, item=item)
+    facts = step_facts(profile, key.step_id)
+    context = ExprContext(
+        params=params,
+        outputs=outputs,
+        absent=_absent(spec, facts.referenced, outputs),
+        decisions=decided or {},
+        loop=loop or {},
+        trigger=trigger or {},
+    )
+    if key.shard != SHARD_NONE:
+        context.item = item
     return Claimed(
         key=key,
         lease=lease,
@@ -294,42 +346,135 @@ def _claim_of(
         inputs=resolve(spec.with_, context),
         params=dict(params),
         retry=spec.retry,
-        sink=sink and key.shard == SHARD_NONE,
+        sink=facts.sink and key.shard == SHARD_NONE,
         profile=profile,
     )
 
 
+def trigger_context(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
+    """What ``trigger.*`` reads: the upstream job and its result, kept on the job when a
+    dependency trigger made it, so it outlives the upstream job's retention."""
+    data = session.scalar(select(JobRow.trigger_data).where(JobRow.id == job_id))
+    return dict(data) if data else {}
+
+
+def _absent(spec: StepSpec, referenced: frozenset[str], outputs: dict[str, Any]) -> frozenset[str]:
+    """A step that ``needs: any`` reads ``null`` for an upstream step that did not succeed."""
+    return referenced - outputs.keys() if spec.needs == "any" else frozenset()
+
+
+def _unless_condition(
+    session: Session,
+    key: StepKey,
+    profile: Profile,
+    params: dict[str, Any],
+    outputs: dict[str, Any] | None,
+    now: datetime,
+) -> Skipped | Unresolvable | None:
+    """``None`` when the held step's ``when`` holds (or it has none); otherwise it is skipped,
+    or failed for good when the condition's references do not resolve."""
+    spec = profile.step(key.step_id)
+    if spec.condition is None:
+        return None
+    referenced = step_facts(profile, key.step_id).referenced
+    if outputs is None:
+        outputs = step_outputs(session, key.job_id, set(referenced))
+    context = ExprContext(
+        params=params,
+        outputs=outputs,
+        absent=_absent(spec, referenced, outputs),
+        decisions=decisions(session, key.job_id, step_facts(profile, key.step_id).decisions),
+        trigger=trigger_context(session, key.job_id)
+        if step_facts(profile, key.step_id).reads_trigger
+        else {},
+    )
+    try:
+        holds = evaluate(spec.condition, context)
+    except ExpressionError as exc:
+        error = {"code": exc.code, "message": exc.message, "details": exc.details}
+        failed = _record_failure(session, _lock_step(session, key), key, error, None, now)
+        return Unresolvable(key, failed.job_over, failed.ready)
+    if holds:
+        return None
+    row = _lock_step(session, key)
+    row.attempts -= 1
+    return skip_step(session, row, profile, now)
+
+
 def _claim_row(
     session: Session, job: JobRow, row: StepRunRow, task_id: str, lease_s: float, now: datetime
-) -> Claimed | FanOutDue | Unresolvable | None:
+) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
     key = StepKey(row.job_id, row.step_id, row.shard)
-    if row.status in STEP_FINAL:
+    if row.status in STEP_FINAL or row.status == StepStatus.AWAITING_APPROVAL:
         return None
     _wait_for_peer(row, now)
     spec = job_profile(job).step(key.step_id)
-    if key.shard == SHARD_NONE and not _upstream_succeeded(session, row, spec, now):
-        return None
+    if key.shard == SHARD_NONE:
+        runs = _upstream_allows(session, row, spec)
+        if runs is None:
+            return None
+        if not runs:
+            return skip_step(session, row, job_profile(job), now)
     lease = _take_lease(row, job, task_id, lease_s, now)
+    if (
+        key.shard == SHARD_NONE
+        and spec.approval is not None
+        and not approved(session, job, row, spec.approval)
+    ):
+        return None
+    if key.shard == SHARD_NONE:
+        unless = _unless_condition(session, key, job_profile(job), job.params, None, now)
+        if unless is not None:
+            return unless
     if spec.for_each is not None and key.shard == SHARD_NONE:
         return FanOutDue(job, row, spec)
     return _claimed(session, key, lease, job_profile(job), job.params, row.item, now)
 
 
-def _upstream_succeeded(session: Session, row: StepRunRow, spec: StepSpec, now: datetime) -> bool:
-    """Wait for unsettled upstream steps; skip this one when any of them did not succeed."""
+def _upstream_allows(session: Session, row: StepRunRow, spec: StepSpec) -> bool | None:
+    """Whether the step's ``needs`` rule lets it run on what its upstream did.
+
+    ``None`` while some upstream step is unsettled: this message came early (a re-publish),
+    and the last upstream step to settle sends the step again.
+    """
     upstream = _upstream_statuses(session, row.job_id, spec.depends_on)
     if any(status not in STEP_FINAL for status in upstream):
-        raise RetryLater(1.0, "upstream steps are not settled")
-    if all(status == StepStatus.SUCCEEDED for status in upstream):
-        return True
-    _skip(row, now)
-    settle_job(session, row.job_id, now)
-    return False
+        return None
+    succeeded = [status in STEP_SUCCESSFUL for status in upstream]
+    return all(succeeded) if spec.needs == "all" else any(succeeded) or not upstream
 
 
-def _skip(row: StepRunRow, now: datetime) -> None:
+def skip_step(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> Skipped:
+    """Settle a step without running it; its children count it as settled."""
     row.status = StepStatus.SKIPPED
     row.finished_at = now
+    row.lease_token = None
+    row.lease_until = None
+    key = StepKey(row.job_id, row.step_id)
+    ready = release_children(session, key, profile)
+    settle_job(session, row.job_id, now)
+    return Skipped(key, ready)
+
+
+_RELEASE_CHILDREN = """
+    UPDATE step_runs SET waiting_on = waiting_on - 1
+     WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
+    RETURNING step_id, waiting_on
+    """
+
+
+def release_children(session: Session, key: StepKey, profile: Profile) -> JobPlan:
+    """Count a settled step off its children; the ones it was the last upstream of are ready.
+
+    Runs in the transaction that settled the step, so it happens once per settling.
+    """
+    children = step_facts(profile, key.step_id).children
+    if not children or key.shard != SHARD_NONE:
+        return JobPlan(key.job_id)
+    rows = driver(session).execute(
+        _RELEASE_CHILDREN, {"job_id": key.job_id, "children": list(children)}
+    )
+    return steps_plan(profile, key.job_id, (step for step, left in rows if left == 0))
 
 
 def holds_lease(row: StepRunRow, lease: Lease) -> bool:
@@ -350,7 +495,19 @@ _COMPLETED = """
         ON CONFLICT DO NOTHING
         RETURNING job_id
     )"""
-_COMPLETE = _COMPLETED + " SELECT job_id FROM saved"
+_COMPLETE = (
+    _COMPLETED
+    + """, released AS (
+        UPDATE step_runs SET waiting_on = waiting_on - 1
+         WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
+           AND EXISTS (SELECT 1 FROM done)
+        RETURNING step_id, waiting_on
+    )
+    SELECT EXISTS (SELECT 1 FROM saved),
+           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0)"""
+)
+"""The checkpoint, and the step counted off its children in the same statement, so a
+redelivered message that finds the step settled cannot count it twice."""
 _COMPLETE_AND_SUCCEED_JOB = (
     _COMPLETED
     + """, succeeded AS (
@@ -360,9 +517,9 @@ _COMPLETE_AND_SUCCEED_JOB = (
            AND NOT EXISTS (
                SELECT 1 FROM step_runs
                 WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
-                  AND status <> 'succeeded')
+                  AND status NOT IN ('succeeded', 'reused', 'skipped'))
     )
-    SELECT job_id FROM saved"""
+    SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[]"""
 )
 
 
@@ -373,13 +530,13 @@ def complete_step(
     output: Any,
     now: datetime,
     *,
+    profile: Profile,
     succeeds_job: bool = False,
-) -> bool:
+) -> Completion:
     """Checkpoint a finished attempt in one statement, unless its lease was lost meanwhile.
 
     With ``succeeds_job`` (the job's sole sink, whose output is the job's result, see
-    ``settle.sink_settles_job``) the same statement succeeds the job. Returns whether the
-    checkpoint was written.
+    ``settle.sink_settles_job``) the same statement succeeds the job; a sink has no children.
     """
     params = {
         "now": now,
@@ -392,8 +549,14 @@ def complete_step(
     }
     if succeeds_job:
         params["result"] = Jsonb({key.step_id: output})
+    else:
+        children = step_facts(profile, key.step_id).children if key.shard == SHARD_NONE else ()
+        params["children"] = list(children)
     statement = _COMPLETE_AND_SUCCEED_JOB if succeeds_job else _COMPLETE
-    return conn.execute(statement, params).fetchone() is not None
+    row = conn.execute(statement, params).fetchone()
+    assert row is not None
+    written, ready = row
+    return Completion(written, steps_plan(profile, key.job_id, ready))
 
 
 _RELEASE = """
@@ -420,6 +583,14 @@ def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now
     )
 
 
+@dataclass(frozen=True)
+class Failed:
+    """A recorded failure: whether it ended the job, and the children it made ready."""
+
+    job_over: bool
+    ready: JobPlan
+
+
 def fail_step(
     session: Session,
     key: StepKey,
@@ -428,14 +599,14 @@ def fail_step(
     *,
     retry_delay_s: float | None,
     now: datetime,
-) -> bool:
+) -> Failed:
     """Record a failed attempt: back to ``retrying``, or failed for good under the job's policy.
 
-    Returns whether the job is over. A worker that lost its lease records nothing.
+    A worker that lost its lease records nothing.
     """
     row = _lock_step(session, key)
     if not holds_lease(row, lease):
-        return False
+        return Failed(False, JobPlan(key.job_id))
     return _record_failure(session, row, key, error, retry_delay_s, now)
 
 
@@ -446,26 +617,32 @@ def _record_failure(
     error: dict[str, Any],
     retry_delay_s: float | None,
     now: datetime,
-) -> bool:
+    status: StepStatus = StepStatus.FAILED,
+) -> Failed:
+    """Under ``best_effort`` a step failed for good counts as settled to its children, whose
+    ``needs`` rule then decides whether they run or are skipped. A rejected step is failed for
+    good under its own ``status``."""
     row.error = error
     row.lease_token = None
     row.lease_until = None
+    nothing = JobPlan(key.job_id)
     if retry_delay_s is not None:
         row.status = StepStatus.RETRYING
-        return False
-    row.status = StepStatus.FAILED
+        return Failed(False, nothing)
+    row.status = status
     row.finished_at = now
     job = session.scalars(select(JobRow).where(JobRow.id == key.job_id).with_for_update()).one()
     if job.status in JOB_FINAL:
-        return True
+        return Failed(True, nothing)
     profile = job_profile(job)
     if profile.failure_policy == "fail_fast":
         _fail_job(session, job, key, error, now)
-        return True
+        undo = record_compensations(session, job, profile, now)
+        return Failed(True, JobPlan(key.job_id, compensate=undo))
+    ready = release_children(session, key, profile)
     if key.shard == SHARD_NONE:
-        _skip_dependents(session, profile, key, now)
         settle_job(session, key.job_id, now)
-    return job.status in JOB_FINAL
+    return Failed(job.status in JOB_FINAL, ready)
 
 
 def _fail_job(
@@ -480,24 +657,6 @@ def _fail_job(
         "details": {"step_id": key.step_id, "shard": None if key.shard < 0 else key.shard},
     }
     close_open_steps(session, job.id, StepStatus.CANCELLED, now)
-
-
-def _skip_dependents(session: Session, profile: Profile, key: StepKey, now: datetime) -> None:
-    doomed: set[str] = set()
-    frontier = {key.step_id}
-    while frontier:
-        frontier = {s.id for s in profile.steps if frontier & set(s.depends_on)} - doomed
-        doomed |= frontier
-    if doomed:
-        session.execute(
-            update(StepRunRow)
-            .where(
-                StepRunRow.job_id == key.job_id,
-                StepRunRow.step_id.in_(doomed),
-                StepRunRow.status.not_in(list(STEP_FINAL)),
-            )
-            .values(status=StepStatus.SKIPPED, finished_at=now)
-        )
 
 
 def renew_lease(

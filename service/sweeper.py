@@ -13,18 +13,20 @@ from datetime import datetime, timedelta
 from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
+from service.compensations import lost as lost_compensations
 from service.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
 from service.models import JobRow, StepRunRow
 from service.snapshots import job_profile
-from service.states import JobStatus, StepStatus
+from service.states import JOB_OPEN, StepStatus
 from service.steps import Lease, StepKey, fail_step
 
-OPEN_JOB = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
+OPEN_JOB = [status.value for status in JOB_OPEN]
 
 
 @dataclass
 class SweepReport:
     redispatch: set[uuid.UUID] = field(default_factory=set)
+    compensate: set[uuid.UUID] = field(default_factory=set)
     timed_out: int = 0
     skipped: bool = False
 
@@ -42,7 +44,8 @@ def sweep(
     if not session.scalar(select(func.pg_try_advisory_xact_lock(SWEEP_ADVISORY_LOCK_ID))):
         report.skipped = True
         return report
-    report.timed_out = _fail_timed_out(session, now, report.redispatch)
+    report.timed_out = _fail_timed_out(session, now, report)
+    report.compensate |= lost_compensations(session, now, 0 if broker_lost else dispatch_grace_s)
     if broker_lost:
         report.redispatch |= set(
             session.scalars(select(JobRow.id).where(JobRow.status.in_(OPEN_JOB)))
@@ -58,7 +61,7 @@ def _undispatched(session: Session, before: datetime) -> set[uuid.UUID]:
     return set(
         session.scalars(
             select(JobRow.id).where(
-                JobRow.status == JobStatus.QUEUED,
+                JobRow.status.in_(OPEN_JOB),
                 JobRow.dispatched_at.is_(None),
                 JobRow.created_at < before,
             )
@@ -105,8 +108,9 @@ def _stalled(session: Session, now: datetime, before: datetime) -> set[uuid.UUID
     )
 
 
-def _fail_timed_out(session: Session, now: datetime, redispatch: set[uuid.UUID]) -> int:
-    """A step past its timeout whose worker never gave up on it (a hung call, a lost signal)."""
+def _fail_timed_out(session: Session, now: datetime, report: SweepReport) -> int:
+    """A step past its timeout whose worker never gave up on it (a hung call, a lost signal).
+    One that fails its job for good sends the job's compensations in this pass."""
     rows = session.execute(
         select(StepRunRow, JobRow)
         .join(JobRow, JobRow.id == StepRunRow.job_id)
@@ -132,7 +136,9 @@ def _fail_timed_out(session: Session, now: datetime, redispatch: set[uuid.UUID])
         key = StepKey(row.job_id, row.step_id, row.shard)
         lease = Lease(row.lease_token, row.attempts)
         delay = spec.retry.delay_s(row.attempts) if retry else None
-        fail_step(session, key, lease, error, retry_delay_s=delay, now=now)
-        redispatch.add(row.job_id)
+        failed = fail_step(session, key, lease, error, retry_delay_s=delay, now=now)
+        report.redispatch.add(row.job_id)
+        if failed.ready.compensate:
+            report.compensate.add(row.job_id)
         count += 1
     return count

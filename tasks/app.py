@@ -34,6 +34,8 @@ def create_celery(settings: Settings) -> Celery:
         task_default_queue=QUEUE_STEPS,
         task_routes=(message_router(settings.broker_url, QUEUE_STEPS),),
         task_track_started=False,
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         worker_prefetch_multiplier=settings.worker_prefetch,
         worker_concurrency=settings.worker_concurrency,
         worker_hijack_root_logger=False,
@@ -52,7 +54,7 @@ def create_celery(settings: Settings) -> Celery:
             "flowbeat-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
         },
     )
-    app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices"]
+    app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices", "tasks.approvals"]
     app.steps["worker"].add(CompactTimers)
     runtime.configure(settings)
     return app

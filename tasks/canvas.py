@@ -1,15 +1,23 @@
-"""A job plan becomes a Celery canvas: chain across layers, group within one, chord at joins.
+"""Messages for the steps of a plan: one per ready step, a chord for a fanned-out step.
 
 Every signature is immutable and carries ids only; a step reads its inputs from PostgreSQL.
+What a person reads in Flower and the worker logs is set beside the payload: the task shows
+as ``<pipeline>/<step>`` (Celery's ``shadow`` name) and its arguments as ``job=… step=…``
+(``argsrepr``).
+No message carries what comes after its step: the step that settles last among a child's
+upstream sends the child (``service.steps.release_children``).
 """
 
-from celery import Celery, chain, chord, group
-from celery.canvas import Signature
-from kombu.utils.uuid import uuid
+import uuid
 
+from celery import Celery, chord
+from celery.canvas import Signature
+
+from service.compensations import Due
 from service.constants import (
     LANE_SLICE_S,
     STEP_TIMEOUT_GRACE_S,
+    TASK_COMPENSATE,
     TASK_FINISH_FANOUT,
     TASK_RUN_LANE,
     TASK_RUN_STEP,
@@ -22,61 +30,64 @@ def _limits(timeout_s: int) -> dict[str, int]:
     return {"soft_time_limit": timeout_s, "time_limit": timeout_s + STEP_TIMEOUT_GRACE_S}
 
 
-def lane(app: Celery, key: StepKey, timeout_s: int) -> Signature:
+def readable(key: StepKey, pipeline: str | None, part: str = "") -> dict[str, str]:
+    """Message options naming the step for people; the task's own name and payload stay."""
+    names = {"argsrepr": f"job={key.job_id} step={key.step_id}"}
+    if pipeline:
+        names["shadow"] = f"{pipeline}/{key.step_id}{part}"
+    return names
+
+
+def lane(app: Celery, key: StepKey, timeout_s: int, pipeline: str | None = None) -> Signature:
     """A lane's message may start a shard until ``LANE_SLICE_S`` has passed; its limits are
     that much longer, so every shard it starts still has ``timeout_s`` to run."""
     return app.signature(
         TASK_RUN_LANE, args=(str(key.job_id), key.step_id, timeout_s), immutable=True
-    ).set(**_limits(timeout_s + LANE_SLICE_S))
+    ).set(**_limits(timeout_s + LANE_SLICE_S), **readable(key, pipeline, " lane"))
 
 
-def fan_out(app: Celery, key: StepKey, lanes: int, timeout_s: int) -> Signature:
+def fan_out(
+    app: Celery, key: StepKey, lanes: int, timeout_s: int, pipeline: str | None = None
+) -> Signature:
     """A dynamic chord: ``lanes`` workers drain the shards, then the results are gathered."""
-    finish = app.signature(TASK_FINISH_FANOUT, args=(str(key.job_id), key.step_id), immutable=True)
+    finish = app.signature(
+        TASK_FINISH_FANOUT, args=(str(key.job_id), key.step_id), immutable=True
+    ).set(**readable(key, pipeline, " gather"))
     if lanes == 0:
         return finish
-    return chord([lane(app, key, timeout_s) for _ in range(lanes)], finish)
+    return chord([lane(app, key, timeout_s, pipeline) for _ in range(lanes)], finish)
 
 
-def _step(app: Celery, plan: JobPlan, step: StepPlan) -> Signature:
+def step_signature(app: Celery, plan: JobPlan, step: StepPlan) -> Signature:
     key = StepKey(plan.job_id, step.step_id)
     if step.shards is not None:
-        return fan_out(app, key, min(step.max_parallel, len(step.shards)), step.timeout_s)
-    return app.signature(TASK_RUN_STEP, args=(str(plan.job_id), step.step_id), immutable=True).set(
-        **_limits(step.timeout_s)
+        lanes = min(step.max_parallel, len(step.shards))
+        return fan_out(app, key, lanes, step.timeout_s, plan.pipeline)
+    return app.signature(
+        TASK_RUN_STEP, args=(str(plan.job_id), step.step_id), immutable=True, ignore_result=True
+    ).set(**_limits(step.timeout_s), **readable(key, plan.pipeline))
+
+
+def send_compensation(app: Celery, job_id: uuid.UUID, due: Due | None) -> None:
+    """The message for the compensation ``due``, with its time limits; without ``due``, an
+    unlimited message whose worker only looks up the next one and sends its message."""
+    if due is None:
+        app.send_task(TASK_COMPENSATE, (str(job_id),), ignore_result=True)
+        return
+    app.send_task(
+        TASK_COMPENSATE, (str(job_id), due.step_id), ignore_result=True, **_limits(due.timeout_s)
     )
 
 
 def send_plan(app: Celery, plan: JobPlan) -> None:
-    """Publish a plan. A linear one (every layer one plain step, the usual pipeline) goes out as
-    the message Celery's chain sends: the first step, the rest in its ``chain`` option, each
-    with its task id. Built here it skips the chain's clone and freeze of every signature,
-    which cost the API a third of what publishing a job costs. Any other plan is sent as its
-    canvas, and a worker continues either kind the same way."""
-    steps = [layer[0] for layer in plan.layers if len(layer) == 1 and layer[0].shards is None]
-    if len(steps) != len(plan.layers):
-        job_canvas(app, plan).apply_async()
-        return
-    first, *rest = (_step(app, plan, step).set(ignore_result=True) for step in steps)
-    for signature in rest:
-        signature.set(task_id=uuid(), reply_to=app.thread_oid)
-    task_id = uuid()
-    app.send_task(
-        first.task,
-        first.args,
-        chain=rest[::-1] or None,
-        task_id=task_id,
-        root_id=task_id,
-        **first.options,
-    )
-
-
-def job_canvas(app: Celery, plan: JobPlan) -> Signature:
-    """Results are stored only where a chord counts them; a lone step in a layer needs none."""
-    layers = [
-        _step(app, plan, layer[0]).set(ignore_result=layer[0].shards is None)
-        if len(layer) == 1
-        else group([_step(app, plan, s) for s in layer])
-        for layer in plan.layers
-    ]
-    return layers[0] if len(layers) == 1 else chain(*layers)
+    """Publish a message for every step of the plan. A plain step's message goes out through
+    ``send_task`` with its limits, sparing the signature's clone and freeze on the path every
+    step of every job takes; a fan-out's chord is sent as Celery builds it."""
+    if plan.compensate:
+        send_compensation(app, plan.job_id, None)
+    for step in plan.steps:
+        signature = step_signature(app, plan, step)
+        if step.shards is not None:
+            signature.apply_async()
+            continue
+        app.send_task(signature.task, signature.args, **signature.options)

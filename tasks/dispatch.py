@@ -37,13 +37,27 @@ def publish_new_job(app: Celery, rt: Runtime, plan: JobPlan) -> None:
         raise
 
 
+def publish_or_defer(app: Celery, rt: Runtime, plan: JobPlan) -> bool:
+    """Publish steps a decision or a timeout made ready; with the broker away, mark the job
+    unsent instead, and the sweeper sends what PostgreSQL says is ready once it is back."""
+    if not plan.steps and not plan.compensate:
+        return True
+    try:
+        publish_plan(app, plan)
+    except BrokerUnavailable:
+        with unit_of_work(rt.sessions) as session:
+            mark_dispatched(session, plan.job_id, None)
+        return False
+    return True
+
+
 def dispatch_job(app: Celery, rt: Runtime, job_id: uuid.UUID) -> bool:
     """(Re)publish whatever of the job is unfinished. Returns whether anything was sent."""
     with unit_of_work(rt.sessions) as session:
         plan = load_plan(session, job_id)
-        if plan is not None and not plan.layers:
+        if plan is not None and not plan.steps:
             settle_job(session, job_id, utcnow())
-    if plan is None or not plan.layers:
+    if plan is None or not plan.steps:
         return False
     publish_plan(app, plan)
     with unit_of_work(rt.sessions) as session:

@@ -1,11 +1,12 @@
-"""Thin step tasks: ids in, service call, nothing else."""
+"""Thin step tasks: ids in, service call, then the messages of the steps it made ready."""
 
 import uuid
 
 from celery.exceptions import SoftTimeLimitExceeded
 
 from service import runner
-from service.constants import TASK_FINISH_FANOUT, TASK_RUN_LANE, TASK_RUN_STEP
+from service.constants import TASK_COMPENSATE, TASK_FINISH_FANOUT, TASK_RUN_LANE, TASK_RUN_STEP
+from service.shards import FannedOut
 from service.steps import StepKey
 from tasks import canvas, runtime
 from tasks.app import app
@@ -14,13 +15,21 @@ from tasks.base import FlowbeatTask
 TIMEOUTS = (SoftTimeLimitExceeded,)
 
 
+def _pipeline(task: FlowbeatTask) -> str | None:
+    """The pipeline named by the message's readable name, for the messages that replace it."""
+    shadow = getattr(task.request, "shadow", None)
+    return shadow.split("/", 1)[0] if isinstance(shadow, str) and "/" in shadow else None
+
+
 @app.task(bind=True, base=FlowbeatTask, name=TASK_RUN_STEP)
 def run_step(self: FlowbeatTask, job_id: str, step_id: str) -> None:
     key = StepKey(uuid.UUID(job_id), step_id)
-    fanned = runner.run_step(runtime.get(), key, task_id=self.request.id, timeout_errors=TIMEOUTS)
-    if fanned is not None:
-        lanes = min(fanned.max_parallel, len(fanned.shards))
-        self.replace(canvas.fan_out(self.app, key, lanes, fanned.timeout_s))
+    outcome = runner.run_step(runtime.get(), key, task_id=self.request.id, timeout_errors=TIMEOUTS)
+    if isinstance(outcome, FannedOut):
+        lanes = min(outcome.max_parallel, len(outcome.shards))
+        self.replace(canvas.fan_out(self.app, key, lanes, outcome.timeout_s, _pipeline(self)))
+    else:
+        canvas.send_plan(self.app, outcome)
 
 
 @app.task(bind=True, base=FlowbeatTask, name=TASK_RUN_LANE)
@@ -29,9 +38,20 @@ def run_lane(self: FlowbeatTask, job_id: str, step_id: str, timeout_s: int) -> N
     key = StepKey(uuid.UUID(job_id), step_id)
     ran = runner.run_lane(runtime.get(), key, task_id=self.request.id, timeout_errors=TIMEOUTS)
     if ran:
-        self.replace(canvas.lane(self.app, key, timeout_s))
+        self.replace(canvas.lane(self.app, key, timeout_s, _pipeline(self)))
+
+
+@app.task(bind=True, base=FlowbeatTask, name=TASK_COMPENSATE)
+def compensate(self: FlowbeatTask, job_id: str, step_id: str | None = None) -> None:
+    """One compensation of a saga per message, then the message for the next one, which
+    carries that one's time limits."""
+    key = uuid.UUID(job_id)
+    due = runner.run_compensation(runtime.get(), key, step_id, timeout_errors=TIMEOUTS)
+    if due is not None:
+        canvas.send_compensation(self.app, key, due)
 
 
 @app.task(bind=True, base=FlowbeatTask, name=TASK_FINISH_FANOUT)
 def finish_fanout(self: FlowbeatTask, job_id: str, step_id: str) -> None:
-    runner.run_finish_fanout(runtime.get(), StepKey(uuid.UUID(job_id), step_id))
+    ready = runner.run_finish_fanout(runtime.get(), StepKey(uuid.UUID(job_id), step_id))
+    canvas.send_plan(self.app, ready)

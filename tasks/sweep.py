@@ -9,10 +9,13 @@ from service import sweeper
 from service.clock import utcnow
 from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
 from service.db import unit_of_work
+from service.hooks import prune_deliveries
 from service.notices import requeue_lost_notices
+from service.plan import JobPlan
+from service.retention import prune_all, prune_fires
 from tasks import runtime
 from tasks.app import app
-from tasks.dispatch import dispatch_job
+from tasks.dispatch import dispatch_job, publish_or_defer
 from tasks.notices import send_notice
 
 log = logging.getLogger(__name__)
@@ -41,11 +44,17 @@ def sweep() -> dict[str, int]:
             dispatch_grace_s=settings.dispatch_grace_s,
         )
     sent = sum(dispatch_job(app, rt, job_id) for job_id in sorted(report.redispatch))
+    for job_id in sorted(report.compensate):
+        sent += publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
     resend_before = utcnow() - timedelta(seconds=settings.notify_resend_after_s)
     with unit_of_work(rt.sessions) as session:
         lost_notices = requeue_lost_notices(session, older_than=resend_before)
     for job_id in lost_notices:
         send_notice.delay(str(job_id))
+    with unit_of_work(rt.sessions) as session:
+        pruned = prune_all(session, keep=settings.runs_kept_per_pipeline)
+        pruned_fires = prune_fires(session, utcnow())
+        prune_deliveries(session, utcnow())
     if sent or report.timed_out or lost_notices:
         log.warning(
             "sweep: broker_lost=%s republished=%d timed_out=%d notices=%d",
@@ -54,4 +63,10 @@ def sweep() -> dict[str, int]:
             report.timed_out,
             len(lost_notices),
         )
-    return {"republished": sent, "timed_out": report.timed_out, "notices": len(lost_notices)}
+    return {
+        "republished": sent,
+        "timed_out": report.timed_out,
+        "notices": len(lost_notices),
+        "pruned_jobs": pruned,
+        "pruned_fires": pruned_fires,
+    }

@@ -17,6 +17,9 @@ from tests.support.servers import (
 )
 
 TEST_PROFILES = Path(__file__).parent / "profiles"
+LOCAL_HOSTS = "127.0.0.1,::1,localhost"
+"""The test servers (webhook receivers, replayed PubMed, files to download) listen here; the
+stack opens them to the egress policy the way an operator opens an internal host."""
 
 
 class Stack:
@@ -36,6 +39,8 @@ class Stack:
             "FLOWBEAT_STALL_AFTER_S": "20",
             "FLOWBEAT_DISPATCH_GRACE_S": "2",
             "FLOWBEAT_WORKER_PREFETCH": "1",
+            "FLOWBEAT_EGRESS_ALLOW_HTTP": "true",
+            "FLOWBEAT_EGRESS_INTERNAL_HOSTS": LOCAL_HOSTS,
         }
 
 

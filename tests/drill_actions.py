@@ -43,6 +43,38 @@ def count(ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0) -
     return {"name": name, "value": value}
 
 
+@action("drill.fail_on")
+def fail_on(ctx: StepContext, name: str, value: Any = None, bad: Any = ()) -> dict[str, Any]:
+    """Count the run, then fail for good when ``value`` is one of ``bad``."""
+    count(ctx, name, value)
+    if value in bad:
+        raise ActionError(f"{name}: {value!r} is bad", {"value": value}, retryable=False)
+    return {"name": name, "value": value}
+
+
+@action("drill.review")
+def review(ctx: StepContext, name: str, round: int, approve_at: int, hold_s: float = 0.0) -> Any:
+    """A reviewer that approves from round ``approve_at`` on, with remarks until then."""
+    count(ctx, name, round, hold_s)
+    approved = round >= approve_at
+    return {"approved": approved, "remarks": None if approved else f"round {round} needs work"}
+
+
+@action("drill.undo")
+def undo(ctx: StepContext, name: str, hold_s: float = 0.0, fail: bool = False) -> dict[str, Any]:
+    """A compensation: counted, its order kept in a list, failing for good when asked to."""
+    client = _redis()
+    with client.pipeline() as pipe:
+        pipe.rpush(_key(ctx, "undo-order"), name)
+        pipe.expire(_key(ctx, "undo-order"), KEY_TTL_S)
+        pipe.set(_key(ctx, f"{name}:key"), ctx.idempotency_key or "", ex=KEY_TTL_S)
+        pipe.execute()
+    count(ctx, name, hold_s=hold_s)
+    if fail:
+        raise ActionError(f"{name} cannot be undone", retryable=False)
+    return {"undone": name}
+
+
 def named_connections(database_url: str, application_name: str) -> str:
     """``database_url`` with every connection made from it named, for ``drop_connections``."""
     url = make_url(database_url).update_query_dict({"application_name": application_name})

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
-FLOWBEAT_SUBCOMMANDS = {"migrate", "api", "worker", "beat", "dev", "run", "jobs", "keys"}
-FLOWBEAT_SERVICES = {"migrate", "api", "worker", "beat"}
+FLOWBEAT_SUBCOMMANDS = {"migrate", "api", "worker", "beat", "dev", "run", "jobs", "keys", "flower"}
+FLOWBEAT_SERVICES = {"migrate", "api", "worker", "beat", "flower"}
 SERVING = {"postgres", "redis", "api", "flower"}
 
 
@@ -89,10 +89,10 @@ def test_api_and_flower_command_lines(services: dict[str, dict[str, Any]]) -> No
         "--port",
         "8000",
     ]
-    flower = _command_line(services["flower"])
-    assert flower[0] == "celery"
-    assert "flower" in flower
-    assert any(arg.startswith("--broker=redis://redis:6379") for arg in flower)
+    assert _command_line(services["flower"])[:2] == ["flowbeat", "flower"]
+    environment = services["flower"]["environment"]
+    assert environment["FLOWBEAT_FLOWER_BASIC_AUTH"].startswith("${FLOWBEAT_FLOWER_BASIC_AUTH:?")
+    assert "FLOWER_UNAUTHENTICATED_API" not in environment
 
 
 def test_serving_services_have_healthchecks(services: dict[str, dict[str, Any]]) -> None:
@@ -145,17 +145,32 @@ def test_configuration_comes_from_environment(services: dict[str, dict[str, Any]
         assert not any("API_KEY" in key.upper() for key in env), f"{name} bakes in an API key"
 
 
-def test_dockerfile_runs_as_non_root() -> None:
+def _dockerfile_stages() -> list[list[str]]:
     lines = [line.strip() for line in (DOCKER / "Dockerfile").read_text().splitlines()]
-    stages = [i for i, line in enumerate(lines) if line.upper().startswith("FROM ")]
-    final = lines[stages[-1] :]
+    starts = [i for i, line in enumerate(lines) if line.upper().startswith("FROM ")]
+    return [lines[start:end] for start, end in zip(starts, [*starts[1:], len(lines)], strict=True)]
+
+
+def test_dockerfile_runs_as_non_root_that_owns_its_data_dir() -> None:
+    final = _dockerfile_stages()[-1]
     assert final[0].split()[1].startswith("python:3.11-slim")
     users = [line.split(None, 1)[1] for line in final if line.upper().startswith("USER ")]
     assert users, "the final stage never switches USER"
-    user = users[-1].split(":", 1)[0]
-    assert user not in {"root", "0"}
-    assert any("pip install ." in line for line in lines)
+    user = users[-1]
+    assert user.split(":", 1)[0] not in {"root", "0"}
+    data_dir = re.search(r"FLOWBEAT_DATA_DIR=(\S+)", "\n".join(final))
+    assert data_dir, "the image does not set FLOWBEAT_DATA_DIR"
+    assert f"chown {user} {data_dir[1]}" in "\n".join(final)
+    assert f"VOLUME {data_dir[1]}" in final
     assert _dockerfile_entrypoint() == ["flowbeat"]
+
+
+def test_the_image_installs_the_locked_dependencies_then_flowbeat_alone() -> None:
+    build = "\n".join(_dockerfile_stages()[0])
+    lock = build.index("pip install --require-hashes -r requirements.lock")
+    assert build.index("COPY requirements.lock") < lock < build.index("COPY service")
+    assert "pip install --no-deps --no-build-isolation ." in build[lock:]
+    assert "requirements.lock" not in (DOCKER.parent / ".dockerignore").read_text().split()
 
 
 def test_dockerignore_keeps_secrets_and_caches_out() -> None:

@@ -123,3 +123,33 @@ def test_restart_after_crash(data_dir: Path) -> None:
 def test_stop_is_idempotent(tmp_path: Path) -> None:
     stop_embedded(tmp_path / "never-started")
     stop_embedded(tmp_path)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: an exited server re-parented to an init that does not reap
+    (a bare VM or a container without ``--init``) stays a zombie whoever stopped it."""
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_flowbeat_stop_stops_both_servers(data_dir: Path) -> None:
+    start_embedded(data_dir)
+    postmaster = int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
+    redis_pid = int((data_dir / "redis" / "redis.pid").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWBEAT_")}
+    env |= {"FLOWBEAT_DATA_DIR": str(data_dir), "PYTHONPATH": str(Path(__file__).parents[1])}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "stop"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not _running(postmaster)
+    assert not _running(redis_pid)

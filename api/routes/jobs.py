@@ -4,34 +4,46 @@ worker can never receive a message for a job that PostgreSQL does not hold yet."
 import logging
 import re
 import uuid
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.errors import ApiError
-from api.schemas import ErrorEnvelope, JobCreate, JobEnvelope, JobList, JobPublic
+from api.schemas import ErrorEnvelope, JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
+from api.streams import listener_of, wait_until_final
 from service.auth import Principal
 from service.clock import utcnow
 from service.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
 from service.db import autocommit
+from service.egress import check_notify_url
 from service.errors import JobNotFound
 from service.jobs import (
     JobRequest,
     cancel_job,
+    check_open_jobs,
     get_job,
     job_view,
     list_jobs,
     new_job_view,
     submit_job,
 )
-from service.plan import initial_plan
+from service.notices import validate_notify_url
+from service.plan import JobPlan, initial_plan, load_plan
 from service.profiles import NAME_PATTERN, load_profile_text
+from service.reruns import RerunRequest, rerun_job
+from service.runtime import Runtime
+from service.settings import Settings
 from service.snapshots import job_profile
-from service.states import JobStatus
-from tasks.dispatch import publish_new_job
+from service.states import JOB_FINAL, JobStatus
+from tasks.dispatch import publish_new_job, publish_or_defer
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +56,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _job_id(raw: str) -> uuid.UUID:
+def parse_job_id(raw: str) -> uuid.UUID:
     """A malformed id names no job: 404, the same answer as for an id that does not exist."""
     try:
         return uuid.UUID(raw)
@@ -52,7 +64,7 @@ def _job_id(raw: str) -> uuid.UUID:
         raise JobNotFound(f"no job {raw}", {"job_id": raw}) from None
 
 
-def _visible_to(principal: Principal) -> str | None:
+def visible_to(principal: Principal) -> str | None:
     """The owner whose jobs the caller may see; ``None`` (every owner) for admin keys."""
     return None if principal.has("admin") else principal.owner
 
@@ -76,7 +88,8 @@ def _pipeline(body: JobCreate, known_actions: frozenset[str]) -> str | dict[str,
     response_model=JobEnvelope,
     responses={200: {"model": JobEnvelope}, **_ERRORS},
 )
-def create_job(
+async def create_job(
+    request: Request,
     body: JobCreate,
     principal: Writer,
     session: SessionDep,
@@ -86,8 +99,26 @@ def create_job(
 ) -> Response:
     """202 for a new job; 200 with the first job when the idempotency key was seen before.
 
-    The envelope is serialised here, on the request's worker thread: returned as a model, it
-    would be validated again on a second trip to the thread pool."""
+    With ``"mode": "sync"`` the request waits, up to ``wait_s``, for the job to be final:
+    200 with the final job, else 202 with the job as it stands."""
+    job, status_code = await run_in_threadpool(
+        _create, body, principal, session, runtime, settings, celery_app
+    )
+    if body.mode == "async" or job.status in JOB_FINAL:
+        return _envelope(job, status_code)
+    await wait_until_final(runtime, listener_of(request.app), job.id, body.wait_s)
+    job = await run_in_threadpool(_read, session, job.id)
+    return _envelope(job, 200 if job.status in JOB_FINAL else 202)
+
+
+def _create(
+    body: JobCreate,
+    principal: Principal,
+    session: Session,
+    runtime: Runtime,
+    settings: Settings,
+    celery_app: "Celery",
+) -> tuple[JobPublic, int]:
     known_actions = runtime.registry.names()
     request = JobRequest(
         pipeline=_pipeline(body, known_actions),
@@ -96,7 +127,10 @@ def create_job(
         diff_mode=body.diff_mode,
         notify_url=body.notify_url,
     )
+    if body.notify_url is not None:
+        check_notify_url(settings, validate_notify_url(body.notify_url))
     autocommit(session)
+    check_open_jobs(session, principal.owner, settings.max_open_jobs_per_owner)
     job, created = submit_job(
         session,
         request,
@@ -106,10 +140,16 @@ def create_job(
     )
     session.commit()
     if not created:
-        return _envelope(JobPublic.of(job_view(session, job)), 200)
+        return JobPublic.of(job_view(session, job)), 200
     profile = job_profile(job)
     publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
-    return _envelope(JobPublic.of(new_job_view(job, profile)), 202)
+    return JobPublic.of(new_job_view(job, profile)), 202
+
+
+def _read(session: Session, job_id: uuid.UUID) -> JobPublic:
+    job = JobPublic.of(job_view(session, get_job(session, job_id)))
+    session.commit()
+    return job
 
 
 def _envelope(job: JobPublic, status_code: int) -> Response:
@@ -119,7 +159,7 @@ def _envelope(job: JobPublic, status_code: int) -> Response:
 
 @router.get("/{job_id}", response_model=JobEnvelope, responses=_ERRORS)
 def read_job(job_id: str, principal: Reader, session: SessionDep) -> JobEnvelope:
-    job = get_job(session, _job_id(job_id), owner=_visible_to(principal))
+    job = get_job(session, parse_job_id(job_id), owner=visible_to(principal))
     return JobEnvelope(job=JobPublic.of(job_view(session, job)))
 
 
@@ -143,15 +183,18 @@ def search_jobs(
     status: Annotated[list[str] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=JOB_LIST_MAX_LIMIT)] = JOB_LIST_DEFAULT_LIMIT,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
+    compensation: Annotated[Literal["failed"] | None, Query()] = None,
 ) -> JobList:
-    """Newest first. ``status`` may repeat or be comma-separated; ``next_cursor`` pages on."""
+    """Newest first. ``status`` may repeat or be comma-separated; ``next_cursor`` pages on;
+    ``compensation=failed`` lists the jobs whose undoing needs an operator."""
     jobs, next_cursor = list_jobs(
         session,
-        owner=_visible_to(principal),
+        owner=visible_to(principal),
         pipeline=pipeline or None,
         statuses=_statuses(status or []),
         limit=limit,
         cursor=cursor or None,
+        compensation_failed=compensation == "failed",
     )
     return JobList(
         jobs=[JobPublic.of(job_view(session, job)) for job in jobs], next_cursor=next_cursor
@@ -160,18 +203,55 @@ def search_jobs(
 
 @router.post("/{job_id}/cancel", response_model=JobEnvelope, responses=_ERRORS)
 def cancel(
-    job_id: str, principal: Writer, session: SessionDep, celery_app: CeleryDep
+    job_id: str,
+    principal: Writer,
+    session: SessionDep,
+    runtime: RuntimeDep,
+    celery_app: CeleryDep,
 ) -> JobEnvelope:
     """Cancelling a cancelled job is a no-op; cancelling a finished one is a 409. Running tasks
     are revoked only after the commit, and only as a courtesy: the cancelled status in
     PostgreSQL is what stops them at their next checkpoint even if the revoke is lost."""
-    job, running = cancel_job(session, _job_id(job_id), owner=_visible_to(principal), now=utcnow())
+    job, running = cancel_job(
+        session, parse_job_id(job_id), owner=visible_to(principal), now=utcnow()
+    )
     session.commit()
-    envelope = JobEnvelope(job=JobPublic.of(job_view(session, job)))
+    view = job_view(session, job)
+    envelope = JobEnvelope(job=JobPublic.of(view))
     session.commit()
+    if view.compensation is not None and view.compensation["status"] == "running":
+        publish_or_defer(celery_app, runtime, JobPlan(job.id, compensate=True))
     if running:
         try:
             celery_app.control.revoke(running, terminate=True, signal="SIGUSR1")
         except (KombuOperationalError, RedisError, OSError) as exc:
             log.warning("could not revoke tasks %s of job %s: %s", running, job.id, exc)
     return envelope
+
+
+@router.post("/{job_id}/rerun", status_code=202, response_model=JobEnvelope, responses=_ERRORS)
+def rerun(
+    job_id: str,
+    body: RerunCreate,
+    principal: Writer,
+    session: SessionDep,
+    runtime: RuntimeDep,
+    celery_app: CeleryDep,
+) -> JobEnvelope:
+    """A new job of the parent's profile that reuses the checkpoints of the steps upstream of
+    ``from_step``; it is stored before its first steps are sent."""
+    request = RerunRequest(
+        from_step=body.from_step,
+        params=body.params,
+        reuse_upstream=body.reuse_upstream,
+        only_failed_items=body.only_failed_items,
+    )
+    job = rerun_job(
+        session, parse_job_id(job_id), request, visible_to=visible_to(principal), now=utcnow()
+    )
+    session.commit()
+    plan = load_plan(session, job.id)
+    session.commit()
+    if plan is not None:
+        publish_new_job(celery_app, runtime, plan)
+    return JobEnvelope(job=JobPublic.of(job_view(session, job)))

@@ -14,7 +14,7 @@ from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.schemas import ErrorEnvelope, UtcDatetime
 from service.auth import Principal
 from service.errors import ImportRequestInvalid, UnsupportedMediaType
-from service.imports import UrlPolicy, fetch_url, read_import_file
+from service.imports import fetch_url, import_policy, read_import_file
 from service.pipelines import (
     PipelineView,
     SaveOutcome,
@@ -178,7 +178,7 @@ def import_pipeline(
         raise ImportRequestInvalid("give exactly one of 'url' and 'path'", {})
     session.commit()
     if body.url is not None:
-        text = fetch_url(body.url, UrlPolicy.from_settings(settings))
+        text = fetch_url(body.url, import_policy(settings))
     else:
         assert body.path is not None
         text = read_import_file(body.path, settings.import_dir, settings.import_max_bytes)
@@ -194,17 +194,31 @@ def import_pipeline(
     return _saved(outcome, response)
 
 
+PROFILE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "a profile; its name must be the one in the URL",
+        "content": {
+            media: {"schema": {"type": "string"}}
+            for media in ("application/yaml", "text/yaml", "application/x-yaml", "text/plain")
+        }
+        | {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+
+
 @router.put(
     "/{name}",
     status_code=201,
     response_model=PipelineEnvelope,
     responses={200: {"model": PipelineEnvelope}, **_ERRORS},
+    openapi_extra=PROFILE_BODY,
 )
 def save(
     name: str,
+    principal: Writer,
     text: Annotated[str, Depends(profile_body)],
     response: Response,
-    principal: Writer,
     session: SessionDep,
     runtime: RuntimeDep,
     settings: SettingsDep,

@@ -1,5 +1,6 @@
-"""Schedule routes. A saved or changed schedule is read by the elected scheduler at its next
-tick, so nothing is sent from here and no scheduler restarts."""
+"""Schedule routes. A saved schedule wakes the elected scheduler when its transaction commits
+(``put_schedule`` notifies it through PostgreSQL), so nothing is sent from here and no
+scheduler restarts."""
 
 import uuid
 from typing import Annotated, Any

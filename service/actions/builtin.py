@@ -3,12 +3,23 @@
 import math
 from typing import Any
 
-from service.actions import data, datajobs, europepmc, http, pubmed
+from service.actions import data, datajobs, europepmc, http, llm, pubmed
 from service.actions.context import StepContext
 from service.actions.registry import action
 from service.errors import ActionError
 
-__all__ = ["data", "datajobs", "europepmc", "fail", "http", "noop", "pubmed", "sleep", "text_stats"]
+__all__ = [
+    "data",
+    "datajobs",
+    "europepmc",
+    "fail",
+    "http",
+    "llm",
+    "noop",
+    "pubmed",
+    "sleep",
+    "text_stats",
+]
 
 
 @action("noop")

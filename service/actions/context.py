@@ -25,6 +25,9 @@ class StepContext:
     params: Mapping[str, Any]
     settings: Settings
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    idempotency_key: str | None = None
+    """Set for a compensation: the same on every attempt, so the action can do its undoing
+    once even when a killed worker makes it run twice."""
 
     @property
     def cancelled(self) -> bool:

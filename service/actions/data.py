@@ -11,6 +11,7 @@ from typing import Any
 from service.actions.context import StepContext
 from service.actions.registry import action
 from service.errors import ActionError
+from service.profiles import search_dirs
 
 MAX_LOAD_BYTES = 50 * 1024 * 1024
 FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -210,6 +211,18 @@ def resolve_data_path(
     return target
 
 
+def _profile_data(profiles_dir: Path | None, path: str) -> Path:
+    """``path`` in the operator's profile directory, else among the shipped profiles' data."""
+    *first, last = search_dirs(profiles_dir)
+    for directory in first:
+        try:
+            return resolve_data_path(directory, path)
+        except ActionError as exc:
+            if exc.details.get("reason") != "not_found":
+                raise
+    return resolve_data_path(last, path)
+
+
 def _parse(raw: bytes, fmt: str, path: str) -> list[Any]:
     text = raw.decode("utf-8-sig")
     if fmt == "json":
@@ -247,7 +260,7 @@ def load(ctx: StepContext, path: str, format: str | None = None) -> list[Any]:
             )
     elif fmt not in FORMATS.values():
         raise _bad(f"data.load: unknown format {format!r}; use json, jsonl or csv")
-    target = resolve_data_path(Path(ctx.settings.profiles_dir), path)
+    target = _profile_data(ctx.settings.profiles_dir, path)
     if target.stat().st_size > MAX_LOAD_BYTES:
         raise _bad(f"data.load: {path!r} is over {MAX_LOAD_BYTES} bytes", "too_large", path=path)
     with target.open("rb") as handle:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -24,6 +25,7 @@ from psycopg import sql
 from service.actions.context import StepContext
 from service.actions.data import get_path, resolve_data_path
 from service.actions.registry import action
+from service.egress import EgressPolicy, guarded_client
 from service.errors import ActionError
 
 TABLE_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -39,13 +41,12 @@ def _bad(action_name: str, message: str, reason: str = "bad_inputs", **details: 
     return ActionError(f"{action_name}: {message}", {"reason": reason, **details}, retryable=False)
 
 
-def _download_to(ctx: StepContext, url: str, cap: int, handle: Any) -> tuple[str, int]:
+def _download_to(
+    ctx: StepContext, policy: EgressPolicy, url: str, cap: int, handle: Any
+) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
-    with (
-        httpx.Client(timeout=ctx.settings.http_timeout_s, follow_redirects=True) as client,
-        client.stream("GET", url) as response,
-    ):
+    with guarded_client(policy) as client, client.stream("GET", url) as response:
         status = response.status_code
         if status >= 400:
             raise ActionError(
@@ -81,13 +82,20 @@ def download(
         parsed = httpx.URL(url) if isinstance(url, str) else None
     except httpx.InvalidURL:
         parsed = None
-    if parsed is None or parsed.scheme not in {"http", "https"} or not parsed.host:
-        raise _bad("data.download", f"only http and https URLs are allowed, got {url!r}")
+    if parsed is None:
+        raise _bad("data.download", f"not a URL: {url!r}")
+    policy = replace(
+        EgressPolicy.from_settings(ctx.settings, "data.download"),
+        max_bytes=ctx.settings.download_max_bytes,
+    )
+    policy.check_url(parsed)
+    if not parsed.host:
+        raise _bad("data.download", f"no host in {url!r}")
     if isinstance(sha256, str):
         sha256 = sha256.strip().lower()
     if sha256 is not None and (not isinstance(sha256, str) or not SHA256_PATTERN.match(sha256)):
         raise _bad("data.download", "sha256 must be 64 hex digits")
-    cap = ctx.settings.download_max_bytes
+    cap = policy.max_bytes
     if max_bytes is not None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise _bad("data.download", "max_bytes must be a positive integer")
@@ -98,7 +106,7 @@ def download(
     fd, partial = tempfile.mkstemp(dir=target_dir, prefix=".part-")
     try:
         with os.fdopen(fd, "wb") as handle:
-            digest, size = _download_to(ctx, url, cap, handle)
+            digest, size = _download_to(ctx, policy, url, cap, handle)
         if sha256 is not None and digest != sha256:
             raise _bad(
                 "data.download",

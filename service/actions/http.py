@@ -1,4 +1,5 @@
-"""``http.request``: one HTTP call with a timeout, a response size cap and retry classification."""
+"""``http.request``: one HTTP call with a timeout, a response size cap and retry classification,
+let out only as far as the egress policy allows (``service.egress``)."""
 
 import json as jsonlib
 import time
@@ -9,9 +10,9 @@ import httpx
 
 from service.actions.context import StepContext
 from service.actions.registry import action
+from service.egress import EgressPolicy, guarded_client
 from service.errors import ActionError
 
-ALLOWED_SCHEMES = frozenset({"http", "https"})
 ALLOWED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 ERROR_SNIPPET_CHARS = 500
 
@@ -89,7 +90,10 @@ def request(
     max_bytes: int | None = None,
     expect_json: bool | None = None,
 ) -> dict[str, Any]:
-    """Retryable: 5xx, 429, timeouts and transport errors. Anything else the caller must fix."""
+    """Retryable: 5xx, 429, timeouts and transport errors. Anything else the caller must fix.
+
+    ``max_bytes`` may lower the operator's response cap, never raise it: a profile's author
+    must not be able to make a worker hold more than the deployment allows."""
     ctx.check_cancelled()
     if not isinstance(url, str):
         raise _fail("http.request: url must be a string", "bad_inputs", retryable=False)
@@ -97,31 +101,21 @@ def request(
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
         raise _fail(f"invalid URL {url!r}: {exc}", "bad_url", retryable=False) from exc
-    if parsed.scheme not in ALLOWED_SCHEMES or not parsed.host:
-        raise _fail(
-            f"only http and https URLs are allowed, got {url!r}",
-            "bad_scheme",
-            retryable=False,
-        )
     verb = method.upper() if isinstance(method, str) else ""
     if verb not in ALLOWED_METHODS:
         raise _fail(f"unsupported HTTP method {method!r}", "bad_inputs", retryable=False)
     if json is not None and body is not None:
         raise _fail("give either json or body, not both", "bad_inputs", retryable=False)
-    timeout = _positive(
-        timeout_s if timeout_s is not None else ctx.settings.http_timeout_s, "timeout_s"
-    )
-    cap = int(
-        _positive(
-            max_bytes if max_bytes is not None else ctx.settings.http_max_response_bytes,
-            "max_bytes",
-        )
-    )
+    policy = EgressPolicy.from_settings(ctx.settings, "http.request")
+    timeout = _positive(timeout_s, "timeout_s") if timeout_s is not None else policy.timeout_s
+    cap = policy.max_bytes
+    if max_bytes is not None:
+        cap = min(cap, int(_positive(max_bytes, "max_bytes")))
     deadline = time.monotonic() + timeout
 
     try:
         with (
-            httpx.Client(timeout=timeout, follow_redirects=True) as client,
+            guarded_client(policy, timeout=timeout) as client,
             client.stream(
                 verb,
                 parsed,
@@ -134,7 +128,7 @@ def request(
             raw = _read_capped(ctx, response, cap, deadline, url)
     except httpx.TimeoutException as exc:
         raise _fail(f"{verb} {url} timed out: {exc}", "timeout", retryable=True) from exc
-    except (httpx.UnsupportedProtocol, httpx.TooManyRedirects, httpx.InvalidURL) as exc:
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         raise _fail(f"{verb} {url} failed: {exc}", "bad_url", retryable=False) from exc
     except httpx.TransportError as exc:
         raise _fail(

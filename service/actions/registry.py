@@ -10,7 +10,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
 
-from service.errors import ActionError, ActionNotFound
+from service.errors import ActionError, ActionModuleUnimportable, ActionNotFound
 
 ActionFn = Callable[..., Any]
 F = TypeVar("F", bound=ActionFn)
@@ -180,7 +180,10 @@ def load_plugins(
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise RuntimeError(f"cannot import action module {module!r}: {exc}") from exc
+            raise ActionModuleUnimportable(
+                f"cannot import action module {module!r} (FLOWBEAT_ACTION_MODULES): {exc}",
+                {"module": module},
+            ) from exc
     found = (
         entry_points if entry_points is not None else metadata.entry_points(group=ENTRY_POINT_GROUP)
     )
@@ -191,7 +194,7 @@ def load_plugins(
         try:
             obj = ep.load()
         except ImportError as exc:
-            raise RuntimeError(
+            raise ActionModuleUnimportable(
                 f"cannot load action entry point {ep.name!r} ({ep.value}): {exc}"
             ) from exc
         if callable(obj) and not isinstance(obj, ModuleType):

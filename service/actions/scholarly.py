@@ -21,6 +21,7 @@ import redis
 from service.actions.context import StepContext
 from service.actions.http import _read_capped
 from service.constants import LITERATURE_HTTP_ATTEMPTS, LITERATURE_RETRY_AFTER_MAX_S
+from service.egress import EgressPolicy, guarded_client
 from service.errors import ActionError
 from service.ratelimit import RateLimiter
 
@@ -67,10 +68,9 @@ def get_json(
     limiter: RateLimiter | None = None,
 ) -> Any:
     """GET ``url`` and decode JSON; see the module docstring for what is retried."""
-    timeout = ctx.settings.http_timeout_s
-    cap = ctx.settings.http_max_response_bytes
+    policy = EgressPolicy.from_settings(ctx.settings, action)
     failure: ActionError | None = None
-    with httpx.Client(timeout=timeout, follow_redirects=False) as client:
+    with guarded_client(policy, follow_redirects=False) as client:
         for attempt in range(1, LITERATURE_HTTP_ATTEMPTS + 1):
             ctx.check_cancelled()
             if limiter is not None:
@@ -78,7 +78,8 @@ def get_json(
             backoff = BACKOFF_BASE_S * 2 ** (attempt - 1)
             try:
                 with client.stream("GET", url, params=dict(params)) as response:
-                    raw = _read_capped(ctx, response, cap, time.monotonic() + timeout, url)
+                    deadline = time.monotonic() + policy.timeout_s
+                    raw = _read_capped(ctx, response, policy.max_bytes, deadline, url)
             except httpx.TransportError as exc:
                 failure = ActionError(
                     f"{action}: GET {url} failed: {type(exc).__name__}: {exc}",

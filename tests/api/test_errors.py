@@ -42,5 +42,19 @@ def test_every_domain_code_has_a_status() -> None:
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.FlowbeatError)
     }
-    api_facing = codes - {"action_failed", "cancelled"}
+    command_only = {"action_module_unimportable", "flower_auth_required", "key_not_found"}
+    api_facing = codes - {"action_failed", "cancelled"} - command_only
     assert api_facing <= set(STATUS_BY_CODE)
+
+
+def test_a_body_sent_without_a_json_content_type_is_refused_saying_so(
+    client: TestClient, writer: dict[str, str]
+) -> None:
+    form = {**writer, "Content-Type": "application/x-www-form-urlencoded"}
+    response = client.post("/v1/jobs", content=b'{"pipeline": "greet"}', headers=form)
+
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "validation_error"
+    assert "Content-Type: application/json" in error["message"]
+    assert "application/x-www-form-urlencoded" in error["message"]

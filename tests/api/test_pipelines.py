@@ -100,6 +100,7 @@ def test_put_yaml_then_json_of_the_same_profile_keeps_one_version(
         ("name: {name}\n" + STEPS, "text/html", 415, "unsupported_media_type"),
         ("name: {name}\n" + STEPS, "", 415, "unsupported_media_type"),
         ("x" * 30_000, "application/yaml", 413, "payload_too_large"),
+        ("name: {name}\nx: " + "[" * 3000 + "]" * 3000, YAML_TYPE, 422, "profile_invalid"),
     ],
 )
 def test_refused_saves_store_nothing(
@@ -150,6 +151,29 @@ def test_shipped_profiles_are_listed_readable_runnable_and_read_only(
     assert again["run_count"] == 1
 
 
+def test_an_api_started_where_there_is_no_profiles_folder_serves_the_shipped_profiles(
+    settings: Settings,
+    runtime: Runtime,
+    writer: Headers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    shipped_only = settings.model_copy(update={"profiles_dir": None})
+    with _client(shipped_only, runtime) as client:
+        listed = client.get("/v1/pipelines", headers=writer)
+        digest = client.get("/v1/pipelines/papers-digest", headers=writer)
+        save = put(
+            client, writer, "papers-digest", "name: papers-digest\nsteps: [{id: a, action: noop}]"
+        )
+
+    assert listed.status_code == 200, listed.text
+    names = {p["name"] for p in listed.json()["pipelines"]}
+    assert {"papers-digest", "review-loop"} <= names and "greet" not in names
+    assert digest.json()["pipeline"]["owner"] == "system"
+    _error(save, 409, "pipeline_read_only")
+
+
 def test_sharing_lets_another_owner_read_and_run_but_not_change(
     client: TestClient, owner_key: Callable[..., Headers]
 ) -> None:
@@ -184,6 +208,45 @@ def test_sharing_lets_another_owner_read_and_run_but_not_change(
     assert unshared.json()["shared_with"] == []
     _error(client.post("/v1/jobs", json={"pipeline": name}, headers=bob), 404,
            "pipeline_not_found")  # fmt: skip
+
+
+def test_a_grantee_saving_a_shared_name_gets_a_pipeline_of_their_own(
+    client: TestClient, owner_key: Callable[..., Headers]
+) -> None:
+    alice_name, bob_name = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
+    alice, bob = owner_key(alice_name), owner_key(bob_name)
+    name = unique_name()
+    put(client, alice, name, profile_text(name))
+    client.put(f"/v1/pipelines/{name}/shares/{bob_name}", headers=alice)
+
+    saved = put(client, bob, name, profile_text(name, steps=2))
+
+    assert saved.status_code == 201, saved.text
+    assert saved.json()["pipeline"]["owner"] == bob_name
+    hers = client.get(f"/v1/pipelines/{name}", headers=alice).json()["pipeline"]
+    assert (hers["owner"], hers["version"]) == (alice_name, 1)
+    own_run = client.post("/v1/jobs", json={"pipeline": name}, headers=bob).json()["job"]
+    assert [s["step_id"] for s in own_run["steps"]] == ["s1", "s2"]
+    named = {"pipeline": f"{alice_name}/{name}"}
+    her_run = client.post("/v1/jobs", json=named, headers=bob).json()["job"]
+    assert [s["step_id"] for s in her_run["steps"]] == ["s1"]
+
+
+def test_purging_history_keeps_the_runs_of_those_it_was_shared_with(
+    client: TestClient, owner_key: Callable[..., Headers]
+) -> None:
+    alice_name, bob_name = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
+    alice, bob = owner_key(alice_name), owner_key(bob_name)
+    name = unique_name()
+    put(client, alice, name, profile_text(name))
+    client.put(f"/v1/pipelines/{name}/shares/{bob_name}", headers=alice)
+    client.post("/v1/jobs", json={"pipeline": name}, headers=alice)
+    bobs = client.post("/v1/jobs", json={"pipeline": name}, headers=bob).json()["job"]
+
+    purged = client.delete(f"/v1/pipelines/{name}", params={"purge_history": "true"}, headers=alice)
+
+    assert purged.json() == {"name": name, "purged_jobs": 1}
+    assert client.get(f"/v1/jobs/{bobs['id']}", headers=bob).status_code == 200
 
 
 def test_admins_see_and_manage_every_owners_pipelines(

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from sqlalchemy import func, select
@@ -77,6 +79,13 @@ class Proc:
         self.handle.close()
 
 
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class Cluster:
     """Starts workers and beat against one stack; stops whatever is left at the end."""
 
@@ -132,6 +141,22 @@ class Cluster:
         proc.wait_ready("beat: Starting")
         return proc
 
+    def api(self, **settings: str) -> str:
+        """A live API (uvicorn, as in production) on a free port; returns its base URL."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        argv = [sys.executable, "-m", "uvicorn", "--factory", "api.app:app_from_env"]
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        env = {**self.env, **{f"FLOWBEAT_{k.upper()}": v for k, v in settings.items()}}
+        proc = Proc(argv, env, self.tmp / f"api-{len(self.procs)}.log")
+        self.procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _healthy(base) or proc.popen.poll() is not None, 60, "the API")
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"the API exited early:\n{proc.output()[-3000:]}")
+        return base
+
     def close(self) -> None:
         for proc in self.procs:
             proc.stop()
@@ -170,6 +195,55 @@ class Client:
         assert plan is not None
         publish_new_job(self.app, self.rt, plan)
         return job.id
+
+    def rerun(self, parent: uuid.UUID, request: Any) -> uuid.UUID:
+        """Rerun through the same service call and publish path as the rerun route."""
+        from service.clock import utcnow
+        from service.db import unit_of_work
+        from service.plan import load_plan
+        from service.reruns import rerun_job
+        from tasks.dispatch import publish_new_job
+
+        with unit_of_work(self.rt.sessions) as session:
+            job_id = rerun_job(session, parent, request, visible_to=None, now=utcnow()).id
+        with unit_of_work(self.rt.sessions) as session:
+            plan = load_plan(session, job_id)
+        assert plan is not None
+        publish_new_job(self.app, self.rt, plan)
+        return job_id
+
+    def decide(self, job_id: uuid.UUID, step_id: str, *, approve: bool, **given: Any) -> Any:
+        """Decide through the same service call and publish path as the approval routes."""
+        from service.approvals import decide
+        from service.clock import utcnow
+        from service.db import unit_of_work
+        from tasks.dispatch import publish_or_defer
+
+        with unit_of_work(self.rt.sessions) as session:
+            decided = decide(
+                session,
+                job_id,
+                step_id,
+                approve=approve,
+                by="tests",
+                visible_to=None,
+                now=utcnow(),
+                **given,
+            )
+        publish_or_defer(self.app, self.rt, decided.ready)
+        return decided.approval
+
+    def cancel(self, job_id: uuid.UUID) -> None:
+        """Cancel as the route does, sending the job's compensations after the commit."""
+        from service.clock import utcnow
+        from service.db import unit_of_work
+        from service.jobs import cancel_job
+        from service.plan import JobPlan
+        from tasks.dispatch import publish_or_defer
+
+        with unit_of_work(self.rt.sessions) as session:
+            cancel_job(session, job_id, owner=None, now=utcnow())
+        publish_or_defer(self.app, self.rt, JobPlan(job_id, compensate=True))
 
     def view(self, job_id: uuid.UUID) -> Any:
         from service.db import unit_of_work

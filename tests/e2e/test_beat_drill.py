@@ -108,3 +108,18 @@ def test_a_leader_stopped_cleanly_frees_the_lock_at_once(client: Client, cluster
     assert inspect(client.broker, BEAT_LOCK_KEY).holder is None
     standby = cluster.beat(beat_lock_ttl_s="60")
     wait_for(lambda: _leader(client.broker, [standby]), 10, "a new replica to lead at once")
+
+
+def test_a_schedule_saved_while_the_leader_sleeps_fires_within_a_second_or_so(
+    client: Client, cluster: Cluster
+) -> None:
+    """With a 60 s lock the leader renews every 20 s; it still reads schedules every second."""
+    leader = cluster.beat(beat_lock_ttl_s="60")
+    wait_for(lambda: _leader(client.broker, [leader]), 10, "the only replica to lead")
+    before = len(_jobs(client))
+
+    _save(client, every="1s", overlap="allow", params={"hold_s": 0})
+    wait_for(_fired_at_least(client, before + 3), 10, "three fires")
+
+    lags = [(created - fire).total_seconds() for fire, created, _ in _jobs(client)[before:]]
+    assert max(lags) < 2.5, lags

@@ -7,12 +7,11 @@ import json
 import uuid
 from typing import Any
 
-from sqlalchemy import select
-
 from service.db import unit_of_work
 from service.diffs import DiffKind, diff_counts, diff_page
+from service.events import notice_events
 from service.jobs import JobRequest, submit_job
-from service.models import JobEventRow, JobRow
+from service.models import JobRow
 from service.plan import load_plan
 from tasks.dispatch import publish_new_job
 from tests.e2e.conftest import Client, Cluster, wait_for
@@ -47,13 +46,7 @@ def _job(client: Client, job_id: uuid.UUID) -> JobRow:
 
 def _events(client: Client, job_id: uuid.UUID) -> list[str]:
     with unit_of_work(client.rt.sessions) as session:
-        return list(
-            session.scalars(
-                select(JobEventRow.kind)
-                .where(JobEventRow.job_id == job_id)
-                .order_by(JobEventRow.id)
-            )
-        )
+        return [event.kind for event in notice_events(session, job_id)]
 
 
 def test_two_runs_on_a_worker_are_diffed_and_new_items_are_notified(

@@ -1,6 +1,7 @@
 """The flowbeat command, run as a user runs it, against the test stack."""
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,10 +22,19 @@ def flowbeat(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Cli:
     env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-data"))
 
-    def run(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, timeout_s: float = 120, **overrides: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``overrides`` replace environment variables for this one command."""
         argv = [sys.executable, "-m", "service.cli", *args]
         return subprocess.run(
-            argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
+            argv,
+            env={**env, **overrides},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
         )
 
     return run
@@ -46,6 +56,31 @@ def test_run_exits_non_zero_when_the_job_fails(flowbeat: Cli) -> None:
     assert done.returncode == 1
     assert ": failed" in done.stdout
     assert "transient" in done.stdout
+
+
+def test_jobs_rerun_runs_a_failed_job_again_from_its_failed_step(flowbeat: Cli) -> None:
+    failed = flowbeat("run", "rerun", "-p", "bad=[2]", "--local-worker")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    [parent] = re.findall(r"job (\S+) queued", failed.stdout)
+
+    rerun = flowbeat(
+        "jobs", "rerun", parent, "--from", "each", "-p", "bad=[]", "--wait", "--local-worker"
+    )
+
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert f"(rerun of {parent})" in rerun.stdout
+    assert re.search(r"load\s+reused", rerun.stdout)
+    assert ": succeeded" in rerun.stdout
+
+
+def test_jobs_rerun_refuses_an_unknown_step_with_its_code(flowbeat: Cli) -> None:
+    done = flowbeat("run", "rerun", "--local-worker")
+    [parent] = re.findall(r"job (\S+) queued", done.stdout)
+
+    refused = flowbeat("jobs", "rerun", parent, "--from", "nope")
+
+    assert refused.returncode == 2
+    assert "unknown_step" in refused.stdout
 
 
 def test_run_refuses_bad_params_before_anything_is_stored(flowbeat: Cli) -> None:
@@ -72,6 +107,64 @@ def test_jobs_list_shows_recent_jobs(flowbeat: Cli) -> None:
     assert "dag" in done.stdout
 
 
+def test_jobs_list_shows_whole_ids_in_an_80_column_terminal(flowbeat: Cli) -> None:
+    queued = flowbeat("run", "dag", "--no-wait")
+    [job_id] = re.findall(r"job (\S+) queued", queued.stdout)
+
+    done = flowbeat("jobs", "list", "--pipeline", "dag", COLUMNS="80")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert job_id in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+def test_jobs_list_refuses_an_unknown_status(flowbeat: Cli) -> None:
+    done = flowbeat("jobs", "list", "--status", "bogus")
+
+    assert done.returncode == 2
+    assert "'bogus' is not one of" in done.stderr
+
+
+def test_jobs_show_names_an_unknown_job_by_its_code_without_a_traceback(flowbeat: Cli) -> None:
+    done = flowbeat("jobs", "show", "00000000-0000-0000-0000-000000000000")
+
+    assert done.returncode == 2
+    assert "job_not_found: no job 00000000-0000-0000-0000-000000000000" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_jobs_show_prints_the_error_of_each_failed_step(flowbeat: Cli) -> None:
+    failed = flowbeat("run", "flaky", "-p", "succeed_on=9", "--local-worker")
+    [job_id] = re.findall(r"job (\S+) queued", failed.stdout)
+
+    done = flowbeat("jobs", "show", job_id)
+
+    assert re.search(r"flaky\s+failed\n\s+action_failed: transient", done.stdout), done.stdout
+
+
+def test_an_action_module_that_cannot_be_imported_is_named_without_a_traceback(
+    flowbeat: Cli,
+) -> None:
+    done = flowbeat("run", "dag", "--no-wait", FLOWBEAT_ACTION_MODULES="no_such_lab.actions")
+
+    assert done.returncode == 2
+    assert "action_module_unimportable" in done.stdout
+    assert "no_such_lab.actions" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_profiles_dir_that_does_not_exist_is_named_at_start_without_a_traceback(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-dir"
+    done = flowbeat("jobs", "list", FLOWBEAT_PROFILES_DIR=str(missing))
+
+    assert done.returncode == 2
+    said = " ".join(done.stdout.split())
+    assert f"settings_invalid: FLOWBEAT_PROFILES_DIR: '{missing}' is not a directory" in said
+    assert "Traceback" not in done.stdout + done.stderr
+
+
 def test_beat_check_reports_the_leader_and_fails_without_one(flowbeat: Cli, stack: Stack) -> None:
     import redis
 
@@ -88,3 +181,26 @@ def test_beat_check_reports_the_leader_and_fails_without_one(flowbeat: Cli, stac
     finally:
         client.delete(BEAT_LOCK_KEY)
         client.close()
+
+
+def test_jobs_watch_replays_a_finished_job_from_its_event_log(flowbeat: Cli) -> None:
+    done = flowbeat("run", "dag", "-p", "items=[1, 2, 3]", "--local-worker")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.search(r"job (\S+) queued", done.stdout)
+    assert job_id is not None
+
+    watched = flowbeat("jobs", "watch", job_id.group(1))
+
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    lines = [line.split() for line in watched.stdout.splitlines() if line.startswith("  ")]
+    assert ["fan", "succeeded", "(3/3", "items)"] in lines
+    assert [step for step, *_ in lines if _[:1] == ["running"]] == [
+        step for step, *_ in lines if _[:1] == ["succeeded"]
+    ]
+    assert ": succeeded" in watched.stdout
+
+
+def test_jobs_watch_names_an_unknown_job_by_its_code(flowbeat: Cli) -> None:
+    watched = flowbeat("jobs", "watch", "00000000-0000-0000-0000-000000000000")
+    assert watched.returncode == 2
+    assert "job_not_found" in watched.stdout

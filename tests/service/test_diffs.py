@@ -9,7 +9,8 @@ from sqlalchemy import select
 from service.db import unit_of_work
 from service.diffs import DiffKind, diff_counts, diff_page
 from service.errors import InvalidCursor, NoResultItems
-from service.models import JobEventRow, JobRow, ResultItemRow
+from service.events import Event, notice_events
+from service.models import JobRow, ResultItemRow
 from service.runtime import Runtime
 from tests.support.runs import run_items
 
@@ -143,9 +144,9 @@ def test_a_cursor_it_did_not_issue_is_refused(runtime: Runtime) -> None:
         diff_page(session, job, DiffKind.NEW, limit=10, cursor="%%%")
 
 
-def _events(rt: Runtime, job_id: uuid.UUID) -> list[JobEventRow]:
+def _events(rt: Runtime, job_id: uuid.UUID) -> list[Event]:
     with unit_of_work(rt.sessions) as session:
-        return list(session.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id)))
+        return notice_events(session, job_id)
 
 
 def test_diff_mode_marks_a_run_without_new_items_and_records_no_event(runtime: Runtime) -> None:

@@ -1,8 +1,8 @@
 """The import policy: every refusal has its own code, and only allowed documents come through.
 
 URL fetches go to a TLS server the test starts on 127.0.0.1 with a certificate for
-``pipelines.test``; a resolver maps the test host names to that address, and the test-only
-``allow_loopback`` override lets the policy accept it.
+``pipelines.test``; a resolver maps the test host names to that address, which the settings
+open the way an operator opens an internal host (``FLOWBEAT_EGRESS_INTERNAL_HOSTS``).
 """
 
 import os
@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from service.egress import EgressPolicy
 from service.errors import ImportRefused
-from service.imports import UrlPolicy, fetch_url, read_import_file
+from service.imports import fetch_url, import_policy, read_import_file
 from service.settings import Settings
 
 PROFILE = "name: weekly\nsteps: [{id: search, action: noop}]\n"
@@ -121,14 +123,19 @@ def local(host: str, port: int) -> list[str]:
     return ["127.0.0.1"]
 
 
-def policy(**overrides: object) -> UrlPolicy:
-    values: dict[str, object] = {
-        "allowed_hosts": frozenset({HOST}),
-        "timeout_s": 3.0,
-        "allow_loopback": True,
+def policy(**overrides: Any) -> EgressPolicy:
+    """The import policy of a deployment that opened the test server's address."""
+    settings: dict[str, Any] = {
+        "import_allowed_hosts": [HOST],
+        "import_timeout_s": 3.0,
+        "egress_internal_hosts": ["127.0.0.1"],
     }
-    values.update(overrides)
-    return UrlPolicy(**values)  # type: ignore[arg-type]
+    return import_policy(Settings(**{**settings, **overrides}))
+
+
+def public_only(allowed: set[str]) -> EgressPolicy:
+    """The import policy of a deployment that opened no internal host."""
+    return import_policy(Settings(import_allowed_hosts=sorted(allowed), egress_internal_hosts=[]))
 
 
 def refused(code: str, call: object, *args: object, **kwargs: object) -> ImportRefused:
@@ -138,19 +145,26 @@ def refused(code: str, call: object, *args: object, **kwargs: object) -> ImportR
     return caught.value
 
 
-def test_the_loopback_override_is_off_by_default_and_absent_from_settings() -> None:
-    from_settings = UrlPolicy.from_settings(Settings(import_allowed_hosts=[HOST.upper()]))
-    assert UrlPolicy(allowed_hosts=frozenset()).allow_loopback is False
-    assert from_settings.allow_loopback is False
-    assert from_settings.allowed_hosts == {HOST}
-    assert "allow_loopback" not in Settings.model_fields
+def test_the_import_policy_is_https_only_within_both_allow_lists() -> None:
+    settings = Settings(
+        import_allowed_hosts=[HOST.upper(), "other.test"],
+        egress_allowed_hosts=[HOST, "third.test"],
+        egress_allow_http=True,
+        egress_internal_hosts=["10.0.0.0/8"],
+        import_max_redirects=2,
+    )
+    imports = import_policy(settings)
+    assert imports.allowed_hosts == frozenset({HOST})
+    assert imports.allow_http is False
+    assert imports.internal_networks == EgressPolicy.from_settings(settings).internal_networks
+    assert (imports.max_redirects, imports.max_bytes, imports.timeout_s) == (2, 100_000, 10.0)
 
 
 def test_an_allowed_document_is_fetched_from_the_checked_address(
     server: TlsServer, trust: ssl.SSLContext
 ) -> None:
     server.routes["/weekly.yaml"] = Route()
-    text = fetch_url(server.url("/weekly.yaml"), policy(), resolver=local, verify=trust)
+    text = fetch_url(server.url("/weekly.yaml"), policy(), resolver=local, ssl_context=trust)
     assert text == PROFILE
     assert server.requests == [("/weekly.yaml", f"{HOST}:{server.port}")]
 
@@ -158,7 +172,7 @@ def test_an_allowed_document_is_fetched_from_the_checked_address(
 def test_a_redirect_on_the_allow_list_is_followed(server: TlsServer, trust: ssl.SSLContext) -> None:
     server.routes["/old"] = Route(status=302, headers={"Location": "/new"}, body=b"")
     server.routes["/new"] = Route(headers={"Content-Type": "text/plain; charset=utf-8"})
-    assert fetch_url(server.url("/old"), policy(), resolver=local, verify=trust) == PROFILE
+    assert fetch_url(server.url("/old"), policy(), resolver=local, ssl_context=trust) == PROFILE
 
 
 @pytest.mark.parametrize(
@@ -174,7 +188,7 @@ def test_a_redirect_off_the_list_is_refused(
         server.url("/hop"),
         policy(),
         resolver=local,
-        verify=trust,
+        ssl_context=trust,
     )
     assert [path for path, _ in server.requests] == ["/hop"]
 
@@ -185,9 +199,9 @@ def test_a_redirect_loop_ends_at_the_limit(server: TlsServer, trust: ssl.SSLCont
         "import_redirect_refused",
         fetch_url,
         server.url("/loop"),
-        policy(max_redirects=2),
+        policy(import_max_redirects=2),
         resolver=local,
-        verify=trust,
+        ssl_context=trust,
     )
     assert len(server.requests) == 3
 
@@ -212,9 +226,9 @@ def test_a_document_the_policy_refuses(
         code,
         fetch_url,
         server.url("/doc"),
-        policy(timeout_s=0.5),
+        policy(import_timeout_s=0.5),
         resolver=local,
-        verify=trust,
+        ssl_context=trust,
     )
 
 
@@ -224,9 +238,9 @@ def test_a_certificate_for_another_name_fails(server: TlsServer, trust: ssl.SSLC
         "import_fetch_failed",
         fetch_url,
         server.url("/doc", host="third.test"),
-        policy(allowed_hosts=frozenset({"third.test"})),
+        policy(import_allowed_hosts=["third.test"]),
         resolver=local,
-        verify=trust,
+        ssl_context=trust,
     )
 
 
@@ -245,7 +259,7 @@ def test_urls_refused_before_any_connection(url: str, allowed: set[str], code: s
     def no_dns(host: str, port: int) -> list[str]:
         raise AssertionError("resolved a refused URL")
 
-    refused(code, fetch_url, url, UrlPolicy(allowed_hosts=frozenset(allowed)), resolver=no_dns)
+    refused(code, fetch_url, url, public_only(allowed), resolver=no_dns)
 
 
 @pytest.mark.parametrize(
@@ -271,16 +285,47 @@ def test_hosts_resolving_to_non_public_addresses_are_refused(addresses: list[str
         "import_address_refused",
         fetch_url,
         "https://pipelines.test/p.yaml",
-        UrlPolicy(allowed_hosts=frozenset({HOST})),
+        public_only({HOST}),
         resolver=resolver,
     )
     assert error.details["host"] == HOST
 
 
-def test_the_override_admits_loopback_only() -> None:
-    relaxed = policy()
-    assert relaxed.address_ok("127.0.0.1") and relaxed.address_ok("::1")
-    assert not relaxed.address_ok("10.0.0.1") and not relaxed.address_ok("169.254.169.254")
+def test_an_opened_address_admits_only_itself(server: TlsServer, trust: ssl.SSLContext) -> None:
+    server.routes["/doc"] = Route()
+
+    def elsewhere(host: str, port: int) -> list[str]:
+        return ["127.0.0.2"]
+
+    refused(
+        "import_address_refused",
+        fetch_url,
+        server.url("/doc"),
+        policy(),
+        resolver=elsewhere,
+        ssl_context=trust,
+    )
+    assert server.requests == []
+
+
+def test_a_redirect_to_a_refused_address_is_refused(
+    server: TlsServer, trust: ssl.SSLContext
+) -> None:
+    server.routes["/hop"] = Route(status=302, headers={"Location": "https://other.test/x"})
+
+    def other_is_private(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"] if host == HOST else ["10.0.0.1"]
+
+    opened = policy(import_allowed_hosts=[HOST, "other.test"])
+    refused(
+        "import_address_refused",
+        fetch_url,
+        server.url("/hop"),
+        opened,
+        resolver=other_is_private,
+        ssl_context=trust,
+    )
+    assert [path for path, _ in server.requests] == ["/hop"]
 
 
 @pytest.fixture
@@ -337,7 +382,7 @@ def test_international_host_names_are_checked_in_their_dns_form() -> None:
         seen.append(host)
         return ["10.0.0.1"]
 
-    allowed = UrlPolicy(allowed_hosts=frozenset({"xn--bcher-kva.example"}))
+    allowed = public_only({"xn--bcher-kva.example"})
     refused("import_address_refused", fetch_url, "https://Bücher.example/p", allowed,
             resolver=resolver)  # fmt: skip
     assert seen == ["xn--bcher-kva.example"]

@@ -8,12 +8,11 @@ from datetime import timedelta
 
 import pytest
 from pydantic import SecretStr
-from sqlalchemy import select
 
 from service.clock import utcnow
 from service.db import unit_of_work
 from service.errors import NotifyUrlInvalid
-from service.models import JobEventRow
+from service.events import notice_events
 from service.notices import (
     record_event,
     requeue_lost_notices,
@@ -47,10 +46,7 @@ def _verified(got: Received) -> dict[str, object]:
 
 def _events(rt: Runtime, job_id: uuid.UUID) -> list[tuple[str, dict[str, object]]]:
     with unit_of_work(rt.sessions) as session:
-        rows = session.scalars(
-            select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
-        )
-        return [(row.kind, row.data) for row in rows]
+        return [(event.kind, event.data) for event in notice_events(session, job_id)]
 
 
 def test_a_notice_is_signed_and_retried_after_a_503(runtime: Runtime) -> None:
@@ -122,6 +118,33 @@ def test_a_4xx_answer_is_not_retried(runtime: Runtime) -> None:
 
     assert delay is None
     assert _events(runtime, job.id)[-1][0] == "notify_failed"
+
+
+@pytest.mark.parametrize(
+    ("closed", "code"),
+    [
+        ({"egress_internal_hosts": []}, "egress_address_refused"),
+        ({"egress_allow_http": False}, "egress_scheme_refused"),
+    ],
+)
+def test_a_notice_the_egress_policy_refuses_is_recorded_with_its_code_and_not_retried(
+    runtime: Runtime, closed: dict[str, object], code: str
+) -> None:
+    with WebhookServer([200]) as hook:
+        job = run_items(
+            runtime,
+            [{"id": "a"}],
+            owner=f"notices-{uuid.uuid4().hex[:8]}",
+            pipeline="n",
+            diff_mode=True,
+            notify_url=hook.url,
+        )
+        settings = _settings(runtime, **closed)
+        delay = send_notice(runtime.sessions, settings, job.id, attempt=1, now_s=0.0)
+
+    assert delay is None and hook.received == []
+    kind, data = _events(runtime, job.id)[-1]
+    assert (kind, data["code"], data["attempts"]) == ("notify_failed", code, 1)
 
 
 def test_without_a_secret_nothing_is_sent_and_the_failure_is_recorded(runtime: Runtime) -> None:

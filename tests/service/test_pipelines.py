@@ -267,6 +267,25 @@ def test_delete_keeps_history_unless_purged(rt: Runtime) -> None:
         delete_pipeline(s, kept, viewer=owner, profiles_dir=PROFILES)
 
 
+def test_purging_a_shared_pipeline_keeps_the_runs_of_those_it_was_shared_with(
+    rt: Runtime,
+) -> None:
+    alice, bob = unique_owner(), unique_owner()
+    name = unique_name()
+    save(rt, alice, weekly(name), name)
+    with unit_of_work(rt.sessions) as s:
+        set_share(s, name, bob, shared=True, viewer=alice, profiles_dir=PROFILES)
+    alices, bobs = submit(rt, alice, name), submit(rt, bob, name)
+
+    with unit_of_work(rt.sessions) as s:
+        purged = delete_pipeline(s, name, viewer=alice, profiles_dir=PROFILES, purge_history=True)
+
+    assert purged == 1
+    with rt.sessions() as s:
+        left = set(s.scalars(select(JobRow.id).where(JobRow.id.in_([alices.id, bobs.id]))))
+    assert left == {bobs.id}
+
+
 def test_an_unknown_version_is_not_found(rt: Runtime, session: Session) -> None:
     owner, name = unique_owner(), unique_name()
     save(rt, owner, weekly(name), name)

@@ -7,10 +7,13 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from service.constants import SHIPPED_DIR
 from service.errors import ParamsInvalid, ProfileInvalid, ProfileNotFound
 from service.profiles import (
     MAX_PROFILE_BYTES,
+    MAX_VERIFY_RULES,
     SCHEMA_PATH,
     Profile,
     RetryPolicy,
@@ -22,6 +25,8 @@ from service.profiles import (
     validate_profile,
     write_json_schema,
 )
+from service.settings import Settings
+from service.snapshots import step_facts
 
 ACTIONS = {"http.get", "search", "fetch", "merge"}
 
@@ -271,6 +276,137 @@ def test_validation_errors(mutate: Mutation, code: str, step: str | None, field:
     assert info.value.message.startswith("profiles/x.yaml: ")
 
 
+ALL_RULES = [
+    {"not_empty": "papers"},
+    {"min_items": {"path": "papers", "count": 1}, "message": "nothing found", "retry": False},
+    {"max_items": {"count": 500}},
+    {"json_schema": {"type": "object", "required": ["papers"], "$defs": {"p": {}}}},
+    {"json_schema": {"properties": {"papers": {"items": {"$ref": "#/$defs/p"}}}}},
+    {"expr": "${{ output.total }} <= ${{ params.limit }} and 'papers' in ${{ output }}"},
+]
+
+
+def test_verify_rules_load_and_are_stored_as_written() -> None:
+    data = valid()
+    data["steps"][2]["verify"] = ALL_RULES
+    profile = validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    rules = profile.step("merge").verify
+    assert [rule.kind for rule in rules] == [
+        "not_empty",
+        "min_items",
+        "max_items",
+        "json_schema",
+        "json_schema",
+        "expr",
+    ]
+    stored = profile.to_json()["steps"][2]["verify"]
+    assert stored[0] == {"not_empty": "papers", "message": "", "retry": True}
+    assert stored[1]["min_items"] == {"path": "papers", "count": 1}
+    assert validate_profile(profile.to_json(), source="again") == profile
+
+
+def test_a_step_without_verify_stores_no_verify_key() -> None:
+    """Profiles saved before verify existed keep their content hash."""
+    profile = validate_profile(valid(), source="x.yaml")
+    assert all("verify" not in step for step in profile.to_json()["steps"])
+
+
+@pytest.mark.parametrize(
+    ("rule", "code", "field"),
+    [
+        pytest.param({}, "schema", "verify[0]", id="no-rule-key"),
+        pytest.param({"message": "m"}, "schema", "verify[0]", id="only-a-message"),
+        pytest.param({"not_empty": "a", "expr": "true"}, "schema", "verify[0]", id="two-rule-keys"),
+        pytest.param({"non_empty": "a"}, "schema", "verify[0].non_empty", id="unknown-key"),
+        pytest.param({"not_empty": "a..b"}, "schema", "verify[0].not_empty", id="bad-path"),
+        pytest.param(
+            {"min_items": {"path": "a", "count": -1}},
+            "schema",
+            "verify[0].min_items.count",
+            id="negative-count",
+        ),
+        pytest.param(
+            {"max_items": {"path": "a"}}, "schema", "verify[0].max_items.count", id="no-count"
+        ),
+        pytest.param(
+            {"min_items": {"count": 1, "at": "a"}},
+            "schema",
+            "verify[0].min_items.at",
+            id="count-extra-key",
+        ),
+        pytest.param(
+            {"json_schema": {"type": "objekt"}},
+            "json_schema_invalid",
+            "verify[0].json_schema",
+            id="bad-schema",
+        ),
+        pytest.param(
+            {"json_schema": {"minItems": -1}},
+            "json_schema_invalid",
+            "verify[0].json_schema",
+            id="bad-schema-keyword",
+        ),
+        pytest.param(
+            {"json_schema": {"items": {"$ref": "https://example.org/s.json"}}},
+            "json_schema_invalid",
+            "verify[0].json_schema",
+            id="remote-ref",
+        ),
+        pytest.param(
+            {"expr": "${{ output.n }} >"},
+            "condition_invalid",
+            "verify[0].expr",
+            id="bad-expr",
+        ),
+        pytest.param(
+            {"expr": "__import__('os')"},
+            "condition_invalid",
+            "verify[0].expr",
+            id="code-in-expr",
+        ),
+        pytest.param(
+            {"expr": "${{ steps.search.output }}"},
+            "condition_invalid",
+            "verify[0].expr",
+            id="expr-names-a-step",
+        ),
+        pytest.param(
+            {"expr": "${{ item }}"}, "condition_invalid", "verify[0].expr", id="expr-names-item"
+        ),
+        pytest.param(
+            {"expr": "${{ params.nope }} == 1"},
+            "bad_reference",
+            "verify[0].expr",
+            id="expr-undeclared-param",
+        ),
+        pytest.param(
+            {"not_empty": "", "retry": "maybe"}, "schema", "verify[0].retry", id="retry-not-bool"
+        ),
+    ],
+)
+def test_verify_rule_errors_name_the_file_step_and_field(
+    rule: dict[str, Any], code: str, field: str
+) -> None:
+    data = valid()
+    data["steps"][2]["verify"] = [rule]
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="profiles/x.yaml", known_actions=ACTIONS)
+
+    errors = info.value.details["errors"]
+    assert [(e["step"], e["field"], e["code"]) for e in errors] == [
+        ("merge", f"steps[2].{field}", code)
+    ]
+    assert info.value.message.startswith(f"profiles/x.yaml: step 'merge' field {field!r}: ")
+
+
+def test_too_many_verify_rules() -> None:
+    data = valid()
+    data["steps"][2]["verify"] = [{"not_empty": ""}] * (MAX_VERIFY_RULES + 1)
+    with pytest.raises(ProfileInvalid, match="verify"):
+        validate_profile(data, source="x.yaml")
+
+
 def test_a_schedule_block_is_kept_as_the_default_schedule() -> None:
     data = valid()
     data["schedule"] = {"cron": "0 7 * * 1", "timezone": "Europe/Paris", "params": {"query": "x"}}
@@ -343,6 +479,13 @@ def test_schema_errors_are_all_reported() -> None:
             id="alias-bomb",
         ),
         pytest.param("a: &a [*a]\n", "too_large", id="recursive-alias"),
+        pytest.param("a: " + "[" * 5000 + "]" * 5000, "too_deep", id="deep-lists"),
+        pytest.param("steps: " + "{a: " * 3000 + "1" + "}" * 3000, "too_deep", id="deep-maps"),
+        pytest.param(
+            "a: &a x\nb: [" + ", ".join(["*a"] * 101) + "]\n",
+            "too_many_aliases",
+            id="many-aliases",
+        ),
         pytest.param(
             "name: !!python/object/apply:os.system [true]", "yaml_syntax", id="unsafe-tag"
         ),
@@ -373,8 +516,62 @@ def test_find_and_list_profiles(tmp_path: Path) -> None:
     _write(tmp_path, "alpha.yml", "alpha")
     (tmp_path / "notes.txt").write_text("ignored")
     assert find_profile(tmp_path, "alpha").name == "alpha"
-    assert [p.name for p in list_profiles(tmp_path)] == ["alpha", "zeta"]
+    names = [p.name for p in list_profiles(tmp_path)]
+    assert names == sorted(names)
+    assert {"alpha", "zeta", "papers-digest", "review-loop"} <= set(names)
     assert load_profile_file(tmp_path / "zeta.yaml").name == "zeta"
+
+
+def test_an_operators_directory_comes_before_the_shipped_profiles(tmp_path: Path) -> None:
+    shipped = find_profile(SHIPPED_DIR, "papers-digest")
+    own = _write(tmp_path, "papers-digest.yaml", "papers-digest")
+
+    assert find_profile(tmp_path, "papers-digest") != shipped
+    assert find_profile(tmp_path, "papers-digest") == load_profile_file(own)
+    assert [p.name for p in list_profiles(tmp_path)].count("papers-digest") == 1
+
+
+def test_without_a_profiles_dir_only_the_shipped_profiles_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "here.yaml", "here")
+    monkeypatch.setenv("FLOWBEAT_PROFILES_DIR", "")
+
+    assert Settings().profiles_dir is None
+    names = {p.name for p in list_profiles(None)}
+    assert "papers-digest" in names and "here" not in names
+    assert find_profile(None, "papers-digest") == find_profile(SHIPPED_DIR, "papers-digest")
+
+
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_a_profiles_dir_that_is_not_a_directory_is_refused_at_start(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "own"
+    if kind == "a file":
+        path.write_text("")
+
+    with pytest.raises(ValidationError, match="is not a directory"):
+        Settings(profiles_dir=path)
+
+
+def test_a_profiles_dir_gone_after_start_leaves_the_shipped_profiles_listed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    _write(own, "mine.yaml", "mine")
+    assert "mine" in {p.name for p in list_profiles(Settings(profiles_dir=own).profiles_dir)}
+    (own / "mine.yaml").unlink()
+    own.rmdir()
+
+    names = {p.name for p in list_profiles(own)}
+
+    assert "papers-digest" in names and "mine" not in names
+    assert "cannot be listed" in caplog.text
+    with pytest.raises(ProfileNotFound):
+        find_profile(own, "mine")
 
 
 def test_yaml_preferred_over_yml(tmp_path: Path) -> None:
@@ -522,7 +719,11 @@ def test_retry_delay(policy: RetryPolicy, attempt: int, rand: float, expected: f
     assert policy.delay_s(attempt, rand=lambda: rand) == pytest.approx(expected)
 
 
-def test_committed_json_schema_is_current(tmp_path: Path) -> None:
+def test_committed_json_schema_is_current_and_regenerated_where_it_is_shipped(
+    tmp_path: Path,
+) -> None:
+    checkout = Path(__file__).resolve().parents[2]
+    assert SCHEMA_PATH.relative_to(checkout) == Path("profiles", "profile.schema.json")
     fresh = tmp_path / "schema.json"
     write_json_schema(fresh)
     assert SCHEMA_PATH.read_text(encoding="utf-8") == fresh.read_text(encoding="utf-8"), (
@@ -540,3 +741,231 @@ def test_valid_profile_matches_json_schema() -> None:
     bad["steps"][0]["nope"] = 1
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+@pytest.mark.parametrize(
+    ("rules", "ok"),
+    [
+        pytest.param(ALL_RULES, True, id="every-rule-kind"),
+        pytest.param([{"not_empty": "a", "expr": "true"}], False, id="two-rule-keys"),
+        pytest.param([{"message": "m"}], False, id="no-rule-key"),
+        pytest.param([{"not_empty": None}], False, id="null-rule-key"),
+    ],
+)
+def test_json_schema_describes_verify_rules(rules: list[dict[str, Any]], ok: bool) -> None:
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    data = valid()
+    data["steps"][2]["verify"] = rules
+    if ok:
+        jsonschema.validate(data, schema)
+    else:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(data, schema)
+
+
+@pytest.mark.parametrize(
+    ("when", "code"),
+    [
+        pytest.param("${{ params.limit }} >", "condition_invalid", id="bad-grammar"),
+        pytest.param("__import__('os')", "condition_invalid", id="code"),
+        pytest.param("${{ output.n }} > 1", "condition_invalid", id="output-root"),
+        pytest.param("${{ params.nope }}", "bad_reference", id="undeclared-param"),
+        pytest.param("${{ steps.merge.output }}", "bad_reference", id="own-output"),
+    ],
+)
+def test_when_errors_name_the_file_step_and_field(when: str, code: str) -> None:
+    data = valid()
+    data["steps"][2]["when"] = when
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="profiles/x.yaml", known_actions=ACTIONS)
+
+    errors = info.value.details["errors"]
+    assert [(e["step"], e["field"], e["code"]) for e in errors] == [
+        ("merge", "steps[2].when", code)
+    ]
+
+
+def test_a_when_may_read_params_and_upstream_outputs_and_is_stored_as_written() -> None:
+    data = valid()
+    when = "${{ params.limit }} > 1 and ${{ steps.search.output.total }} in [1, 2]"
+    data["steps"][2]["when"] = when
+
+    profile = validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    assert profile.to_json()["steps"][2]["when"] == when
+    assert "when" not in profile.to_json()["steps"][1]
+    assert step_facts(profile, "merge").referenced >= {"search"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        pytest.param(
+            "with", {"v": "${{ approval.fetch.payload }}"}, "no approval gate", id="ungated"
+        ),
+        pytest.param("when", "${{ approval.merge.payload }}", "own decision", id="own-in-when"),
+    ],
+)
+def test_a_decision_is_read_only_from_a_gated_step_once_known(
+    field: str, value: Any, problem: str
+) -> None:
+    data = valid()
+    data["steps"][2]["approval"] = {"required": True}
+    data["steps"][2][field] = value
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    [error] = info.value.details["errors"]
+    assert error["code"] == "bad_reference" and problem in error["message"]
+
+
+def test_a_gated_step_and_its_downstream_read_its_decision() -> None:
+    data = valid()
+    data["steps"][1]["approval"] = {"on_timeout": "escalate", "escalate_to": "https://h.example/x"}
+    data["steps"][1]["with"]["note"] = "${{ approval.fetch.comment }}"
+    data["steps"][2]["when"] = "${{ approval.fetch.payload.go }} == true"
+
+    profile = validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    assert step_facts(profile, "fetch").decisions == {"fetch"}
+    assert step_facts(profile, "merge").decisions == {"fetch"}
+    assert "approval" not in profile.to_json()["steps"][0]
+
+
+def _looped(loop: dict[str, Any], **step_with: Any) -> dict[str, Any]:
+    """search -> fetch -> merge, with ``loop`` over some of them."""
+    data = valid()
+    data["steps"][1].pop("for_each")
+    data["steps"][1]["with"] = {"id": "${{ params.query }}", **step_with}
+    data["loops"] = [{"until": "${{ steps.merge.output.ok }}", **loop}]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("loop", "step_with", "code", "field"),
+    [
+        pytest.param({"steps": ["nope"]}, {}, "loop_invalid", "loops[0].steps", id="unknown"),
+        pytest.param(
+            {"steps": ["search", "merge"]}, {}, "loop_invalid", "loops[0].steps", id="gap"
+        ),
+        pytest.param(
+            {"steps": ["fetch", "merge"], "until": "${{ params.nope }}"},
+            {},
+            "bad_reference",
+            "loops[0].until",
+            id="until-param",
+        ),
+        pytest.param(
+            {"steps": ["merge"], "until": "${{ loop.round }} >"},
+            {},
+            "condition_invalid",
+            "loops[0].until",
+            id="until-grammar",
+        ),
+        pytest.param(
+            {"steps": ["merge"]},
+            {"r": "${{ loop.round }}"},
+            "bad_reference",
+            "steps[1].with.r",
+            id="loop-outside",
+        ),
+        pytest.param(
+            {"steps": ["fetch", "merge"]},
+            {"p": "${{ loop.previous.search.output }}"},
+            "bad_reference",
+            "steps[1].with.p",
+            id="previous-not-in-loop",
+        ),
+    ],
+)
+def test_loop_errors_name_the_field(
+    loop: dict[str, Any], step_with: dict[str, Any], code: str, field: str
+) -> None:
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(_looped(loop, **step_with), source="x.yaml", known_actions=ACTIONS)
+
+    assert (field, code) in [(e["field"], e["code"]) for e in info.value.details["errors"]]
+
+
+def test_a_loop_of_adjacent_steps_ends_with_its_last_and_reads_the_round() -> None:
+    data = _looped(
+        {"steps": ["fetch", "merge"], "max_rounds": 5},
+        r="${{ loop.round }}",
+        p="${{ loop.previous.merge.output.notes }}",
+    )
+
+    profile = validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    [loop] = profile.loops
+    assert profile.loop_last(loop) == "merge"
+    assert step_facts(profile, "merge").ends_round and step_facts(profile, "fetch").reads_loop
+    assert not step_facts(profile, "fetch").ends_round
+    assert "loops" not in validate_profile(valid(), source="x").to_json()
+
+
+@pytest.mark.parametrize(
+    ("compensate", "code", "field"),
+    [
+        pytest.param(
+            {"action": "nope"}, "unknown_action", "steps[2].compensate.action", id="action"
+        ),
+        pytest.param(
+            {"action": "merge", "with": {"x": "${{ params.nope }}"}},
+            "bad_reference",
+            "steps[2].compensate.with.x",
+            id="param",
+        ),
+        pytest.param(
+            {"action": "merge", "retry": {"attempts": 0}},
+            "schema",
+            "steps[2].compensate.retry.attempts",
+            id="retry",
+        ),
+    ],
+)
+def test_compensate_errors_name_the_field(
+    compensate: dict[str, Any], code: str, field: str
+) -> None:
+    data = valid()
+    data["steps"][2]["compensate"] = compensate
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    assert (field, code) in [(e["field"], e["code"]) for e in info.value.details["errors"]]
+
+
+def test_a_compensation_reads_its_own_steps_output_and_params() -> None:
+    data = valid()
+    data["steps"][2]["compensate"] = {
+        "action": "merge",
+        "with": {"undo": "${{ steps.merge.output.id }}", "q": "${{ params.query }}"},
+    }
+    data["on_cancel"] = "leave"
+
+    profile = validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    assert profile.step("merge").compensate is not None
+    assert profile.to_json()["on_cancel"] == "leave"
+    assert "on_cancel" not in validate_profile(valid(), source="x").to_json()
+
+
+def test_a_few_anchors_and_aliases_are_fine() -> None:
+    text = (
+        "name: anchors\n"
+        "steps:\n"
+        "  - {id: a, action: noop, retry: &retry {attempts: 2}}\n"
+        "  - {id: b, action: noop, depends_on: [a], retry: *retry}\n"
+    )
+    profile = load_profile_text(text, source="in.yaml")
+    assert profile.step("b").retry == profile.step("a").retry
+
+
+def test_a_job_of_more_than_200_steps_is_refused() -> None:
+    steps = [{"id": f"s{n}", "action": "noop"} for n in range(201)]
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile({"name": "huge", "steps": steps}, source="huge.yaml")
+    [error] = info.value.details["errors"]
+    assert error["field"] == "steps"
+    assert "200" in error["message"]

@@ -16,6 +16,7 @@ from service.db import DirectConnections, ping, unit_of_work
 from service.errors import StopChain
 from service.jobs import cancel_job
 from service.models import CheckpointRow, JobRow, StepRunRow
+from service.plan import JobPlan
 from service.runner import run_finish_fanout, run_lane, run_step
 from service.runtime import Runtime
 from service.shards import FannedOut
@@ -187,7 +188,7 @@ def test_an_attempt_that_could_not_record_its_outcome_gives_its_lease_back(
 
     with pytest.raises(dropped):
         run_step(worker.rt, key, task_id=uuid.uuid4().hex)
-    assert run_step(runtime, key, task_id=uuid.uuid4().hex) is None
+    assert run_step(runtime, key, task_id=uuid.uuid4().hex) == JobPlan(key.job_id)
 
     row = step_row(runtime, key)
     assert (row.status, row.attempts) == ("succeeded", 2)

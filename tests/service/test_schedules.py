@@ -9,19 +9,21 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from service.constants import FIRE_RECORDS_KEPT_S
 from service.cron import ScheduleSpec
 from service.db import unit_of_work
 from service.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
-from service.models import JobRow, ScheduleFireRow, ScheduleRow
+from service.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
 from service.profiles import find_profile
+from service.retention import prune_fires, prune_runs
 from service.runtime import Runtime
 from service.schedules import (
     TickResult,
     cancel_overdue,
     fire_schedule,
     list_schedules,
-    prune_runs,
     put_schedule,
+    summarize,
 )
 from service.settings import Settings, get_settings
 
@@ -242,6 +244,51 @@ def test_a_scheduled_run_past_its_timeout_is_cancelled(
     assert cancelled.error is not None and cancelled.error["code"] == "run_timeout"
 
 
+def _extracted(session: Session, job_id: uuid.UUID) -> None:
+    """The first step of the shipped etl-saga has succeeded: there is something to undo."""
+    session.execute(update(JobRow).where(JobRow.id == job_id).values(status="running"))
+    session.execute(
+        update(StepRunRow)
+        .where(StepRunRow.job_id == job_id, StepRunRow.step_id == "extract")
+        .values(status="succeeded", finished_at=datetime.now(UTC))
+    )
+
+
+@pytest.mark.parametrize(("pipeline", "undone"), [("etl-saga", True), ("slow", False)])
+def test_a_saga_cancelled_by_the_next_fire_is_left_to_compensate_after_the_tick(
+    session: Session,
+    runtime: Runtime,
+    settings: Settings,
+    owner: str,
+    pipeline: str,
+    undone: bool,
+) -> None:
+    row = save(session, settings, owner, pipeline, overlap="cancel_previous")
+    (first,) = fire(session, runtime, row, T0 + timedelta(hours=1)).jobs
+    _extracted(session, first.id)
+
+    second = fire(session, runtime, row, T0 + timedelta(hours=2))
+
+    assert second.compensate == ([first.id] if undone else [])
+
+
+def test_a_saga_past_its_run_timeout_is_left_to_compensate_after_the_tick(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, "etl-saga")
+    (job,) = fire(session, runtime, row, T0 + timedelta(hours=1)).jobs
+    _extracted(session, job.id)
+    session.execute(
+        update(JobRow)
+        .where(JobRow.id == job.id)
+        .values(started_at=datetime.now(UTC) - timedelta(seconds=400))
+    )
+
+    overdue = cancel_overdue(session, now=datetime.now(UTC), timeout_s=300)
+
+    assert job.id in overdue.compensate
+
+
 def test_only_the_newest_runs_of_a_pipeline_are_kept(
     session: Session, runtime: Runtime, settings: Settings, owner: str
 ) -> None:
@@ -256,3 +303,22 @@ def test_only_the_newest_runs_of_a_pipeline_are_kept(
     assert set(left) == {jobs[3].id, jobs[4].id}
     fences = session.scalar(select(func.count()).where(ScheduleFireRow.schedule_id == row.id))
     assert fences == 5
+
+
+def test_old_fire_records_are_pruned_and_the_run_count_stays(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    row = save(session, settings, owner, overlap="allow")
+    for hours in (1, 2, 3):
+        fire(session, runtime, row, T0 + timedelta(hours=hours))
+    later = T0 + timedelta(hours=2, seconds=FIRE_RECORDS_KEPT_S + row.catchup_window_s + 1)
+
+    pruned = prune_fires(session, later)
+
+    fires = session.scalars(
+        select(ScheduleFireRow.fire_at).where(ScheduleFireRow.schedule_id == row.id)
+    ).all()
+    assert pruned >= 2
+    assert fires == [T0 + timedelta(hours=3)]
+    [summary] = summarize(session, [row])
+    assert summary.run_count == 3

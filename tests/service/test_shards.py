@@ -10,20 +10,20 @@ from service.db import unit_of_work
 from service.models import CheckpointRow, JobRow, StepRunRow
 from service.runtime import Runtime
 from service.shards import FannedOut, fan_out
-from service.steps import FanOutDue, StepKey, Unresolvable, claim_step
+from service.steps import Completion, FanOutDue, StepKey, Unresolvable, claim_step
 from tests.support.fanouts import fan_profile, submitted
 
 LEASE_S = 30.0
 
 
 def fanned_out(
-    rt: Runtime, items: Any, items_type: str = "array"
-) -> tuple[StepKey, FannedOut | Unresolvable | None]:
+    rt: Runtime, items: Any, items_type: str = "array", max_items: int = 100_000
+) -> tuple[StepKey, FannedOut | Unresolvable | Completion]:
     key = StepKey(submitted(rt, fan_profile(items_type=items_type), {"items": items}), "each")
     with unit_of_work(rt.sessions) as session:
         due = claim_step(session, key, task_id=uuid.uuid4().hex, lease_s=LEASE_S, now=utcnow())
         assert isinstance(due, FanOutDue)
-        return key, fan_out(session, due, utcnow())
+        return key, fan_out(session, due, utcnow(), max_items=max_items)
 
 
 def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(
@@ -40,7 +40,7 @@ def test_ten_thousand_items_fan_out_past_the_limit_of_bound_parameters(
 def test_no_items_succeed_the_step_at_once_with_an_empty_list(runtime: Runtime) -> None:
     key, fanned = fanned_out(runtime, [])
 
-    assert fanned is None
+    assert isinstance(fanned, Completion) and fanned.written
     with runtime.sessions() as session:
         output = session.scalar(
             select(CheckpointRow.output).where(
@@ -50,6 +50,19 @@ def test_no_items_succeed_the_step_at_once_with_an_empty_list(runtime: Runtime) 
         job = session.get(JobRow, key.job_id)
     assert output == []
     assert job is not None and job.status == "succeeded" and job.result == {"each": []}
+
+
+def test_more_items_than_the_limit_fail_the_step_for_good_and_record_no_shard(
+    runtime: Runtime,
+) -> None:
+    key, fanned = fanned_out(runtime, list(range(11)), max_items=10)
+
+    assert isinstance(fanned, Unresolvable) and fanned.job_over
+    with runtime.sessions() as session:
+        rows = session.scalars(select(StepRunRow).where(StepRunRow.job_id == key.job_id)).all()
+    assert [(row.shard, row.status) for row in rows] == [(-1, "failed")]
+    assert rows[0].error is not None and rows[0].error["code"] == "fanout_too_large"
+    assert rows[0].error["details"] == {"items": 11, "limit": 10}
 
 
 def test_items_that_are_not_a_list_fail_the_step_and_record_no_shard(runtime: Runtime) -> None:

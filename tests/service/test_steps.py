@@ -2,7 +2,9 @@
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import func, select
 
@@ -11,6 +13,7 @@ from service.db import unit_of_work
 from service.errors import RetryLater, StopChain
 from service.jobs import JobRequest, cancel_job, submit_job
 from service.models import CheckpointRow, JobRow, StepRunRow
+from service.profiles import find_profile
 from service.runtime import Runtime
 from service.steps import (
     Claimed,
@@ -45,6 +48,13 @@ def _claim(rt: Runtime, key: StepKey, now_offset_s: float = 0.0) -> Claimed:
         claim = claim_step(session, key, task_id=uuid.uuid4().hex, lease_s=LEASE_S, now=now)
     assert isinstance(claim, Claimed)
     return claim
+
+
+def _complete(
+    rt: Runtime, conn: psycopg.Connection[Any], key: StepKey, lease: Lease, output: Any
+) -> bool:
+    profile = find_profile(rt.settings.profiles_dir, "slow")
+    return complete_step(conn, key, lease, output, utcnow(), profile=profile).written
 
 
 def _row(rt: Runtime, key: StepKey) -> StepRunRow:
@@ -86,12 +96,12 @@ def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtim
     key = StepKey(_submit(runtime), "before")
     claim = _claim(runtime, key)
     with runtime.checkpoints.connect() as conn:
-        complete_step(conn, key, claim.lease, {"name": "up"}, utcnow())
+        _complete(runtime, conn, key, claim.lease, {"name": "up"})
         slow = fast_claim(
             conn, StepKey(key.job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow()
         )
         assert slow is not None
-        complete_step(conn, StepKey(key.job_id, "slow"), slow.lease, {"name": "slow"}, utcnow())
+        _complete(runtime, conn, StepKey(key.job_id, "slow"), slow.lease, {"name": "slow"})
         after = fast_claim(
             conn, StepKey(key.job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow()
         )
@@ -100,10 +110,17 @@ def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtim
     assert after.outputs == {"slow": {"name": "slow"}}
 
 
-def test_a_step_waits_while_its_upstream_is_unsettled(runtime: Runtime) -> None:
+def test_a_step_sent_before_its_upstream_settled_is_left_to_its_last_parent(
+    runtime: Runtime,
+) -> None:
     job_id = _submit(runtime)
-    with pytest.raises(RetryLater), unit_of_work(runtime.sessions) as session:
-        claim_step(session, StepKey(job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow())
+    with unit_of_work(runtime.sessions) as session:
+        claim = claim_step(
+            session, StepKey(job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow()
+        )
+
+    assert claim is None
+    assert _row(runtime, StepKey(job_id, "slow")).status == "pending"
 
 
 def test_a_second_delivery_waits_while_the_lease_is_live(runtime: Runtime) -> None:
@@ -122,12 +139,12 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_cannot_finish(
     fresh = _claim(runtime, key, now_offset_s=LEASE_S + 1)
 
     with runtime.checkpoints.connect() as conn:
-        assert not complete_step(conn, key, stale.lease, {"from": "stale"}, utcnow())
+        assert not _complete(runtime, conn, key, stale.lease, {"from": "stale"})
     assert _row(runtime, key).status == "running"
 
     with runtime.checkpoints.connect() as conn:
-        assert complete_step(conn, key, fresh.lease, {"from": "fresh"}, utcnow())
-        assert not complete_step(conn, key, fresh.lease, {"from": "again"}, utcnow())
+        assert _complete(runtime, conn, key, fresh.lease, {"from": "fresh"})
+        assert not _complete(runtime, conn, key, fresh.lease, {"from": "again"})
     with unit_of_work(runtime.sessions) as session:
         outputs = session.scalars(
             select(CheckpointRow.output).where(CheckpointRow.job_id == key.job_id)
@@ -141,11 +158,11 @@ def test_a_failure_reported_under_a_lost_lease_is_ignored(runtime: Runtime) -> N
     _claim(runtime, key)
     error = {"code": "x", "message": "late", "details": {}}
     with unit_of_work(runtime.sessions) as session:
-        over = fail_step(
+        failed = fail_step(
             session, key, Lease("not-mine", 1), error, retry_delay_s=None, now=utcnow()
         )
 
-    assert over is False
+    assert not failed.job_over and not failed.ready.steps
     assert _row(runtime, key).status == "running"
 
 
@@ -186,7 +203,7 @@ def test_a_released_lease_is_neither_renewed_nor_finished_by_its_old_holder(
     with unit_of_work(runtime.sessions) as session:
         assert not renew_lease(session, key, claim.lease, LEASE_S, utcnow())
     with runtime.checkpoints.connect() as conn:
-        assert not complete_step(conn, key, claim.lease, {"late": True}, utcnow())
+        assert not _complete(runtime, conn, key, claim.lease, {"late": True})
 
 
 def test_a_cancelled_job_stops_every_later_claim(runtime: Runtime) -> None:
@@ -199,7 +216,7 @@ def test_a_cancelled_job_stops_every_later_claim(runtime: Runtime) -> None:
     with pytest.raises(StopChain), unit_of_work(runtime.sessions) as session:
         claim_step(session, StepKey(job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow())
     with runtime.checkpoints.connect() as conn:
-        assert not complete_step(conn, claim.key, claim.lease, {"late": True}, utcnow())
+        assert not _complete(runtime, conn, claim.key, claim.lease, {"late": True})
     with unit_of_work(runtime.sessions) as session:
         checkpoints = session.scalar(
             select(func.count()).select_from(CheckpointRow).where(CheckpointRow.job_id == job_id)

@@ -1,4 +1,4 @@
-"""A linear plan is sent as the very message Celery's chain sends; other plans as their canvas."""
+"""Each ready step goes out as its own message, the one Celery's ``apply_async`` would send."""
 
 import uuid
 from collections.abc import Iterator
@@ -8,9 +8,9 @@ import pytest
 from celery import Celery
 from kombu.message import Message
 
-from service.constants import QUEUE_STEPS, TASK_RUN_STEP
+from service.constants import QUEUE_STEPS, TASK_RUN_LANE, TASK_RUN_STEP
 from service.plan import JobPlan, StepPlan
-from tasks.canvas import job_canvas, send_plan
+from tasks.canvas import send_plan, step_signature
 
 JOB = uuid.uuid4()
 
@@ -38,53 +38,53 @@ def _sent(app: Celery, send: Any) -> list[Message]:
 def _without_ids(message: Message) -> tuple[dict[str, Any], Any]:
     """Headers and body with the fresh ids of one publish left out."""
     headers = {k: v for k, v in message.headers.items() if k not in ("id", "root_id", "origin")}
-    args, kwargs, embed = message.payload
-    chain = [
-        {**sig, "options": {k: v for k, v in sig["options"].items() if k != "task_id"}}
-        for sig in embed["chain"] or []
-    ]
-    return headers, (args, kwargs, {**embed, "chain": chain})
+    return headers, message.payload
 
 
-def _plan(*layers: list[StepPlan]) -> JobPlan:
-    return JobPlan(JOB, list(layers))
+def test_a_plan_sends_one_message_per_step_with_its_time_limits(app: Celery) -> None:
+    plan = JobPlan(JOB, [StepPlan("a", timeout_s=10), StepPlan("b", timeout_s=20)])
+
+    messages = _sent(app, lambda: send_plan(app, plan))
+
+    assert [m.headers["task"] for m in messages] == [TASK_RUN_STEP, TASK_RUN_STEP]
+    assert [m.payload[0] for m in messages] == [[str(JOB), "a"], [str(JOB), "b"]]
+    assert [m.headers["timelimit"] for m in messages] == [[15, 10], [25, 20]]
+    assert all(m.payload[2]["chain"] is None for m in messages)
 
 
-@pytest.mark.parametrize("length", [1, 2, 3, 5])
-def test_a_linear_plan_goes_out_as_the_message_of_its_chain(app: Celery, length: int) -> None:
-    plan = _plan(*([StepPlan(f"s{n}", timeout_s=10 + n)] for n in range(length)))
+def test_a_step_message_is_the_one_its_signature_sends(app: Celery) -> None:
+    plan = JobPlan(JOB, [StepPlan("a", timeout_s=10)])
 
     [ours] = _sent(app, lambda: send_plan(app, plan))
-    [celerys] = _sent(app, lambda: job_canvas(app, plan).apply_async())
+    [celerys] = _sent(app, lambda: step_signature(app, plan, plan.steps[0]).apply_async())
 
     assert _without_ids(ours) == _without_ids(celerys)
-    assert ours.headers["task"] == TASK_RUN_STEP
     assert ours.headers["root_id"] == ours.headers["id"]
-    assert ours.headers["timelimit"] == [15, 10]
 
 
-def test_every_step_of_a_linear_plan_has_its_own_task_id(app: Celery) -> None:
-    plan = _plan(*([StepPlan(f"s{n}", timeout_s=10)] for n in range(4)))
+def test_a_fanned_out_step_goes_out_as_one_lane_per_parallel_slot(app: Celery) -> None:
+    plan = JobPlan(JOB, [StepPlan("b", 10, shards=[0, 1, 2], max_parallel=2)])
 
-    [message] = _sent(app, lambda: send_plan(app, plan))
+    messages = _sent(app, lambda: send_plan(app, plan))
 
-    ids = [message.headers["id"]] + [s["options"]["task_id"] for s in message.payload[2]["chain"]]
-    assert len(set(ids)) == 4
+    assert [m.headers["task"] for m in messages] == [TASK_RUN_LANE, TASK_RUN_LANE]
+    assert [m.payload[0] for m in messages] == [[str(JOB), "b", 10]] * 2
 
 
-@pytest.mark.parametrize(
-    "plan",
-    [
-        _plan([StepPlan("a", 10), StepPlan("b", 10)], [StepPlan("c", 10)]),
-        _plan([StepPlan("a", 10)], [StepPlan("b", 10, shards=[0, 1], max_parallel=2)]),
-    ],
-    ids=["a group", "a fan-out"],
-)
-def test_a_plan_with_a_group_or_a_fan_out_goes_out_as_its_canvas(
-    app: Celery, plan: JobPlan
-) -> None:
-    ours = _sent(app, lambda: send_plan(app, plan))
-    celerys = _sent(app, lambda: job_canvas(app, plan).apply_async())
+def test_an_empty_plan_sends_nothing(app: Celery) -> None:
+    assert _sent(app, lambda: send_plan(app, JobPlan(JOB))) == []
 
-    assert [m.headers["task"] for m in ours] == [m.headers["task"] for m in celerys]
-    assert [m.payload[0] for m in ours] == [m.payload[0] for m in celerys]
+
+def test_a_step_message_reads_as_its_pipeline_and_step_but_carries_ids_only(app: Celery) -> None:
+    plan = JobPlan(
+        JOB, [StepPlan("a", 10), StepPlan("b", 10, shards=[0], max_parallel=1)], pipeline="digest"
+    )
+
+    step, lane = _sent(app, lambda: send_plan(app, plan))
+
+    assert (step.headers["shadow"], lane.headers["shadow"]) == ("digest/a", "digest/b lane")
+    assert step.headers["argsrepr"] == f"job={JOB} step=a"
+    assert step.payload[0] == [str(JOB), "a"]
+    [nameless] = _sent(app, lambda: send_plan(app, JobPlan(JOB, [StepPlan("a", 10)])))
+    assert nameless.headers["shadow"] is None
+    assert nameless.headers["argsrepr"] == f"job={JOB} step=a"

@@ -222,6 +222,13 @@ def test_size_cap_defaults_to_settings(server: str) -> None:
     assert request(url=f"{server}/big", max_bytes=5000)["text"] == "x" * 5000
 
 
+def test_a_step_cannot_raise_the_operators_size_cap(server: str) -> None:
+    ctx = make_ctx(http_max_response_bytes=100)
+    with pytest.raises(ActionError) as info:
+        request(ctx, url=f"{server}/big", max_bytes=5000)
+    assert info.value.details == {"reason": "response_too_large", "max_bytes": 100}
+
+
 def test_timeout_is_retryable(server: str) -> None:
     started = time.monotonic()
     err = fails(url=f"{server}/slow", timeout_s=0.2)
@@ -258,7 +265,7 @@ def test_connection_refused_is_retryable() -> None:
 def test_bad_scheme_is_refused(url: str) -> None:
     err = fails(url=url)
     assert err.retryable is False
-    assert err.details["reason"] in {"bad_scheme", "bad_url"}
+    assert err.code == "egress_scheme_refused" or err.details["reason"] == "bad_url"
 
 
 def test_redirect_to_other_scheme_is_refused(server: str) -> None:

@@ -156,16 +156,27 @@ def busiest_second(arrivals: list[float]) -> int:
     return max(sum(1 for t in ordered if start <= t < start + 1.0) for start in ordered)
 
 
-@pytest.mark.parametrize(("key", "limit", "requests"), [(None, 3, 7), ("k3y", 10, 12)])
+@pytest.mark.parametrize(
+    ("key", "limit", "requests", "busiest_at_least"), [(None, 3, 7, 2), ("k3y", 10, 12, 4)]
+)
 def test_requests_reach_ncbi_at_most_at_the_rate_for_the_key(
-    stack: Stack, replay: ReplayServer, key: str | None, limit: int, requests: int
+    stack: Stack,
+    replay: ReplayServer,
+    key: str | None,
+    limit: int,
+    requests: int,
+    busiest_at_least: int,
 ) -> None:
+    """The ceiling is exact; the floor only shows that a key lifts the rate above the keyless 3/s.
+
+    How close the busiest second comes to the ceiling depends on how loaded the machine is.
+    """
     ids = [*REMI_IDS, *(str(30_000_000 + n) for n in range(requests - len(REMI_IDS)))]
     call(ctx_for(replay, ncbi_api_key=key), "pubmed.summary", ids=ids, batch_size=1)
     arrivals = [seen.at for seen in replay.seen("/esummary.fcgi")]
     assert len(arrivals) == requests
     assert_no_window_exceeds(arrivals, limit, 1.0)
-    assert busiest_second(arrivals) == limit
+    assert busiest_at_least <= busiest_second(arrivals) <= limit
 
 
 def test_an_unreachable_server_is_retried_then_reported_as_retryable(stack: Stack) -> None:

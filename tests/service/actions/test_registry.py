@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from service.actions import REGISTRY, ActionRegistry, StepContext, action, load_plugins
-from service.errors import ActionError, ActionNotFound
+from service.errors import ActionError, ActionModuleUnimportable, ActionNotFound
 from tests.service.actions import make_ctx
 
 PLUGIN_CALLS: list[ActionRegistry] = []
@@ -223,7 +223,7 @@ def test_load_plugins_imports_named_modules(
 
 
 def test_load_plugins_names_a_module_that_cannot_be_imported() -> None:
-    with pytest.raises(RuntimeError, match="no_such_flowbeat_module"):
+    with pytest.raises(ActionModuleUnimportable, match="no_such_flowbeat_module"):
         load_plugins(ActionRegistry(), ["no_such_flowbeat_module"], entry_points=[])
 
 
@@ -252,7 +252,7 @@ def test_entry_point_module_is_imported_not_called(plugin_calls: list[ActionRegi
 
 def test_entry_point_that_cannot_load() -> None:
     eps = [_entry_point("broken", "no_such_flowbeat_pkg.actions:register")]
-    with pytest.raises(RuntimeError, match="broken"):
+    with pytest.raises(ActionModuleUnimportable, match="broken"):
         load_plugins(ActionRegistry(), [], entry_points=eps)
 
 

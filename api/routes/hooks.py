@@ -1,0 +1,202 @@
+"""Webhook routes: admins bind hooks to pipelines; a signed delivery starts a job.
+
+``POST /v1/hooks/{name}`` takes no API key: the delivery's HMAC signature is its credential.
+Its job is committed with the delivery id before the job's messages are sent.
+"""
+
+import re
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, require
+from api.errors import ApiError
+from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
+from service.auth import Principal
+from service.clock import utcnow
+from service.hooks import (
+    HookSpec,
+    accept_delivery,
+    delete_hook,
+    get_hook,
+    list_hooks,
+    put_hook,
+)
+from service.jobs import job_view, new_job_view
+from service.models import HookRow
+from service.plan import initial_plan
+from service.profiles import NAME_PATTERN
+from service.snapshots import job_profile
+from tasks.dispatch import publish_new_job
+
+router = APIRouter(prefix="/v1/hooks", tags=["hooks"])
+Admin = Annotated[Principal, Depends(require("admin"))]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorEnvelope} for status in (401, 403, 404, 413, 422, 503)
+}
+
+
+class HookPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: str = Field(min_length=1, max_length=200, description="a pipeline name")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="param -> value, where strings may read the delivery: ${{ payload.a.b }}",
+    )
+    secret: str | None = Field(
+        default=None,
+        min_length=24,
+        max_length=128,
+        description="the signing secret; generated for a new hook when left out",
+    )
+    enabled: bool = True
+
+
+class HookPublic(BaseModel):
+    id: uuid.UUID
+    name: str
+    owner: str
+    pipeline: str
+    params: dict[str, Any]
+    enabled: bool
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+
+    @classmethod
+    def of(cls, row: HookRow) -> "HookPublic":
+        return cls(
+            id=row.id,
+            name=row.name,
+            owner=row.owner,
+            pipeline=row.pipeline,
+            params=row.params,
+            enabled=row.enabled,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+class HookEnvelope(BaseModel):
+    hook: HookPublic
+    secret: str | None = Field(
+        default=None,
+        description="set only by the request that set it: keep it, it is not shown again",
+    )
+
+
+class HookList(BaseModel):
+    hooks: list[HookPublic]
+
+
+def _name(name: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise ApiError("invalid_query", f"{name!r} is not a hook name", {"param": "name"})
+    return name
+
+
+@router.put(
+    "/{name}", response_model=HookEnvelope, responses={201: {"model": HookEnvelope}, **_ERRORS}
+)
+def save_hook(
+    name: str,
+    body: HookPut,
+    principal: Admin,
+    session: SessionDep,
+    runtime: RuntimeDep,
+    settings: SettingsDep,
+    response: Response,
+) -> HookEnvelope:
+    """201 with the secret for a new hook; 200 for a replaced one (the secret only if given)."""
+    saved = put_hook(
+        session,
+        _name(name),
+        HookSpec(body.pipeline, body.params, body.secret, body.enabled),
+        owner=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        known_actions=runtime.registry.names(),
+    )
+    session.commit()
+    session.refresh(saved.hook)
+    response.status_code = 201 if saved.created else 200
+    return HookEnvelope(hook=HookPublic.of(saved.hook), secret=saved.secret)
+
+
+@router.get("", response_model=HookList, responses=_ERRORS)
+def hooks(_: Admin, session: SessionDep) -> HookList:
+    return HookList(hooks=[HookPublic.of(row) for row in list_hooks(session)])
+
+
+@router.get("/{name}", response_model=HookEnvelope, responses=_ERRORS)
+def read_hook(name: str, _: Admin, session: SessionDep) -> HookEnvelope:
+    return HookEnvelope(hook=HookPublic.of(get_hook(session, name)))
+
+
+@router.delete("/{name}", status_code=204, responses=_ERRORS)
+def remove_hook(name: str, _: Admin, session: SessionDep) -> Response:
+    delete_hook(session, name)
+    session.commit()
+    return Response(status_code=204)
+
+
+@router.post(
+    "/{name}",
+    status_code=202,
+    response_model=JobEnvelope,
+    responses={200: {"model": JobEnvelope}, **_ERRORS},
+    openapi_extra={
+        "security": [],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
+    },
+)
+async def deliver(
+    name: str,
+    request: Request,
+    session: SessionDep,
+    runtime: RuntimeDep,
+    settings: SettingsDep,
+    celery_app: CeleryDep,
+    x_flowbeat_timestamp: Annotated[str | None, Header()] = None,
+    x_flowbeat_signature: Annotated[str | None, Header()] = None,
+    x_flowbeat_delivery: Annotated[str | None, Header()] = None,
+) -> Response:
+    """A signed delivery: 202 with the job it started, or 200 with the job its delivery id
+    started before. Signature: ``sha256=`` HMAC-SHA256 of ``<timestamp>.<raw body>``."""
+    body = await request.body()
+    headers = {
+        "timestamp": x_flowbeat_timestamp,
+        "signature": x_flowbeat_signature,
+        "delivery": x_flowbeat_delivery,
+    }
+
+    def accept() -> tuple[JobPublic, int]:
+        accepted = accept_delivery(
+            session,
+            name,
+            headers,
+            body,
+            now=utcnow(),
+            profiles_dir=settings.profiles_dir,
+            known_actions=runtime.registry.names(),
+        )
+        session.commit()
+        job = accepted.job
+        if not accepted.created:
+            return JobPublic.of(job_view(session, job)), 200
+        profile = job_profile(job)
+        publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
+        return JobPublic.of(new_job_view(job, profile)), 202
+
+    job, status_code = await run_in_threadpool(accept)
+    return Response(
+        JobEnvelope(job=job).model_dump_json(),
+        status_code=status_code,
+        media_type="application/json",
+    )

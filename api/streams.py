@@ -1,0 +1,244 @@
+"""Event streams: replay the log, then follow it as the process's listener says it grew.
+
+A stream holds no database connection while it waits; it reads the log (through the thread
+pool) only when its job has news or a keep-alive is due. It subscribes before it first reads,
+so a change committed between the read and the wait still wakes it.
+"""
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from fastapi import FastAPI
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
+
+from service.constants import EVENT_PAGE_ROWS
+from service.db import unit_of_work
+from service.events import Event, events_after, events_of_jobs, events_since, job_settled
+from service.listener import EventListener
+from service.models import JobRow
+from service.runtime import Runtime
+from service.states import JOB_FINAL
+
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+
+_listener_lock = threading.Lock()
+
+
+def listener_of(app: FastAPI) -> EventListener:
+    """The app's one listener, started by the first stream that needs it."""
+    with _listener_lock:
+        listener: EventListener | None = getattr(app.state, "events_listener", None)
+        if listener is None:
+            runtime: Runtime = app.state.runtime
+            listener = EventListener(runtime.settings.require_database_url()).start()
+            app.state.events_listener = listener
+        return listener
+
+
+def stop_listener(app: FastAPI) -> None:
+    listener: EventListener | None = getattr(app.state, "events_listener", None)
+    if listener is not None:
+        listener.stop()
+
+
+@dataclass
+class Follower:
+    """A stream's subscription: which jobs had news since it last looked."""
+
+    listener: EventListener
+    job_id: uuid.UUID | None
+    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    _woken: asyncio.Event = field(default_factory=asyncio.Event)
+    _news: set[uuid.UUID] = field(default_factory=set)
+    _everything: bool = False
+    _unsubscribe: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        self._unsubscribe = self.listener.subscribe(self.job_id, self._from_thread)
+
+    def _from_thread(self, job_id: uuid.UUID | None) -> None:
+        self._loop.call_soon_threadsafe(self._note, job_id)
+
+    def _note(self, job_id: uuid.UUID | None) -> None:
+        if job_id is None:
+            self._everything = True
+        else:
+            self._news.add(job_id)
+        self._woken.set()
+
+    async def wait(self, timeout_s: float) -> tuple[set[uuid.UUID], bool] | None:
+        """The jobs with news and whether any job may have news; ``None`` when time is up."""
+        try:
+            await asyncio.wait_for(self._woken.wait(), timeout_s)
+        except TimeoutError:
+            return None
+        self._woken.clear()
+        news, self._news = self._news, set()
+        everything, self._everything = self._everything, False
+        return news, everything
+
+    def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+
+def sse_frame(event: Event, event_id: str) -> str:
+    return f"id: {event_id}\ndata: {json.dumps(event.public(), separators=(',', ':'))}\n\n"
+
+
+def ndjson_line(event: Event) -> str:
+    return json.dumps(event.public(), separators=(",", ":")) + "\n"
+
+
+@dataclass(frozen=True)
+class Framing:
+    sse: bool
+
+    def event(self, event: Event, event_id: str) -> str:
+        return sse_frame(event, event_id) if self.sse else ndjson_line(event)
+
+    @property
+    def keepalive(self) -> str:
+        return ": keep-alive\n\n" if self.sse else "\n"
+
+    @property
+    def opening(self) -> str:
+        return "retry: 2000\n\n" if self.sse else ""
+
+    @property
+    def closing(self) -> str:
+        """SSE clients reconnect whenever a stream ends; this tells them the job is done."""
+        return "event: end\ndata: {}\n\n" if self.sse else ""
+
+
+def _read_job(runtime: Runtime, job_id: uuid.UUID, after: int) -> tuple[bool, list[Event]]:
+    with unit_of_work(runtime.sessions) as session:
+        settled = job_settled(session, job_id)
+        return settled, events_after(session, job_id, after)
+
+
+async def job_stream(
+    runtime: Runtime,
+    listener: EventListener,
+    job_id: uuid.UUID,
+    after: int,
+    framing: Framing,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
+    """The job's events after ``after``, then live ones, until the job is settled."""
+    follower = Follower(listener, job_id)
+    try:
+        yield framing.opening
+        while True:
+            settled, events = await run_in_threadpool(_read_job, runtime, job_id, after)
+            for event in events:
+                yield framing.event(event, str(event.seq))
+                after = event.seq
+            if len(events) == EVENT_PAGE_ROWS:
+                continue
+            if settled:
+                yield framing.closing
+                return
+            if await follower.wait(keepalive_s) is None:
+                yield framing.keepalive
+    finally:
+        follower.close()
+
+
+def _final(runtime: Runtime, job_id: uuid.UUID) -> bool:
+    with unit_of_work(runtime.sessions) as session:
+        status = session.scalar(select(JobRow.status).where(JobRow.id == job_id))
+    return status is None or status in JOB_FINAL
+
+
+async def wait_until_final(
+    runtime: Runtime, listener: EventListener, job_id: uuid.UUID, timeout_s: float
+) -> None:
+    """Return once the job is final or ``timeout_s`` has passed, whichever is first."""
+    follower = Follower(listener, job_id)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        while not await run_in_threadpool(_final, runtime, job_id):
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            await follower.wait(left)
+    finally:
+        follower.close()
+
+
+@dataclass
+class Scope:
+    owner: str | None
+    pipeline: str | None
+    since: datetime
+    seen: dict[uuid.UUID, int] = field(default_factory=dict)
+    cursor: datetime | None = None
+
+    def fresh(self, events: list[Event]) -> list[Event]:
+        """Drop what was already sent; remember the newest of each job, and the read point."""
+        out = []
+        for event in events:
+            if event.seq > self.seen.get(event.job_id, 0):
+                self.seen[event.job_id] = event.seq
+                out.append(event)
+            if self.cursor is None or event.at > self.cursor:
+                self.cursor = event.at
+        return out
+
+
+def _replay(runtime: Runtime, scope: Scope) -> tuple[list[Event], bool]:
+    with unit_of_work(runtime.sessions) as session:
+        rows = events_since(
+            session, owner=scope.owner, pipeline=scope.pipeline, since=scope.cursor or scope.since
+        )
+    return scope.fresh(rows), len(rows) == EVENT_PAGE_ROWS
+
+
+def _news(runtime: Runtime, scope: Scope, job_ids: set[uuid.UUID]) -> list[Event]:
+    with unit_of_work(runtime.sessions) as session:
+        rows = events_of_jobs(
+            session,
+            scope.seen,
+            job_ids,
+            owner=scope.owner,
+            pipeline=scope.pipeline,
+            since=scope.since,
+        )
+    return scope.fresh(rows)
+
+
+async def all_jobs_stream(
+    runtime: Runtime, listener: EventListener, scope: Scope, framing: Framing, keepalive_s: float
+) -> AsyncIterator[str]:
+    """Every event in scope from ``since`` on, then live ones, until the client leaves."""
+    follower = Follower(listener, None)
+    try:
+        yield framing.opening
+        full = True
+        while full:
+            events, full = await run_in_threadpool(_replay, runtime, scope)
+            for event in events:
+                yield framing.event(event, event.at.isoformat())
+        while True:
+            woken = await follower.wait(keepalive_s)
+            if woken is None:
+                yield framing.keepalive
+                continue
+            news, everything = woken
+            if everything:
+                events, _ = await run_in_threadpool(_replay, runtime, scope)
+            else:
+                events = await run_in_threadpool(_news, runtime, scope, news)
+            for event in events:
+                yield framing.event(event, event.at.isoformat())
+    finally:
+        follower.close()

@@ -1,0 +1,11 @@
+"""The ``flowbeat`` command: the composition root, one module per group of commands.
+
+It is the one place in ``service/`` that starts the API, the Celery worker and beat, and it
+does so through subprocesses or imports inside the command that needs them, so the rest of
+``service/`` stays free of FastAPI and Celery.
+"""
+
+from service.cli import flower, follow, jobs, keys, pipelines, schedules, servers
+from service.cli.app import cli, main
+
+__all__ = ["cli", "flower", "follow", "jobs", "keys", "main", "pipelines", "schedules", "servers"]

@@ -1,0 +1,87 @@
+"""The command's typer apps, its console, and what every command shares: settings, refusals
+and the ``--json`` output of listings.
+
+Exit codes: 0 when the command did what it was asked, 1 when what it followed failed (a job, a
+leader check), 2 for a refusal with an error code or a bad option (typer's usage error).
+"""
+
+import json
+import os
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from service.errors import FlowbeatError
+from service.settings import Settings, get_settings
+
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help="flowbeat job pipelines")
+keys_cli = typer.Typer(no_args_is_help=True, help="API keys")
+jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs")
+pipelines_cli = typer.Typer(no_args_is_help=True, help="Saved pipelines")
+schedules_cli = typer.Typer(no_args_is_help=True, help="Schedules")
+cli.add_typer(keys_cli, name="keys")
+cli.add_typer(jobs_cli, name="jobs")
+cli.add_typer(pipelines_cli, name="pipelines")
+cli.add_typer(schedules_cli, name="schedules")
+console = Console()
+
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="one JSON document on stdout, with stable keys, for scripts")
+]
+
+FINAL = {"succeeded", "failed", "cancelled"}
+EXIT_REFUSED = 2
+"""A refusal with an error code (bad input, an unknown job, a bad setting), as for a bad option."""
+
+
+def main() -> None:
+    """A refusal, or a setting the command cannot start with, is an answer, not a bug: it prints
+    its code and message, never a traceback."""
+    try:
+        cli()
+    except FlowbeatError as exc:
+        print_refusal(exc)
+        raise SystemExit(EXIT_REFUSED) from None
+    except ValidationError as exc:
+        if exc.title != Settings.__name__:
+            raise
+        for error in exc.errors(include_url=False):
+            field = "_".join(str(part) for part in error["loc"]).upper()
+            message = error["msg"].removeprefix("Value error, ")
+            console.print(
+                f"[red]settings_invalid[/red]: FLOWBEAT_{field}: {message}", highlight=False
+            )
+        raise SystemExit(EXIT_REFUSED) from None
+
+
+def print_refusal(exc: FlowbeatError) -> None:
+    console.print(f"[red]{exc.code}[/red]: {exc.message}", highlight=False)
+    for problem in exc.details.get("errors", []):
+        console.print(f"  - {problem}", highlight=False)
+
+
+def load_settings() -> Settings:
+    """Settings from the environment; with no servers configured, the embedded default."""
+    settings = get_settings()
+    if settings.database_url and settings.broker_url:
+        return settings
+    from service.embedded import start_embedded
+
+    servers = start_embedded(settings.data_dir)
+    os.environ["FLOWBEAT_DATABASE_URL"] = servers.database_url
+    os.environ["FLOWBEAT_BROKER_URL"] = servers.broker_url
+    get_settings.cache_clear()
+    return get_settings()
+
+
+def migrate_schema(settings: Settings) -> None:
+    from service.migrate import upgrade
+
+    upgrade(settings.require_database_url())
+
+
+def emit_json(document: Any) -> None:
+    """Plain ``print``, not the console: rich would wrap long lines and colour the text."""
+    typer.echo(json.dumps(document, default=str, sort_keys=True))

@@ -1,0 +1,179 @@
+"""``flowbeat run``: submit a job and follow it to its end, and what ``jobs`` shares with it
+(a job's steps and outcome on screen, following with a worker of its own)."""
+
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from service.cli.app import FINAL, cli, console, load_settings, migrate_schema
+from service.cli.processes import Stop, adopt_orphans, processes, stoppable, worker_argv
+from service.db import make_engine, make_session_factory, unit_of_work
+from service.errors import FlowbeatError
+from service.settings import Settings, get_settings
+from service.yamlsafe import load_yaml
+
+
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"expected key=value, got {pair!r}")
+        try:
+            params[name] = load_yaml(raw) if raw else ""
+        except yaml.YAMLError as exc:
+            raise typer.BadParameter(f"{name}: not a YAML value ({exc})") from None
+    return params
+
+
+def pipeline_ref(target: str) -> str | dict[str, Any]:
+    path = Path(target)
+    if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
+        if not path.is_file():
+            raise typer.BadParameter(f"no such file: {target}")
+        document = load_yaml(path.read_text())
+        if not isinstance(document, dict):
+            raise typer.BadParameter(f"{target} is not a YAML mapping")
+        return document
+    return target
+
+
+@cli.command()
+def run(
+    target: Annotated[
+        str, typer.Argument(help="a saved pipeline, a profile file by name, or a YAML file")
+    ],
+    param: Annotated[list[str], typer.Option("-p", "--param", help="key=value")] = [],  # noqa: B006
+    wait: Annotated[bool, typer.Option(help="follow the job until it ends")] = True,
+    local_worker: Annotated[
+        bool | None, typer.Option(help="start a worker for this run (default: embedded only)")
+    ] = None,
+    timeout_s: float = 600.0,
+    owner: Annotated[str, typer.Option(help="whose saved pipelines a name can resolve to")] = (
+        "default"
+    ),
+) -> None:
+    """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
+    embedded = not (get_settings().database_url and get_settings().broker_url)
+    adopt_orphans()
+    settings = load_settings()
+    migrate_schema(settings)
+    job_id = submit(settings, pipeline_ref(target), parse_params(param), owner)
+    console.print(f"job [bold]{job_id}[/bold] queued")
+    if wait:
+        worker = local_worker or (local_worker is None and embedded)
+        follow_to_the_end(settings, job_id, worker, timeout_s)
+
+
+INTERRUPTED = 130
+
+
+def follow_to_the_end(
+    settings: Settings, job_id: uuid.UUID, local_worker: bool, timeout_s: float = 600.0
+) -> None:
+    """Follow a job, with a worker of our own when asked; exits 0 when it succeeded.
+
+    Interrupted (Ctrl-C or SIGTERM), it stops its worker and says what becomes of the job,
+    which lives in the database and goes on without this command.
+    """
+    commands = [worker_argv(2, "prefork")] if local_worker else []
+    if commands:
+        console.print(f"worker log: {settings.data_dir / 'worker.log'}")
+    try:
+        with stoppable(), processes(commands, settings.data_dir / "worker.log"):
+            status = follow_job(settings, job_id, timeout_s)
+    except (KeyboardInterrupt, Stop):
+        _print_left_behind(settings, job_id, local_worker)
+        raise typer.Exit(code=INTERRUPTED) from None
+    raise typer.Exit(code=0 if status == "succeeded" else 1)
+
+
+def _print_left_behind(settings: Settings, job_id: uuid.UUID, stopped_worker: bool) -> None:
+    status = view_job(settings, job_id).job.status
+    if status in FINAL:
+        console.print(f"stopped following job {job_id}: it is {status}")
+        return
+    goes_on = (
+        "it waits for a worker (flowbeat dev, flowbeat worker or another flowbeat run)"
+        if stopped_worker
+        else "the workers go on with it"
+    )
+    console.print(f"[yellow]job {job_id} is still {status}[/yellow]: {goes_on}.")
+    console.print(f"  flowbeat jobs show {job_id}    flowbeat jobs cancel {job_id}")
+
+
+def submit(
+    settings: Settings, pipeline: str | dict[str, Any], params: dict[str, Any], owner: str
+) -> uuid.UUID:
+    from service.jobs import JobRequest, submit_job
+    from service.plan import initial_plan
+    from service.runtime import Runtime
+    from service.snapshots import job_profile
+    from tasks.app import app
+    from tasks.dispatch import publish_new_job
+
+    rt = Runtime.start(settings)
+    try:
+        with unit_of_work(rt.sessions) as session:
+            job, _ = submit_job(
+                session,
+                JobRequest(pipeline=pipeline, params=params, trigger="cli"),
+                owner=owner,
+                profiles_dir=settings.profiles_dir,
+                known_actions=rt.registry.names(),
+            )
+    except FlowbeatError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        for problem in exc.details.get("errors", []):
+            console.print(f"  - {problem}")
+        raise typer.Exit(code=2) from exc
+    publish_new_job(app, rt, initial_plan(job_profile(job), job.id))
+    return job.id
+
+
+def print_changes(view: Any, seen: dict[str, str], *, errors: bool = False) -> None:
+    for step in view.steps:
+        if seen.get(step.step_id) != step.status:
+            seen[step.step_id] = step.status
+            shards = step.shards or {}
+            items = f" ({shards.get('succeeded', 0)}/{shards['total']} items)" if shards else ""
+            rounds = f" (round {step.round})" if step.rounds else ""
+            console.print(f"  {step.step_id:<24} {step.status}{items}{rounds}", highlight=False)
+            if errors and step.error:
+                error = step.error
+                console.print(f"    {error.get('code')}: {error.get('message')}", highlight=False)
+
+
+def print_outcome(view: Any) -> None:
+    colour = {"succeeded": "green", "failed": "red"}.get(view.job.status, "yellow")
+    console.print(f"job {view.job.id}: [{colour}]{view.job.status}[/{colour}]")
+    if view.job.error:
+        console.print(f"  {view.job.error.get('message')}")
+    if view.compensation:
+        console.print(f"  compensation {view.compensation['status']}:")
+        for undo in view.compensation["steps"]:
+            console.print(f"    {undo['step_id']:<22} {undo['status']}")
+    if view.job.result is not None:
+        console.print_json(data=view.job.result)
+
+
+def view_job(settings: Settings, job_id: uuid.UUID) -> Any:
+    from service.jobs import get_job, job_view
+
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        return job_view(session, get_job(session, job_id))
+
+
+def follow_job(settings: Settings, job_id: uuid.UUID, timeout_s: float) -> str:
+    from service.watch import follow
+
+    status = follow(settings, job_id, timeout_s, console)
+    if status == "timeout":
+        console.print(f"[red]gave up waiting after {timeout_s:.0f}s[/red]")
+    else:
+        print_outcome(view_job(settings, job_id))
+    return status

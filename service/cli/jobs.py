@@ -1,0 +1,266 @@
+"""``flowbeat jobs``: list, show, watch, cancel, rerun, approve and reject, calling the same
+service functions as the API's routes; each change is committed before its messages go out."""
+
+import json
+import uuid
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from service.cli.app import (
+    FINAL,
+    JsonOption,
+    console,
+    emit_json,
+    jobs_cli,
+    load_settings,
+    print_refusal,
+)
+from service.cli.follow import (
+    follow_job,
+    follow_to_the_end,
+    parse_params,
+    print_changes,
+    print_outcome,
+    view_job,
+)
+from service.db import make_engine, make_session_factory, unit_of_work
+from service.errors import FlowbeatError
+from service.models import JobRow
+from service.states import JobStatus
+
+
+def job_document(job: JobRow) -> dict[str, Any]:
+    """A job as ``--json`` prints it: the keys of the API's job, without its steps."""
+    return {
+        "id": str(job.id),
+        "pipeline": job.pipeline,
+        "status": job.status,
+        "trigger": job.trigger,
+        "parent_job_id": str(job.parent_job_id) if job.parent_job_id else None,
+        "params": job.params,
+        "created_at": job.created_at.isoformat(),
+        "started_at": job.started_at.isoformat() if job.started_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        "error": job.error,
+    }
+
+
+StatusOption = Annotated[
+    JobStatus | None, typer.Option(case_sensitive=False, help="only jobs with this status")
+]
+
+
+@jobs_cli.command("list")
+def jobs_list(
+    pipeline: str | None = None,
+    status: StatusOption = None,
+    limit: int = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """The newest jobs."""
+    from service.jobs import list_jobs
+    from service.states import JobStatus
+
+    if status is not None and status not in set(JobStatus):
+        allowed = ", ".join(JobStatus)
+        raise typer.BadParameter(f"{status!r} is not a job status: {allowed}", param_hint="status")
+    settings = load_settings()
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        rows, _ = list_jobs(
+            session,
+            owner=None,
+            pipeline=pipeline,
+            statuses=[status.value] if status else [],
+            limit=limit,
+        )
+        if as_json:
+            emit_json({"jobs": [job_document(job) for job in rows]})
+            return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("id", no_wrap=True, min_width=36)
+    table.add_column("pipeline", overflow="fold")
+    table.add_column("status", overflow="fold")
+    table.add_column("trigger", overflow="fold")
+    table.add_column("created (UTC)", no_wrap=True)
+    for job in rows:
+        created = job.created_at.strftime("%Y-%m-%d %H:%M")
+        table.add_row(str(job.id), job.pipeline, job.status, job.trigger, created)
+    console.print(table)
+
+
+@jobs_cli.command("show")
+def jobs_show(job_id: uuid.UUID, as_json: JsonOption = False) -> None:
+    """One job with its steps, and the error of each step that has one."""
+    view = view_job(load_settings(), job_id)
+    if as_json:
+        emit_json({"job": view_document(view)})
+        return
+    print_changes(view, {}, errors=True)
+    if view.job.status in FINAL:
+        print_outcome(view)
+    else:
+        console.print(f"job {job_id}: {view.job.status}")
+
+
+@jobs_cli.command("watch")
+def jobs_watch(job_id: uuid.UUID, timeout_s: float = 3600.0) -> None:
+    """Follow a job's steps live until it ends; exits 0 when it succeeded, 1 otherwise."""
+    settings = load_settings()
+    try:
+        view_job(settings, job_id)
+    except FlowbeatError as exc:
+        print_refusal(exc)
+        raise typer.Exit(code=2) from exc
+    status = follow_job(settings, job_id, timeout_s)
+    raise typer.Exit(code=0 if status == "succeeded" else 1)
+
+
+@jobs_cli.command("cancel")
+def jobs_cancel(job_id: uuid.UUID) -> None:
+    """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
+
+    from service.clock import utcnow
+    from service.jobs import cancel_job, job_view
+    from service.plan import JobPlan
+    from service.runtime import Runtime
+    from tasks.app import app
+    from tasks.dispatch import publish_or_defer
+
+    rt = Runtime.start(load_settings())
+    with unit_of_work(rt.sessions) as session:
+        job, running = cancel_job(session, job_id, owner=None, now=utcnow())
+        compensation = job_view(session, job).compensation
+    if compensation is not None and compensation["status"] == "running":
+        publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
+    console.print(f"job {job_id}: {job.status}")
+    if running:
+        try:
+            app.control.revoke(running, terminate=True, signal="SIGUSR1")
+        except (OperationalError, RedisError, OSError) as exc:
+            console.print(f"running steps stop at their next checkpoint (no revoke: {exc})")
+
+
+@jobs_cli.command("rerun")
+def jobs_rerun(
+    job_id: uuid.UUID,
+    from_step: Annotated[
+        str | None, typer.Option("--from", help="the step to run again; default: every step")
+    ] = None,
+    param: Annotated[list[str], typer.Option("-p", "--param", help="key=value")] = [],  # noqa: B006
+    reuse: Annotated[bool, typer.Option(help="reuse the checkpoints upstream of --from")] = True,
+    only_failed_items: Annotated[
+        bool, typer.Option(help="a for_each step reruns only its failed items")
+    ] = False,
+    wait: Annotated[bool, typer.Option(help="follow the new job until it ends")] = False,
+    local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
+) -> None:
+    """Run a finished job again from a step, reusing what came before it; prints the new id."""
+    from service.clock import utcnow
+    from service.plan import load_plan
+    from service.reruns import RerunRequest, rerun_job
+    from service.runtime import Runtime
+    from tasks.app import app
+    from tasks.dispatch import publish_new_job
+
+    settings = load_settings()
+    request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items)
+    rt = Runtime.start(settings)
+    try:
+        with unit_of_work(rt.sessions) as session:
+            new_id = rerun_job(session, job_id, request, visible_to=None, now=utcnow()).id
+        with unit_of_work(rt.sessions) as session:
+            plan = load_plan(session, new_id)
+    except FlowbeatError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        raise typer.Exit(code=2) from exc
+    if plan is not None:
+        publish_new_job(app, rt, plan)
+    console.print(f"job [bold]{new_id}[/bold] queued (rerun of {job_id})")
+    if wait:
+        follow_to_the_end(settings, new_id, local_worker)
+
+
+def view_document(view: Any) -> dict[str, Any]:
+    """A job with its steps and result, as ``jobs show --json`` prints it."""
+    steps = [
+        {
+            "step_id": step.step_id,
+            "status": step.status,
+            "attempts": step.attempts,
+            "started_at": step.started_at.isoformat() if step.started_at else None,
+            "finished_at": step.finished_at.isoformat() if step.finished_at else None,
+            "error": step.error,
+            "shards": step.shards,
+            "round": step.round,
+        }
+        for step in view.steps
+    ]
+    return {**job_document(view.job), "result": view.job.result, "steps": steps}
+
+
+def _decide(
+    job_id: uuid.UUID,
+    step_id: str,
+    approve: bool,
+    comment: str | None,
+    payload: str | None,
+    by: str,
+) -> None:
+    from service.approvals import decide
+    from service.clock import utcnow
+    from service.runtime import Runtime
+    from tasks.app import app
+    from tasks.dispatch import publish_or_defer
+
+    try:
+        body = json.loads(payload) if payload is not None else None
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    rt = Runtime.start(load_settings())
+    with unit_of_work(rt.sessions) as session:
+        decided = decide(
+            session,
+            job_id,
+            step_id,
+            approve=approve,
+            by=by,
+            comment=comment,
+            payload=body,
+            visible_to=None,
+            now=utcnow(),
+        )
+        status = decided.approval.status
+    publish_or_defer(app, rt, decided.ready)
+    console.print(f"job {job_id} step {step_id}: {status} by {by}")
+
+
+CommentOption = Annotated[str | None, typer.Option(help="recorded with the decision")]
+ByOption = Annotated[str, typer.Option(help="who decided, as recorded")]
+
+
+@jobs_cli.command("approve")
+def jobs_approve(
+    job_id: uuid.UUID,
+    step_id: str,
+    comment: CommentOption = None,
+    payload: Annotated[
+        str | None, typer.Option(help="JSON the step reads as ${{ approval.<step>.payload }}")
+    ] = None,
+    by: ByOption = "cli",
+) -> None:
+    """Approve a step waiting at its gate, as ``POST .../steps/{step}/approve`` does."""
+    _decide(job_id, step_id, True, comment, payload, by)
+
+
+@jobs_cli.command("reject")
+def jobs_reject(
+    job_id: uuid.UUID, step_id: str, comment: CommentOption = None, by: ByOption = "cli"
+) -> None:
+    """Reject a step waiting at its gate; the job's failure policy decides the rest."""
+    _decide(job_id, step_id, False, comment, None, by)

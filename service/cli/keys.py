@@ -1,0 +1,86 @@
+"""``flowbeat keys``: create, list and revoke API keys. A revoked key is refused by every API
+process once its key cache forgets it (``FLOWBEAT_AUTH_CACHE_S``)."""
+
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from service.cli.app import JsonOption, console, emit_json, keys_cli, load_settings
+from service.db import make_engine, make_session_factory, unit_of_work
+
+
+@keys_cli.command("create")
+def keys_create(
+    scopes: Annotated[str, typer.Option(help="comma-separated: read,write,admin")] = "read",
+    owner: Annotated[str, typer.Option(help="who the key acts for")] = "default",
+) -> None:
+    """Create an API key; it is printed once and stored hashed."""
+    from service.auth import create_api_key
+
+    settings = load_settings()
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    wanted = [scope.strip() for scope in scopes.split(",") if scope.strip()]
+    try:
+        with unit_of_work(sessions) as session:
+            key, _ = create_api_key(session, owner=owner, scopes=wanted)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(key)
+
+
+@keys_cli.command("list")
+def keys_list(
+    owner: Annotated[str | None, typer.Option(help="only this owner's keys")] = None,
+    revoked: Annotated[bool, typer.Option(help="include revoked keys")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Keys by prefix (the part after ``fb_``), never their secrets."""
+    from service.auth import list_api_keys
+
+    settings = load_settings()
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        rows = list_api_keys(session, owner=owner, include_revoked=revoked)
+        documents: list[dict[str, Any]] = [
+            {
+                "prefix": row.prefix,
+                "owner": row.owner,
+                "scopes": list(row.scopes),
+                "created_at": row.created_at.isoformat(),
+                "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None,
+            }
+            for row in rows
+        ]
+    if as_json:
+        emit_json({"keys": documents})
+        return
+    table = Table("prefix", "owner", "scopes", "created (UTC)", "revoked", box=box.SIMPLE_HEAD)
+    for doc in documents:
+        table.add_row(
+            doc["prefix"],
+            doc["owner"],
+            ",".join(doc["scopes"]),
+            doc["created_at"][:16],
+            (doc["revoked_at"] or "")[:16],
+        )
+    console.print(table)
+
+
+@keys_cli.command("revoke")
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="the key's prefix, as keys list shows it, or the key")],
+) -> None:
+    """Revoke a key; API processes refuse it once their key cache forgets it."""
+    from service.auth import revoke_api_key
+    from service.errors import KeyNotFound
+
+    settings = load_settings()
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        if not revoke_api_key(session, key):
+            raise KeyNotFound("no live key with this prefix", {"prefix": key[:12]})
+    console.print(
+        f"revoked; refused everywhere within {settings.auth_cache_s:g}s (FLOWBEAT_AUTH_CACHE_S)"
+    )

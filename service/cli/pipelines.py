@@ -1,0 +1,221 @@
+"""``flowbeat pipelines``: save, list, show, delete and import saved pipelines, and the diff of
+a pipeline's last run against the run before it."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from service.cli.app import JsonOption, console, emit_json, load_settings, pipelines_cli
+from service.db import unit_of_work
+from service.errors import FlowbeatError
+from service.settings import Settings
+
+OwnerOption = Annotated[str, typer.Option(help="whose pipelines")]
+
+
+@contextmanager
+def _pipeline_session(settings: Settings) -> Iterator[Any]:
+    """One unit of work; a refused request prints its code and exits 2, like ``run``."""
+    from service.runtime import Runtime
+
+    rt = Runtime.start(settings)
+    try:
+        with unit_of_work(rt.sessions) as session:
+            yield session, rt
+    except FlowbeatError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        for problem in exc.details.get("errors", []):
+            console.print(f"  - {problem}")
+        raise typer.Exit(code=2) from exc
+    finally:
+        rt.sessions.kw["bind"].dispose()
+
+
+def _print_saved(outcome: Any) -> None:
+    view = outcome.view
+    verb = "saved as a new version" if outcome.created_version else "unchanged"
+    console.print(f"{view.name} v{view.version} ({view.content_hash[:12]}): {verb}")
+
+
+@pipelines_cli.command("save")
+def pipelines_save(
+    file: Annotated[Path, typer.Argument(help="a YAML or JSON profile", exists=True)],
+    name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
+    owner: OwnerOption = "default",
+) -> None:
+    """Save a profile file as a pipeline; an unchanged file makes no new version."""
+    from service.pipelines import save_pipeline
+
+    settings = load_settings()
+    with _pipeline_session(settings) as (session, rt):
+        outcome = save_pipeline(
+            session,
+            owner=owner,
+            name=name,
+            body=file.read_text(encoding="utf-8"),
+            profiles_dir=settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    _print_saved(outcome)
+
+
+@pipelines_cli.command("list")
+def pipelines_list(
+    tag: str | None = None, owner: OwnerOption = "default", as_json: JsonOption = False
+) -> None:
+    """Own, shared and shipped pipelines with their run counts."""
+    from service.pipelines import list_pipelines
+
+    settings = load_settings()
+    with _pipeline_session(settings) as (session, _):
+        views = list_pipelines(session, viewer=owner, profiles_dir=settings.profiles_dir, tag=tag)
+    if as_json:
+        emit_json(
+            {
+                "pipelines": [
+                    {
+                        "name": view.name,
+                        "owner": view.owner,
+                        "description": view.description,
+                        "tags": view.tags,
+                        "version": view.version,
+                        "content_hash": view.content_hash,
+                        "read_only": view.read_only,
+                        "run_count": view.run_count,
+                    }
+                    for view in views
+                ]
+            }
+        )
+        return
+    table = Table("name", "owner", "version", "tags", "runs", "read-only")
+    for view in views:
+        version = "-" if view.version is None else str(view.version)
+        table.add_row(
+            view.name,
+            view.owner,
+            version,
+            ",".join(view.tags),
+            str(view.run_count),
+            "yes" if view.read_only else "",
+        )
+    console.print(table)
+
+
+@pipelines_cli.command("show")
+def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = "default") -> None:
+    """A pipeline's profile as YAML, its current version unless ``--version`` is given."""
+    from service.pipelines import get_pipeline
+
+    settings = load_settings()
+    with _pipeline_session(settings) as (session, _):
+        view = get_pipeline(
+            session, name, viewer=owner, profiles_dir=settings.profiles_dir, version=version
+        )
+    console.print(f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})")
+    typer.echo(yaml.safe_dump(view.profile.to_json(), sort_keys=False))
+
+
+@pipelines_cli.command("delete")
+def pipelines_delete(
+    name: str,
+    purge_history: Annotated[bool, typer.Option(help="delete its jobs too")] = False,
+    owner: OwnerOption = "default",
+) -> None:
+    """Delete a pipeline with its versions and schedule; its jobs only with --purge-history."""
+    from service.pipelines import delete_pipeline
+
+    settings = load_settings()
+    with _pipeline_session(settings) as (session, _):
+        purged = delete_pipeline(
+            session,
+            name,
+            viewer=owner,
+            profiles_dir=settings.profiles_dir,
+            purge_history=purge_history,
+        )
+    console.print(f"deleted {name} ({purged} jobs purged)")
+
+
+@pipelines_cli.command("import")
+def pipelines_import(
+    url: Annotated[str | None, typer.Option(help="an https URL on the allow-list")] = None,
+    path: Annotated[str | None, typer.Option(help="a file in FLOWBEAT_IMPORT_DIR")] = None,
+    name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
+    owner: OwnerOption = "default",
+) -> None:
+    """Import a profile under the same rules as the API's import."""
+    from service.imports import fetch_url, import_policy, read_import_file
+    from service.pipelines import save_pipeline
+
+    if (url is None) == (path is None):
+        raise typer.BadParameter("give exactly one of --url and --path")
+    settings = load_settings()
+    with _pipeline_session(settings) as (session, rt):
+        if url is not None:
+            text = fetch_url(url, import_policy(settings))
+        else:
+            assert path is not None
+            text = read_import_file(path, settings.import_dir, settings.import_max_bytes)
+        outcome = save_pipeline(
+            session,
+            owner=owner,
+            name=name,
+            body=text,
+            profiles_dir=settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    _print_saved(outcome)
+
+
+@pipelines_cli.command("diff")
+def pipelines_diff(
+    name: str,
+    kind: Annotated[str, typer.Option(help="new, removed or unchanged items")] = "new",
+    limit: Annotated[int, typer.Option(min=1, help="at most this many items")] = 100,
+    owner: Annotated[str, typer.Option(help="whose runs")] = "default",
+    as_json: JsonOption = False,
+) -> None:
+    """The items of the pipeline's last successful run that the run before it did not have."""
+    from service.diffs import DiffKind, diff_counts, diff_page
+    from service.errors import NoResultItems
+    from service.jobs import list_jobs
+
+    if kind not in set(DiffKind):
+        raise typer.BadParameter(f"{kind!r}: one of {', '.join(DiffKind)}", param_hint="--kind")
+    settings = load_settings()
+    with _pipeline_session(settings) as (session, _):
+        runs, _ = list_jobs(session, owner=owner, pipeline=name, statuses=["succeeded"], limit=1)
+        if not runs:
+            raise NoResultItems(f"{name!r} has no successful run of {owner!r}", {"pipeline": name})
+        last = runs[0]
+        counts = diff_counts(session, last)
+        page = diff_page(session, last, DiffKind(kind), limit=limit)
+        document = {
+            "pipeline": name,
+            "job_id": str(last.id),
+            "previous_job_id": str(last.previous_job_id) if last.previous_job_id else None,
+            "finished_at": last.finished_at.isoformat() if last.finished_at else None,
+            "kind": kind,
+            "counts": counts.as_dict(),
+            "items": page.items,
+            "truncated": page.next_cursor is not None,
+        }
+    if as_json:
+        emit_json(document)
+        return
+    console.print(
+        f"{name}: run {document['job_id']} ({document['finished_at']}), against "
+        f"{document['previous_job_id'] or 'no earlier run'}: {counts.new} new, "
+        f"{counts.removed} removed, {counts.unchanged} unchanged",
+        highlight=False,
+    )
+    for item in page.items:
+        console.print_json(data=item)
+    if page.next_cursor is not None:
+        console.print(f"(first {limit}; GET /v1/jobs/{document['job_id']}/diff pages through all)")

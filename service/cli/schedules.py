@@ -1,0 +1,145 @@
+"""``flowbeat schedules``: list, show, pause, resume and delete, as the schedule routes do; the
+elected scheduler is woken by each change when it commits."""
+
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from service.cli.app import JsonOption, console, emit_json, load_settings, schedules_cli
+from service.db import make_engine, make_session_factory, unit_of_work
+from service.schedules import ScheduleSummary
+
+OwnerOption = Annotated[str, typer.Option(help="whose schedule")]
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def schedule_document(summary: ScheduleSummary) -> dict[str, Any]:
+    """A schedule as ``--json`` prints it: the keys of the API's schedule."""
+    row = summary.schedule
+    return {
+        "id": str(row.id),
+        "pipeline": row.pipeline,
+        "owner": row.owner,
+        "cron": row.cron,
+        "every_s": row.every_s,
+        "timezone": row.timezone,
+        "params": row.params,
+        "enabled": row.enabled,
+        "overlap": row.overlap,
+        "catchup": row.catchup,
+        "catchup_window_s": row.catchup_window_s,
+        "jitter_s": row.jitter_s,
+        "diff_mode": row.diff_mode,
+        "notify_url": row.notify_url,
+        "next_fire_at": _iso(row.next_fire_at),
+        "last_fire_at": _iso(row.last_fire_at),
+        "last_job_id": str(row.last_job_id) if row.last_job_id else None,
+        "last_status": summary.last_status,
+        "run_count": summary.run_count,
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+    }
+
+
+def _timing(doc: dict[str, Any]) -> str:
+    return f"{doc['cron']} {doc['timezone']}" if doc["cron"] else f"every {doc['every_s']}s"
+
+
+def _print(documents: list[dict[str, Any]]) -> None:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("pipeline", "owner", "when", "state", "next fire (UTC)", "last", "runs"):
+        table.add_column(column, overflow="fold")
+    for doc in documents:
+        last = f"{(doc['last_fire_at'] or '')[:16]} {doc['last_status'] or ''}".strip()
+        table.add_row(
+            doc["pipeline"],
+            doc["owner"],
+            _timing(doc),
+            "active" if doc["enabled"] else "paused",
+            (doc["next_fire_at"] or "-")[:16],
+            last or "-",
+            str(doc["run_count"]),
+        )
+    console.print(table)
+
+
+@schedules_cli.command("list")
+def schedules_list(
+    owner: Annotated[str | None, typer.Option(help="only this owner's schedules")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Every schedule with its next and last fire, the last run's status and its run count."""
+    from service.schedules import list_schedules
+
+    sessions = make_session_factory(make_engine(load_settings().require_database_url()))
+    with unit_of_work(sessions) as session:
+        documents = [schedule_document(s) for s in list_schedules(session, owner=owner)]
+    if as_json:
+        emit_json({"schedules": documents})
+    else:
+        _print(documents)
+
+
+@schedules_cli.command("show")
+def schedules_show(name: str, owner: OwnerOption = "default", as_json: JsonOption = False) -> None:
+    """One pipeline's schedule."""
+    from service.schedules import get_schedule, summarize
+
+    sessions = make_session_factory(make_engine(load_settings().require_database_url()))
+    with unit_of_work(sessions) as session:
+        row = get_schedule(session, owner=owner, pipeline=name)
+        document = schedule_document(summarize(session, [row])[0])
+    if as_json:
+        emit_json({"schedule": document})
+        return
+    _print([document])
+    console.print(
+        f"params {document['params']}, overlap {document['overlap']}, "
+        f"catch-up {document['catchup']}",
+        highlight=False,
+    )
+
+
+def _set_enabled(name: str, owner: str, enabled: bool) -> None:
+    from service.clock import utcnow
+    from service.schedules import set_schedule_enabled
+
+    settings = load_settings()
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        row = set_schedule_enabled(
+            session, owner=owner, pipeline=name, enabled=enabled, settings=settings, now=utcnow()
+        )
+        next_fire = _iso(row.next_fire_at)
+    if enabled:
+        console.print(f"{name}: active, next fire {next_fire} UTC")
+    else:
+        console.print(f"{name}: paused")
+
+
+@schedules_cli.command("pause")
+def schedules_pause(name: str, owner: OwnerOption = "default") -> None:
+    """Stop firing; the schedule and its history stay."""
+    _set_enabled(name, owner, False)
+
+
+@schedules_cli.command("resume")
+def schedules_resume(name: str, owner: OwnerOption = "default") -> None:
+    """Fire again from now on (fires missed while paused are not caught up)."""
+    _set_enabled(name, owner, True)
+
+
+@schedules_cli.command("delete")
+def schedules_delete(name: str, owner: OwnerOption = "default") -> None:
+    """Delete a schedule; the jobs it created stay."""
+    from service.schedules import delete_schedule
+
+    sessions = make_session_factory(make_engine(load_settings().require_database_url()))
+    with unit_of_work(sessions) as session:
+        delete_schedule(session, owner=owner, pipeline=name)
+    console.print(f"{name}: schedule deleted")

@@ -1,0 +1,155 @@
+"""The long-running processes: migrate, api, worker, beat, and dev which runs them together.
+
+They start the API, the Celery worker and beat through subprocesses or imports inside the
+command, so the rest of ``service/`` stays free of FastAPI and Celery.
+"""
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from service.cli.app import cli, console, load_settings, migrate_schema
+from service.cli.processes import (
+    Stop,
+    adopt_orphans,
+    await_first_exit,
+    flowbeat_argv,
+    processes,
+    stoppable,
+    worker_argv,
+)
+from service.db import make_engine, make_session_factory, unit_of_work
+from service.settings import Settings, get_settings
+
+
+@cli.command()
+def migrate() -> None:
+    """Bring the database schema up to date (Alembic)."""
+    migrate_schema(load_settings())
+    console.print("[green]database is up to date[/green]")
+
+
+@cli.command()
+def api(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve the REST API."""
+    load_settings()
+    import uvicorn
+
+    uvicorn.run("api.app:app_from_env", factory=True, host=host, port=port)
+
+
+@cli.command()
+def worker(
+    concurrency: Annotated[int | None, typer.Option(help="processes")] = None,
+    pool: str = "prefork",
+) -> None:
+    """Run a Celery worker for pipeline steps."""
+    load_settings()
+    os.execv(sys.executable, worker_argv(concurrency, pool))
+
+
+@cli.command()
+def beat(
+    check: Annotated[
+        bool, typer.Option("--check", help="print the leader lock; exit 1 if nobody holds it")
+    ] = False,
+) -> None:
+    """Run celery beat with the schedule scheduler (one leader among replicas), or check it."""
+    settings = load_settings()
+    if check:
+        raise typer.Exit(code=_beat_check(settings))
+    schedule = settings.data_dir / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", f"--schedule={schedule}"]
+    argv += ["-S", "scheduler.beat:FlowbeatScheduler", "--loglevel=INFO"]
+    os.execv(sys.executable, argv)
+
+
+def _beat_check(settings: Settings) -> int:
+    import redis
+
+    from scheduler.lock import inspect
+    from service.constants import BEAT_LOCK_KEY
+
+    client = redis.Redis.from_url(settings.require_broker_url(), socket_timeout=5)
+    try:
+        state = inspect(client, BEAT_LOCK_KEY)
+    except redis.RedisError as exc:
+        console.print(f"[red]broker unreachable[/red]: {exc}")
+        return 1
+    finally:
+        client.close()
+    if state.holder is None:
+        console.print(f"[red]no leader[/red]: {BEAT_LOCK_KEY} is not held")
+        return 1
+    console.print(f"leader {state.holder}, lock expires in {state.ttl_ms / 1000:.1f}s")
+    console.print(f"lock TTL {settings.beat_lock_ttl_s:.0f}s, renewed every tick by its holder")
+    return 0
+
+
+@cli.command()
+def dev(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Everything on one machine: database, broker, API, a worker and beat.
+
+    Their logs go to a file, so the admin key printed at the first start stays on screen.
+    """
+    adopt_orphans()
+    settings = load_settings()
+    migrate_schema(settings)
+    _check_actions(settings)
+    key = _ensure_dev_key(settings)
+    log = settings.data_dir / "dev.log"
+    commands = {
+        "api": flowbeat_argv("api", "--host", host, "--port", str(port)),
+        "worker": worker_argv(None, "prefork"),
+        "beat": flowbeat_argv("beat"),
+    }
+    with stoppable(), processes(list(commands.values()), log) as procs:
+        if key:
+            console.print(f"admin API key (shown once): [bold]{key}[/bold]")
+        else:
+            console.print(
+                "admin API key: printed at the first start "
+                "(flowbeat keys create --scopes read,write,admin makes another)"
+            )
+        console.print(f"API on http://{host}:{port}, logs in {log}")
+        console.print("Ctrl-C stops the API, worker and beat; flowbeat stop stops the servers")
+        try:
+            exited = await_first_exit(procs)
+            name = list(commands)[procs.index(exited)]
+            console.print(f"[red]the {name} exited ({exited.returncode})[/red]; see {log}")
+        except (KeyboardInterrupt, Stop):
+            console.print("stopping")
+
+
+def _check_actions(settings: Settings) -> None:
+    """Refuse to start processes that would each die importing an action module."""
+    from service.actions import REGISTRY, load_plugins
+
+    load_plugins(REGISTRY, settings.action_modules)
+
+
+def _ensure_dev_key(settings: Settings) -> str | None:
+    from sqlalchemy import select
+
+    from service.auth import create_api_key
+    from service.models import ApiKeyRow
+
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        if session.scalars(select(ApiKeyRow.id).where(ApiKeyRow.owner == "dev")).first():
+            return None
+        key, _ = create_api_key(session, owner="dev", scopes=["admin"])
+        return key
+
+
+@cli.command()
+def stop() -> None:
+    """Stop the embedded PostgreSQL and Redis of FLOWBEAT_DATA_DIR (``make clean`` runs it)."""
+    from service.embedded import stop_embedded
+
+    data_dir = get_settings().data_dir
+    stop_embedded(data_dir)
+    console.print(f"embedded servers of {data_dir} stopped")

@@ -1,0 +1,125 @@
+"""Dependency triggers: a saved pipeline with ``on: {succeeded: [other]}`` runs once for each
+success of its owner's ``other`` jobs.
+
+Saving a pipeline records its triggers (``service.triggers``). A success is queued by the
+database in the transaction that records it (migration 0015), and ``fire_dependents`` turns
+each queued success into one job per waiting pipeline, fenced by (upstream job, downstream
+pipeline), then drops it from the queue, all in one transaction: run twice, or by two beat
+replicas at once, it creates each job once.
+"""
+
+import logging
+import uuid
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from service.constants import DEPENDENCY_BATCH, TRIGGER_DEPENDENCY
+from service.errors import FlowbeatError
+from service.jobs import JobRequest, submit_job
+from service.models import DependencyFireRow, DependencyQueueRow, JobRow, PipelineTriggerRow
+
+log = logging.getLogger(__name__)
+
+
+def fire_dependents(
+    session: Session, *, profiles_dir: Path | None, known_actions: Collection[str]
+) -> list[JobRow]:
+    """Start the jobs that queued successes wait for; returns them, to send after the commit.
+
+    A downstream pipeline that cannot start (deleted since, or its params no longer fit) is
+    fenced with no job rather than retried forever.
+    """
+    queued = session.scalars(
+        select(DependencyQueueRow.upstream_job_id)
+        .order_by(DependencyQueueRow.queued_at)
+        .limit(DEPENDENCY_BATCH)
+        .with_for_update(skip_locked=True)
+    ).all()
+    started: list[JobRow] = []
+    for upstream_id in queued:
+        upstream = session.get(JobRow, upstream_id)
+        if upstream is not None:
+            started.extend(_fire(session, upstream, profiles_dir, known_actions))
+        session.execute(
+            delete(DependencyQueueRow).where(DependencyQueueRow.upstream_job_id == upstream_id)
+        )
+    session.flush()
+    return started
+
+
+def _fire(
+    session: Session,
+    upstream: JobRow,
+    profiles_dir: Path | None,
+    known_actions: Collection[str],
+) -> list[JobRow]:
+    waiting = session.scalars(
+        select(PipelineTriggerRow.downstream).where(
+            PipelineTriggerRow.owner == upstream.owner,
+            PipelineTriggerRow.upstream == upstream.pipeline,
+        )
+    ).all()
+    started = []
+    for downstream in waiting:
+        fenced = session.execute(
+            pg_insert(DependencyFireRow)
+            .values(upstream_job_id=upstream.id, downstream=downstream)
+            .on_conflict_do_nothing()
+            .returning(DependencyFireRow.downstream)
+        ).first()
+        if fenced is None:
+            continue
+        job = _start(session, upstream, downstream, profiles_dir, known_actions)
+        if job is not None:
+            started.append(job)
+    return started
+
+
+def _start(
+    session: Session,
+    upstream: JobRow,
+    downstream: str,
+    profiles_dir: Path | None,
+    known_actions: Collection[str],
+) -> JobRow | None:
+    request = JobRequest(
+        pipeline=downstream,
+        params={},
+        trigger=TRIGGER_DEPENDENCY,
+        parent_job_id=upstream.id,
+    )
+    try:
+        with session.begin_nested():
+            job, _ = submit_job(
+                session,
+                request,
+                owner=upstream.owner,
+                profiles_dir=profiles_dir,
+                known_actions=known_actions,
+            )
+    except FlowbeatError as exc:
+        log.warning(
+            "%s did not start after job %s: %s %s", downstream, upstream.id, exc.code, exc.message
+        )
+        return None
+    data = trigger_data(upstream.id, upstream.result)
+    session.execute(update(JobRow).where(JobRow.id == job.id).values(trigger_data=data))
+    job.trigger_data = data
+    session.execute(
+        update(DependencyFireRow)
+        .where(
+            DependencyFireRow.upstream_job_id == upstream.id,
+            DependencyFireRow.downstream == downstream,
+        )
+        .values(job_id=job.id)
+    )
+    return job
+
+
+def trigger_data(upstream_id: uuid.UUID, result: Any) -> dict[str, Any]:
+    return {"job_id": str(upstream_id), "result": result}

@@ -1,0 +1,59 @@
+"""The dependency triggers of saved pipelines: recorded on save, refused when they would close a
+cycle among the owner's pipelines, forgotten with the pipeline."""
+
+from collections.abc import Mapping
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from service.errors import TriggerCycle
+from service.models import PipelineTriggerRow
+from service.profiles import Profile
+
+
+def _cycle(edges: Mapping[str, set[str]], start: str) -> list[str] | None:
+    """A path from ``start`` back to itself along upstream -> downstream edges, if any."""
+    stack: list[tuple[str, list[str]]] = [(start, [start])]
+    seen: set[str] = set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in edges.get(node, ()):
+            if nxt == start:
+                return [*path, start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, nxt]))
+    return None
+
+
+def record_triggers(session: Session, owner: str, profile: Profile) -> None:
+    """Make ``profile``'s ``on.succeeded`` the triggers of ``owner``'s pipeline of its name."""
+    upstream = sorted(set(profile.on.succeeded)) if profile.on is not None else []
+    edges: dict[str, set[str]] = {}
+    for up, down in session.execute(
+        select(PipelineTriggerRow.upstream, PipelineTriggerRow.downstream).where(
+            PipelineTriggerRow.owner == owner, PipelineTriggerRow.downstream != profile.name
+        )
+    ):
+        edges.setdefault(up, set()).add(down)
+    for up in upstream:
+        edges.setdefault(up, set()).add(profile.name)
+    loop = _cycle(edges, profile.name)
+    if loop is not None:
+        raise TriggerCycle(
+            f"on.succeeded would close a cycle: {' -> '.join(loop)}", {"cycle": loop}
+        )
+    forget_triggers(session, owner, profile.name)
+    if upstream:
+        session.execute(
+            insert(PipelineTriggerRow),
+            [{"owner": owner, "upstream": up, "downstream": profile.name} for up in upstream],
+        )
+
+
+def forget_triggers(session: Session, owner: str, pipeline: str) -> None:
+    session.execute(
+        delete(PipelineTriggerRow).where(
+            PipelineTriggerRow.owner == owner, PipelineTriggerRow.downstream == pipeline
+        )
+    )

@@ -1,0 +1,171 @@
+"""Webhook routes: admins bind a hook to a pipeline; a signed delivery starts one job, once."""
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service.models import HookDeliveryRow, JobRow
+from service.notices import sign
+from service.runtime import Runtime
+from tests.api.conftest import MAX_BODY, KeyFactory
+
+MAPPING = {"who": "${{ payload.repository.name }}", "count": 2}
+
+
+def _admin(make_key: KeyFactory) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_key('admin')}"}
+
+
+def _hook(client: TestClient, make_key: KeyFactory, **body: Any) -> tuple[str, str]:
+    name = f"hook-{uuid.uuid4().hex[:8]}"
+    answer = client.put(
+        f"/v1/hooks/{name}",
+        json={"pipeline": "greet", "params": MAPPING, **body},
+        headers=_admin(make_key),
+    )
+    assert answer.status_code == 201, answer.text
+    secret: str = answer.json()["secret"]
+    return name, secret
+
+
+def _deliver(
+    client: TestClient,
+    name: str,
+    secret: str,
+    payload: Any,
+    *,
+    delivery: str | None = None,
+    at: float | None = None,
+    raw: bytes | None = None,
+) -> Any:
+    body = raw if raw is not None else json.dumps(payload).encode()
+    timestamp = str(int(at if at is not None else time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "X-Flowbeat-Timestamp": timestamp,
+        "X-Flowbeat-Signature": sign(secret.encode(), timestamp, body),
+        "X-Flowbeat-Delivery": delivery or uuid.uuid4().hex,
+    }
+    return client.post(f"/v1/hooks/{name}", content=body, headers=headers)
+
+
+@pytest.fixture
+def stored(runtime: Runtime) -> Callable[[], tuple[int, int]]:
+    def count() -> tuple[int, int]:
+        with runtime.sessions() as session:
+            jobs = session.scalar(select(func.count()).select_from(JobRow)) or 0
+            seen = session.scalar(select(func.count()).select_from(HookDeliveryRow)) or 0
+            return jobs, seen
+
+    return count
+
+
+def test_a_signed_delivery_starts_a_job_with_params_from_its_payload(
+    client: TestClient, make_key: KeyFactory
+) -> None:
+    name, secret = _hook(client, make_key)
+
+    answer = _deliver(client, name, secret, {"repository": {"name": "flowbeat"}})
+
+    assert answer.status_code == 202, answer.text
+    job = answer.json()["job"]
+    assert (job["trigger"], job["pipeline"]) == ("webhook", "greet")
+    assert job["params"] == {"who": "flowbeat", "count": 2}
+
+
+def test_a_replayed_delivery_gets_the_first_job_back(
+    client: TestClient, make_key: KeyFactory, stored: Callable[[], tuple[int, int]]
+) -> None:
+    name, secret = _hook(client, make_key)
+    payload = {"repository": {"name": "once"}}
+    first = _deliver(client, name, secret, payload, delivery="same")
+    before = stored()
+
+    again = _deliver(client, name, secret, payload, delivery="same")
+
+    assert again.status_code == 200
+    assert again.json()["job"]["id"] == first.json()["job"]["id"]
+    assert stored() == before
+
+
+@pytest.mark.parametrize(
+    ("tamper", "status", "code"),
+    [
+        ("signature", 401, "hook_signature_invalid"),
+        ("stale", 401, "hook_timestamp_stale"),
+        ("unknown", 404, "hook_not_found"),
+        ("huge", 413, "payload_too_large"),
+        ("not-json", 422, "hook_payload_invalid"),
+        ("unmapped", 422, "hook_payload_invalid"),
+    ],
+)
+def test_a_refused_delivery_stores_nothing(
+    client: TestClient,
+    make_key: KeyFactory,
+    stored: Callable[[], tuple[int, int]],
+    tamper: str,
+    status: int,
+    code: str,
+) -> None:
+    name, secret = _hook(client, make_key)
+    payload: Any = {"repository": {"name": "x"}}
+    before = stored()
+    if tamper == "signature":
+        answer = _deliver(client, name, "whsec_" + "w" * 30, payload)
+    elif tamper == "stale":
+        answer = _deliver(client, name, secret, payload, at=time.time() - 600)
+    elif tamper == "unknown":
+        answer = _deliver(client, "no-such-hook", secret, payload)
+    elif tamper == "huge":
+        answer = _deliver(client, name, secret, None, raw=b"[" + b"1," * MAX_BODY + b"1]")
+    elif tamper == "not-json":
+        answer = _deliver(client, name, secret, None, raw=b"<xml/>")
+    else:
+        answer = _deliver(client, name, secret, {"sender": "nobody"})
+
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"]["code"] == code
+    assert stored() == before
+
+
+def test_the_secret_is_shown_once_and_admins_alone_manage_hooks(
+    client: TestClient, make_key: KeyFactory
+) -> None:
+    name, secret = _hook(client, make_key)
+    admin = _admin(make_key)
+
+    shown = client.get(f"/v1/hooks/{name}", headers=admin).json()
+    listed = client.get("/v1/hooks", headers=admin).json()["hooks"]
+    replaced = client.put(
+        f"/v1/hooks/{name}", json={"pipeline": "greet", "params": MAPPING}, headers=admin
+    )
+    writer = {"Authorization": f"Bearer {make_key('write')}"}
+
+    assert secret.startswith("whsec_") and shown["secret"] is None
+    assert secret not in json.dumps(listed)
+    assert replaced.status_code == 200 and replaced.json()["secret"] is None
+    assert client.get(f"/v1/hooks/{name}", headers=writer).status_code == 403
+    assert client.delete(f"/v1/hooks/{name}", headers=admin).status_code == 204
+    assert client.get(f"/v1/hooks/{name}", headers=admin).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"pipeline": "greet", "params": {"who": "${{ steps.a.output }}"}}, "hook_invalid"),
+        ({"pipeline": "no-such-pipeline"}, "pipeline_not_found"),
+        ({"pipeline": "greet", "params": {"whom": "x"}}, "hook_invalid"),
+        ({"pipeline": "greet", "secret": "short"}, "validation_error"),
+    ],
+)
+def test_a_hook_that_cannot_work_is_refused(
+    client: TestClient, make_key: KeyFactory, body: dict[str, Any], code: str
+) -> None:
+    answer = client.put(f"/v1/hooks/h-{uuid.uuid4().hex[:6]}", json=body, headers=_admin(make_key))
+    assert answer.json()["error"]["code"] == code

@@ -1,0 +1,68 @@
+"""Abuse limits: requests per key, open jobs per owner. Each refusal is a 429 that says when
+to come back, and stores nothing."""
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service.models import JobRow
+from service.runtime import Runtime
+from service.settings import Settings
+from tests.api.conftest import KeyFactory, _client
+
+JOB = {"pipeline": "greet", "params": {"who": "limits"}}
+
+
+@pytest.fixture
+def limited(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
+    strict = settings.model_copy(
+        update={"rate_limit_per_s": 1.0, "rate_limit_burst": 3, "max_open_jobs_per_owner": 2}
+    )
+    with _client(strict, runtime) as client:
+        yield client
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _jobs_of(runtime: Runtime, owner: str) -> int:
+    with runtime.sessions() as session:
+        return session.scalar(select(func.count()).where(JobRow.owner == owner)) or 0
+
+
+def test_a_key_past_its_burst_is_told_to_come_back_later(
+    limited: TestClient, make_key: KeyFactory
+) -> None:
+    key, other = make_key("read"), make_key("read")
+
+    answers = [limited.get("/v1/jobs", headers=_auth(key)) for _ in range(4)]
+
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    refused = answers[-1]
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert limited.get("/v1/jobs", headers=_auth(other)).status_code == 200
+
+
+def test_health_is_never_limited(limited: TestClient) -> None:
+    assert {limited.get("/health").status_code for _ in range(6)} <= {200, 503}
+
+
+def test_an_owner_with_too_many_open_jobs_is_refused_and_nothing_is_stored(
+    limited: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    owner = "open-cap"
+    key = make_key("write", owner=owner)
+    before = _jobs_of(runtime, owner)
+    first = [limited.post("/v1/jobs", json=JOB, headers=_auth(key)) for _ in range(2)]
+    assert [a.status_code for a in first] == [202, 202]
+
+    refused = limited.post("/v1/jobs", json=JOB, headers=_auth(key))
+
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "open_jobs_limit"
+    assert refused.headers["Retry-After"] == "5"
+    assert _jobs_of(runtime, owner) == before + 2

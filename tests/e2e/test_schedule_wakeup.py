@@ -1,0 +1,66 @@
+"""A schedule saved through the API reaches a sleeping beat leader at once, not at its next tick.
+
+The leader runs with the default lock TTL and a slow sweeper, so between timed ticks it would
+sleep ten seconds: any fire of a new schedule much later than its fire time came from that
+sleep."""
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from scheduler.lock import inspect
+from service.auth import create_api_key
+from service.constants import BEAT_LOCK_KEY
+from service.db import unit_of_work
+from service.models import JobRow
+from tests.e2e.conftest import Client, Cluster, wait_for
+
+FIRES = 3
+ON_TIME = timedelta(seconds=1)
+
+
+@pytest.fixture
+def api(client: Client) -> Iterator[TestClient]:
+    from api.app import create_app
+    from tasks.app import create_celery
+
+    settings = client.settings.model_copy(update={"schedule_min_interval_s": 1})
+    app = create_app(settings, runtime=client.rt, celery_app=create_celery(settings))
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+def _lags(client: Client, owner: str) -> list[timedelta]:
+    with unit_of_work(client.rt.sessions) as session:
+        rows = session.execute(
+            select(JobRow.scheduled_for, JobRow.created_at)
+            .where(JobRow.owner == owner)
+            .order_by(JobRow.scheduled_for)
+        ).all()
+    return [created - fire for fire, created in rows if fire is not None]
+
+
+@pytest.mark.timeout(60)
+def test_a_schedule_saved_while_the_leader_sleeps_fires_on_time(
+    client: Client, cluster: Cluster, api: TestClient
+) -> None:
+    cluster.beat(sweep_interval_s="60")
+    wait_for(lambda: inspect(client.broker, BEAT_LOCK_KEY).holder, 10, "a leader")
+    owner = f"wakeup-{uuid.uuid4().hex[:6]}"
+    with unit_of_work(client.rt.sessions) as session:
+        key, _ = create_api_key(session, owner=owner, scopes=["write"])
+
+    saved = api.put(
+        "/v1/pipelines/slow/schedule",
+        json={"every": "1s", "overlap": "allow", "params": {"hold_s": 0}},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+    assert saved.status_code == 200, saved.text
+    lags = wait_for(lambda: len(found := _lags(client, owner)) >= FIRES and found, 20, "fires")
+    api.delete("/v1/pipelines/slow/schedule", headers={"Authorization": f"Bearer {key}"})
+    assert max(lags) < ON_TIME, f"late fires: {lags}"

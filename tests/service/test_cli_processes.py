@@ -1,0 +1,135 @@
+"""``flowbeat dev`` and ``flowbeat run`` leave nothing behind when stopped by SIGINT or SIGTERM.
+
+Every process under the command (API, worker and its pool, beat) is recorded while it runs;
+after the signal none of them may exist any more, not even as a zombie."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Stack
+from tests.e2e.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+SIGNALS = [signal.SIGINT, signal.SIGTERM]
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, set[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, set()).add(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), set()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _left(pids: set[int]) -> set[int]:
+    """The pids that still exist, running or as zombies."""
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+
+
+@pytest.fixture
+def env(stack: Stack, tmp_path: Path) -> Iterator[dict[str, str]]:
+    yield {
+        **os.environ,
+        **stack.env,
+        "PYTHONPATH": str(ROOT),
+        "FLOWBEAT_DATA_DIR": str(tmp_path),
+        "COLUMNS": "200",
+    }
+
+
+def _start(argv: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+    with out.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "service.cli", *argv],
+            env=env,
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_dev_stops_every_process_it_started(
+    env: dict[str, str], tmp_path: Path, sig: signal.Signals
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "dev.out"
+    dev = _start(["dev", "--port", str(port)], env, out)
+    log = tmp_path / "dev.log"
+    wait_for(
+        lambda: (
+            log.exists() and "ready." in log.read_text() and "beat: Starting" in log.read_text()
+        ),
+        60,
+        "the worker and beat",
+    )
+    wait_for(lambda: _api_up(port), 30, "the API")
+    started = _descendants(dev.pid)
+    assert len(started) >= 4, started
+
+    dev.send_signal(sig)
+
+    assert dev.wait(timeout=60) == 0, out.read_text()
+    assert _left(started) == set()
+    printed = out.read_text()
+    assert re.search(r"admin API key", printed), printed
+    assert "celery@" not in printed and "Uvicorn" not in printed, "logs on the terminal"
+
+
+def _api_up(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_run_stops_its_worker_and_says_the_job_goes_on(
+    env: dict[str, str], tmp_path: Path, sig: signal.Signals
+) -> None:
+    out = tmp_path / "run.out"
+    run = _start(["run", "slow", "-p", "hold_s=60", "--local-worker"], env, out)
+    wait_for(lambda: re.search(r"slow\s+running", out.read_text()), 60, "the slow step to run")
+    started = _descendants(run.pid)
+    assert len(started) >= 2, started
+
+    run.send_signal(sig)
+
+    assert run.wait(timeout=60) == 130, out.read_text()
+    assert _left(started) == set()
+    [job_id] = re.findall(r"job (\S+) queued", out.read_text())
+    assert f"job {job_id} is still running" in out.read_text()
+    cancelled = subprocess.run(
+        [sys.executable, "-m", "service.cli", "jobs", "cancel", job_id],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert f"job {job_id}: cancelled" in cancelled.stdout, cancelled.stdout + cancelled.stderr

@@ -1,0 +1,176 @@
+"""Dependency triggers: a saved pipeline with ``on: {succeeded: [...]}`` runs once for each
+success of its owner's upstream jobs, reading the upstream result as ``${{ trigger.result }}``."""
+
+import uuid
+
+import pytest
+from sqlalchemy import select
+
+from service.db import unit_of_work
+from service.dependencies import fire_dependents
+from service.errors import ProfileInvalid, TriggerCycle
+from service.jobs import JobRequest, submit_job
+from service.models import DependencyQueueRow, JobRow, PipelineRow, PipelineTriggerRow
+from service.pipelines import delete_pipeline, save_pipeline
+from service.profiles import load_profile_text
+from service.runner import run_step
+from service.runtime import Runtime
+from service.steps import StepKey
+
+UP = "name: up\nsteps:\n  - {id: a, action: noop, with: {found: [1, 2]}}\n"
+DOWN = """\
+name: down
+on:
+  succeeded: [up]
+steps:
+  - id: b
+    action: noop
+    with: {from: "${{ trigger.job_id }}", got: "${{ trigger.result.a.found }}"}
+"""
+
+
+def _owner() -> str:
+    return f"dep-{uuid.uuid4().hex[:8]}"
+
+
+def _save(rt: Runtime, owner: str, text: str) -> None:
+    with unit_of_work(rt.sessions) as session:
+        save_pipeline(
+            session,
+            owner=owner,
+            name=None,
+            body=text,
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+
+
+def _succeed_up(rt: Runtime, owner: str) -> uuid.UUID:
+    with unit_of_work(rt.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline="up", params={}),
+            owner=owner,
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    run_step(rt, StepKey(job.id, "a"), task_id=uuid.uuid4().hex)
+    return job.id
+
+
+def _fire(rt: Runtime) -> list[JobRow]:
+    with unit_of_work(rt.sessions) as session:
+        return fire_dependents(
+            session, profiles_dir=rt.settings.profiles_dir, known_actions=rt.registry.names()
+        )
+
+
+def _downstream(rt: Runtime, owner: str) -> list[JobRow]:
+    with unit_of_work(rt.sessions) as session:
+        return list(
+            session.scalars(select(JobRow).where(JobRow.owner == owner, JobRow.pipeline == "down"))
+        )
+
+
+def test_a_success_starts_each_waiting_pipeline_once_with_the_upstream_result(
+    runtime: Runtime,
+) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, DOWN)
+    upstream = _succeed_up(runtime, owner)
+
+    _fire(runtime)
+    _fire(runtime)
+
+    [job] = _downstream(runtime, owner)
+    assert (job.trigger, job.parent_job_id) == ("dependency", upstream)
+    run_step(runtime, StepKey(job.id, "b"), task_id=uuid.uuid4().hex)
+    with unit_of_work(runtime.sessions) as session:
+        done = session.get(JobRow, job.id)
+    assert done is not None and done.status == "succeeded"
+    assert done.result == {"b": {"from": str(upstream), "got": [1, 2]}}
+
+
+def test_each_success_starts_its_own_job_and_other_owners_start_nothing(
+    runtime: Runtime,
+) -> None:
+    owner, stranger = _owner(), _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, DOWN)
+    _save(runtime, stranger, UP)
+    firsts = {_succeed_up(runtime, owner), _succeed_up(runtime, owner)}
+    _succeed_up(runtime, stranger)
+
+    _fire(runtime)
+
+    assert {job.parent_job_id for job in _downstream(runtime, owner)} == firsts
+    assert _downstream(runtime, stranger) == []
+
+
+def test_a_success_nothing_waits_for_is_not_queued(runtime: Runtime) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    upstream = _succeed_up(runtime, owner)
+    with unit_of_work(runtime.sessions) as session:
+        assert session.get(DependencyQueueRow, upstream) is None
+
+
+def test_a_deleted_downstream_pipeline_waits_no_more(runtime: Runtime) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, DOWN)
+    with unit_of_work(runtime.sessions) as session:
+        delete_pipeline(session, "down", viewer=owner, profiles_dir=runtime.settings.profiles_dir)
+    _succeed_up(runtime, owner)
+
+    _fire(runtime)
+
+    assert _downstream(runtime, owner) == []
+
+
+def test_a_save_that_closes_a_cycle_is_refused_and_stores_nothing(runtime: Runtime) -> None:
+    owner = _owner()
+    _save(runtime, owner, "name: a\non: {succeeded: [c]}\nsteps: [{id: s, action: noop}]\n")
+    _save(runtime, owner, "name: b\non: {succeeded: [a]}\nsteps: [{id: s, action: noop}]\n")
+
+    with pytest.raises(TriggerCycle) as info:
+        _save(runtime, owner, "name: c\non: {succeeded: [b]}\nsteps: [{id: s, action: noop}]\n")
+
+    assert info.value.details["cycle"] == ["c", "a", "b", "c"]
+    with unit_of_work(runtime.sessions) as session:
+        saved = session.scalars(select(PipelineRow.name).where(PipelineRow.owner == owner)).all()
+        edges = session.execute(
+            select(PipelineTriggerRow.upstream, PipelineTriggerRow.downstream).where(
+                PipelineTriggerRow.owner == owner
+            )
+        ).all()
+    assert sorted(saved) == ["a", "b"]
+    assert sorted(edges) == [("a", "b"), ("c", "a")]
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("name: self\non: {succeeded: [self]}\nsteps: [{id: s, action: noop}]\n", "trigger_cycle"),
+        (
+            "name: lost\nsteps: [{id: s, action: noop, with: {x: '${{ trigger.result }}'}}]\n",
+            "bad_reference",
+        ),
+        (
+            "name: odd\non: {succeeded: [up]}\n"
+            "steps: [{id: s, action: noop, with: {x: '${{ trigger.owner }}'}}]\n",
+            "bad_reference",
+        ),
+    ],
+)
+def test_profiles_that_cannot_be_triggered_as_written_are_refused(text: str, code: str) -> None:
+    with pytest.raises(ProfileInvalid) as info:
+        load_profile_text(text, source="p.yaml")
+    assert info.value.details["errors"][0]["code"] == code
+
+
+def test_on_is_read_as_a_key_although_yaml_1_1_calls_it_true() -> None:
+    profile = load_profile_text(DOWN, source="down.yaml")
+    assert profile.on is not None and profile.on.succeeded == ["up"]
+    assert profile.to_json()["on"] == {"succeeded": ["up"]}

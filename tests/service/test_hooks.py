@@ -1,0 +1,74 @@
+"""Webhook signatures: HMAC-SHA256 over ``<timestamp>.<body>``, within five minutes of now."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from service.errors import FlowbeatError
+from service.hooks import verify_signature
+from service.notices import sign
+
+SECRET = "whsec_" + "s" * 30
+BODY = b'{"repository": {"name": "flowbeat"}}'
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+T = str(int(NOW.timestamp()))
+
+
+def _headers(**given: str | None) -> dict[str, str | None]:
+    good = {"timestamp": T, "signature": sign(SECRET.encode(), T, BODY), "delivery": "d-1"}
+    return {**good, **given}
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "code"),
+    [
+        pytest.param(_headers(), BODY, None, id="good"),
+        pytest.param(_headers(signature="sha256=00"), BODY, "hook_signature_invalid", id="bad-hex"),
+        pytest.param(
+            _headers(signature=sign(b"another-secret-of-enough-length", T, BODY)),
+            BODY,
+            "hook_signature_invalid",
+            id="wrong-secret",
+        ),
+        pytest.param(_headers(), BODY + b" ", "hook_signature_invalid", id="body-changed"),
+        pytest.param(_headers(signature=None), BODY, "hook_signature_invalid", id="no-signature"),
+        pytest.param(_headers(timestamp=None), BODY, "hook_signature_invalid", id="no-timestamp"),
+        pytest.param(_headers(delivery=None), BODY, "hook_signature_invalid", id="no-delivery"),
+        pytest.param(
+            _headers(delivery="d" * 129), BODY, "hook_signature_invalid", id="long-delivery"
+        ),
+        pytest.param(
+            _headers(timestamp="soon", signature=sign(SECRET.encode(), "soon", BODY)),
+            BODY,
+            "hook_signature_invalid",
+            id="not-a-time",
+        ),
+        pytest.param(
+            _headers(
+                timestamp=str(int(NOW.timestamp()) - 301),
+                signature=sign(SECRET.encode(), str(int(NOW.timestamp()) - 301), BODY),
+            ),
+            BODY,
+            "hook_timestamp_stale",
+            id="too-old",
+        ),
+        pytest.param(
+            _headers(
+                timestamp=str(int(NOW.timestamp()) + 301),
+                signature=sign(SECRET.encode(), str(int(NOW.timestamp()) + 301), BODY),
+            ),
+            BODY,
+            "hook_timestamp_stale",
+            id="from-the-future",
+        ),
+    ],
+)
+def test_a_delivery_is_accepted_only_signed_with_the_secret_and_fresh(
+    headers: dict[str, str | None], body: bytes, code: str | None
+) -> None:
+    if code is None:
+        assert verify_signature(SECRET, headers, body, NOW) == "d-1"
+        return
+    with pytest.raises(FlowbeatError) as info:
+        verify_signature(SECRET, headers, body, NOW)
+    assert info.value.code == code
