@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
+from api.mcp import McpDeps
 from api.openapi import install_openapi
 from api.routes import (
     approvals,
@@ -21,6 +22,7 @@ from api.routes import (
     runs,
     schedules,
 )
+from api.routes.mcp import install_mcp, mcp_sessions
 from api.streams import stop_listener
 from service.auth import KeyCache
 from service.constants import VERSION
@@ -47,7 +49,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with mcp_sessions(app):
+            yield
         stop_listener(app)
         if owns_engine:
             bind = built.sessions.kw.get("bind")
@@ -72,6 +75,7 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(hooks.router)
     app.include_router(metrics.router)
+    install_mcp(app, McpDeps(settings, runtime, celery_app, app.state.keys))
     metrics.install_metrics(app, runtime)
     install_openapi(app)
     return app

@@ -77,3 +77,6 @@ DEPENDENCY_BATCH: Final = 100
 """Queued successes one pass turns into downstream jobs; the rest wait for the next pass."""
 LLM_HTTP_ATTEMPTS: Final = 3
 """Requests an ``llm.chat`` attempt makes on 429, 5xx and transport errors before it fails."""
+
+MCP_HISTORY_NEW_ITEMS: Final = 5
+"""How many of the newest successful run's new items ``get_pipeline_history`` shows."""

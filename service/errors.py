@@ -278,6 +278,12 @@ class FlowerAuthRequired(FlowbeatError):
     code = "flower_auth_required"
 
 
+class McpKeyRequired(FlowbeatError):
+    """A stdio MCP server acts as one API key, and none was given."""
+
+    code = "mcp_key_required"
+
+
 class KeyNotFound(FlowbeatError):
     """No live API key has the prefix given: unknown, or revoked already."""
 

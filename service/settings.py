@@ -71,6 +71,8 @@ class Settings(BaseSettings):
 
     webhook_secret: SecretStr | None = None
     flower_basic_auth: SecretStr | None = None
+    mcp_key: SecretStr | None = None
+    """The API key ``flowbeat mcp`` acts as over stdio; HTTP clients send their own."""
     notify_max_attempts: int = 5
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0

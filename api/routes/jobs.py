@@ -2,7 +2,6 @@
 worker can never receive a message for a job that PostgreSQL does not hold yet."""
 
 import logging
-import re
 import uuid
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -16,34 +15,24 @@ from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, Wri
 from api.errors import ApiError
 from api.schemas import ErrorEnvelope, JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
 from api.streams import listener_of, wait_until_final
+from api.submit import accept_job
 from service.auth import Principal
 from service.clock import utcnow
 from service.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
-from service.db import autocommit
-from service.egress import check_notify_url
 from service.errors import JobNotFound
 from service.jobs import (
-    JobRequest,
     cancel_job,
-    check_open_jobs,
     get_job,
     job_view,
     list_jobs,
-    new_job_view,
-    submit_job,
 )
-from service.notices import validate_notify_url
-from service.plan import JobPlan, initial_plan, load_plan
-from service.profiles import NAME_PATTERN, load_profile_text
+from service.plan import JobPlan, load_plan
 from service.reruns import RerunRequest, rerun_job
-from service.runtime import Runtime
-from service.settings import Settings
-from service.snapshots import job_profile
 from service.states import JOB_FINAL, JobStatus
 from tasks.dispatch import publish_new_job, publish_or_defer
 
 if TYPE_CHECKING:
-    from celery import Celery
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +58,6 @@ def visible_to(principal: Principal) -> str | None:
     return None if principal.has("admin") else principal.owner
 
 
-def _pipeline(body: JobCreate, known_actions: frozenset[str]) -> str | dict[str, Any]:
-    """A string that is not a pipeline name is inline profile text (YAML, or JSON as YAML)."""
-    pipeline = body.pipeline
-    if (
-        isinstance(pipeline, str)
-        and not re.fullmatch(NAME_PATTERN, pipeline)
-        and ("\n" in pipeline or pipeline.lstrip().startswith("{"))
-    ):
-        profile = load_profile_text(pipeline, source="inline", known_actions=known_actions)
-        return profile.to_json()
-    return pipeline
-
-
 @router.post(
     "",
     status_code=202,
@@ -102,48 +78,13 @@ async def create_job(
     With ``"mode": "sync"`` the request waits, up to ``wait_s``, for the job to be final:
     200 with the final job, else 202 with the job as it stands."""
     job, status_code = await run_in_threadpool(
-        _create, body, principal, session, runtime, settings, celery_app
+        accept_job, body, principal, session, runtime, settings, celery_app
     )
     if body.mode == "async" or job.status in JOB_FINAL:
         return _envelope(job, status_code)
     await wait_until_final(runtime, listener_of(request.app), job.id, body.wait_s)
     job = await run_in_threadpool(_read, session, job.id)
     return _envelope(job, 200 if job.status in JOB_FINAL else 202)
-
-
-def _create(
-    body: JobCreate,
-    principal: Principal,
-    session: Session,
-    runtime: Runtime,
-    settings: Settings,
-    celery_app: "Celery",
-) -> tuple[JobPublic, int]:
-    known_actions = runtime.registry.names()
-    request = JobRequest(
-        pipeline=_pipeline(body, known_actions),
-        params=body.params,
-        idempotency_key=body.idempotency_key,
-        diff_mode=body.diff_mode,
-        notify_url=body.notify_url,
-    )
-    if body.notify_url is not None:
-        check_notify_url(settings, validate_notify_url(body.notify_url))
-    autocommit(session)
-    check_open_jobs(session, principal.owner, settings.max_open_jobs_per_owner)
-    job, created = submit_job(
-        session,
-        request,
-        owner=principal.owner,
-        profiles_dir=settings.profiles_dir,
-        known_actions=known_actions,
-    )
-    session.commit()
-    if not created:
-        return JobPublic.of(job_view(session, job)), 200
-    profile = job_profile(job)
-    publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
-    return JobPublic.of(new_job_view(job, profile)), 202
 
 
 def _read(session: Session, job_id: uuid.UUID) -> JobPublic:

@@ -5,7 +5,18 @@ does so through subprocesses or imports inside the command that needs them, so t
 ``service/`` stays free of FastAPI and Celery.
 """
 
-from service.cli import flower, follow, jobs, keys, pipelines, schedules, servers
+from service.cli import flower, follow, jobs, keys, mcp, pipelines, schedules, servers
 from service.cli.app import cli, main
 
-__all__ = ["cli", "flower", "follow", "jobs", "keys", "main", "pipelines", "schedules", "servers"]
+__all__ = [
+    "cli",
+    "flower",
+    "follow",
+    "jobs",
+    "keys",
+    "main",
+    "mcp",
+    "pipelines",
+    "schedules",
+    "servers",
+]

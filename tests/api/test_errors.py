@@ -42,7 +42,12 @@ def test_every_domain_code_has_a_status() -> None:
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.FlowbeatError)
     }
-    command_only = {"action_module_unimportable", "flower_auth_required", "key_not_found"}
+    command_only = {
+        "action_module_unimportable",
+        "flower_auth_required",
+        "key_not_found",
+        "mcp_key_required",
+    }
     api_facing = codes - {"action_failed", "cancelled"} - command_only
     assert api_facing <= set(STATUS_BY_CODE)
 

@@ -1,0 +1,76 @@
+"""Accepting a job: the one path that the jobs route and the MCP tools share.
+
+The job is committed before its first message is published, so a worker never receives a
+message for a job that PostgreSQL does not hold yet.
+"""
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+
+from api.schemas import JobCreate, JobPublic
+from service.auth import Principal
+from service.db import autocommit
+from service.egress import check_notify_url
+from service.jobs import JobRequest, check_open_jobs, job_view, new_job_view, submit_job
+from service.notices import validate_notify_url
+from service.plan import initial_plan
+from service.profiles import NAME_PATTERN, load_profile_text
+from service.runtime import Runtime
+from service.settings import Settings
+from service.snapshots import job_profile
+from tasks.dispatch import publish_new_job
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+
+def _pipeline(body: JobCreate, known_actions: frozenset[str]) -> str | dict[str, Any]:
+    """A string that is not a pipeline name is inline profile text (YAML, or JSON as YAML)."""
+    pipeline = body.pipeline
+    if (
+        isinstance(pipeline, str)
+        and not re.fullmatch(NAME_PATTERN, pipeline)
+        and ("\n" in pipeline or pipeline.lstrip().startswith("{"))
+    ):
+        profile = load_profile_text(pipeline, source="inline", known_actions=known_actions)
+        return profile.to_json()
+    return pipeline
+
+
+def accept_job(
+    body: JobCreate,
+    principal: Principal,
+    session: Session,
+    runtime: Runtime,
+    settings: Settings,
+    celery_app: "Celery",
+) -> tuple[JobPublic, int]:
+    """The job and 202 when it is new, or the first job and 200 when its idempotency key was
+    seen before."""
+    known_actions = runtime.registry.names()
+    request = JobRequest(
+        pipeline=_pipeline(body, known_actions),
+        params=body.params,
+        idempotency_key=body.idempotency_key,
+        diff_mode=body.diff_mode,
+        notify_url=body.notify_url,
+    )
+    if body.notify_url is not None:
+        check_notify_url(settings, validate_notify_url(body.notify_url))
+    autocommit(session)
+    check_open_jobs(session, principal.owner, settings.max_open_jobs_per_owner)
+    job, created = submit_job(
+        session,
+        request,
+        owner=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        known_actions=known_actions,
+    )
+    session.commit()
+    if not created:
+        return JobPublic.of(job_view(session, job)), 200
+    profile = job_profile(job)
+    publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
+    return JobPublic.of(new_job_view(job, profile)), 202
