@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from mcp.server.mcpserver import MCPServer
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -37,18 +38,20 @@ async def mcp_endpoint(request: Request, _: Reader) -> Response:
 
 
 def install_mcp(app: FastAPI, deps: McpDeps) -> None:
-    server = build_mcp(deps)
-    server.streamable_http_app(
-        stateless_http=True,
-        json_response=True,
-        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-    )
-    app.state.mcp_server = server
-    app.state.mcp_handler = StreamableHTTPASGIApp(server.session_manager)
+    app.state.mcp_server = build_mcp(deps)
     app.include_router(router)
 
 
 @asynccontextmanager
 async def mcp_sessions(app: FastAPI) -> AsyncIterator[None]:
-    async with app.state.mcp_server.session_manager.run():
+    """The SDK's session manager runs once; an app whose lifespan runs again (tests, an
+    embedding server) gets a new one each time."""
+    server: MCPServer = app.state.mcp_server
+    server.streamable_http_app(
+        stateless_http=True,
+        json_response=True,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    app.state.mcp_handler = StreamableHTTPASGIApp(server.session_manager)
+    async with server.session_manager.run():
         yield

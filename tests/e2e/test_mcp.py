@@ -15,6 +15,7 @@ import pytest
 from mcp import Client as McpClient
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextResourceContents
 
 from service.auth import create_api_key
 from service.db import unit_of_work
@@ -65,6 +66,12 @@ async def _refusal(mcp: McpClient, tool: str, **arguments: Any) -> str:
     result = await mcp.call_tool(tool, arguments)
     assert result.is_error
     return " ".join(getattr(part, "text", "") for part in result.content)
+
+
+async def _resource(mcp: McpClient, uri: str) -> str:
+    contents = (await mcp.read_resource(uri)).contents[0]
+    assert isinstance(contents, TextResourceContents)
+    return contents.text
 
 
 def _run(session: Callable[[], Awaitable[None]]) -> None:
@@ -118,10 +125,9 @@ def test_an_agent_saves_runs_diffs_schedules_and_deletes_over_http(
             ]
             assert history["latest_new_items"] == [{"pmid": "2"}]
 
-            latest = await mcp.read_resource(f"pipeline://history/{name}/latest")
-            assert json.loads(latest.contents[0].text)["run"]["job_id"] == second["job"]["id"]
-            yaml_text = (await mcp.read_resource(f"pipeline://saved/{name}")).contents[0].text
-            assert f"name: {name}" in yaml_text
+            latest = await _resource(mcp, f"pipeline://history/{name}/latest")
+            assert json.loads(latest)["run"]["job_id"] == second["job"]["id"]
+            assert f"name: {name}" in await _resource(mcp, f"pipeline://saved/{name}")
 
             scheduled = await _call(mcp, "schedule_pipeline", name=name, cron="0 9 * * 1")
             assert scheduled["schedule"]["cron"] == "0 9 * * 1"
