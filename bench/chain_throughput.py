@@ -333,19 +333,25 @@ def workspace(stack: ExitStack, bench: str) -> Workspace:
 
 
 @contextmanager
-def raw_worker(redis_url: str, tmp: Path) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
-    """``bench.raw_app`` bound to ``redis_url`` and its worker, started and answering; the
-    worker is stopped on exit."""
+def raw_worker(
+    redis_url: str, tmp: Path, workers: int = 1
+) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
+    """``bench.raw_app`` bound to ``redis_url`` and ``workers`` worker processes, started and
+    answering (the first is yielded); they are stopped on exit."""
     os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
     from bench import raw_app
 
     env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
-    node = f"bench-raw-{os.getpid()}@{socket.gethostname()}"
-    log_path = tmp / "raw-worker.log"
-    argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
-    with subprocess_group(argv, env, log_path, "raw celery worker") as proc:
-        wait_for_worker(raw_app.app, node, proc, log_path)
-        yield raw_app, proc
+    with ExitStack() as stack:
+        procs = []
+        for index in range(workers):
+            node = f"bench-raw-{os.getpid()}-{index}@{socket.gethostname()}"
+            log_path = tmp / f"raw-worker-{index}.log"
+            argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
+            proc = stack.enter_context(subprocess_group(argv, env, log_path, "raw celery worker"))
+            wait_for_worker(raw_app.app, node, proc, log_path)
+            procs.append(proc)
+        yield raw_app, procs[0]
 
 
 def wait_results(results: list[Any], deadline: float) -> tuple[float, int]:
@@ -372,10 +378,12 @@ def wait_results(results: list[Any], deadline: float) -> tuple[float, int]:
     return last, rescued
 
 
-def run_raw(n: int, warmup: int, redis_url: str, tmp: Path, timeout_s: float) -> RawResult:
+def run_raw(
+    n: int, warmup: int, redis_url: str, tmp: Path, timeout_s: float, workers: int = 1
+) -> RawResult:
     from celery import chain
 
-    with raw_worker(redis_url, tmp) as (raw_app, _):
+    with raw_worker(redis_url, tmp, workers) as (raw_app, _):
         noop = raw_app.noop
 
         def submit(count: int) -> list[Any]:
@@ -535,13 +543,17 @@ class FlowbeatStack:
     key: str
     conn: psycopg.Connection[Any]
     api: subprocess.Popen[bytes]
-    worker: subprocess.Popen[bytes]
+    workers: list[subprocess.Popen[bytes]]
     api_log: Path
     worker_log: Path
     env: dict[str, str]
 
+    @property
+    def worker(self) -> subprocess.Popen[bytes]:
+        return self.workers[0]
+
     def dead(self) -> bool:
-        return self.worker.poll() is not None or self.api.poll() is not None
+        return self.api.poll() is not None or any(w.poll() is not None for w in self.workers)
 
 
 def start_flowbeat(
@@ -551,11 +563,13 @@ def start_flowbeat(
     admin_db: str,
     tmp: Path,
     settings: dict[str, str] | None = None,
+    workers: int = 1,
 ) -> FlowbeatStack:
     """Everything is stopped and dropped when ``stack`` closes. ``profiles`` maps a name to
     the YAML of a profile the API serves as shipped; each is validated here first.
     ``settings`` are extra ``FLOWBEAT_*`` variables for every process. The per-key request
-    limit and the open-jobs cap are off: a bench sends as fast as the API answers."""
+    limit and the open-jobs cap are off: a bench sends as fast as the API answers. The
+    first of ``workers`` worker processes logs to ``worker_log``, the others beside it."""
     from celery import Celery
 
     from service.constants import QUEUE_STEPS
@@ -579,18 +593,19 @@ def start_flowbeat(
         **(settings or {}),
     }
     api_proc, base_url = _start_api(stack, env, tmp)
-    node = f"bench-flowbeat-{os.getpid()}@{socket.gethostname()}"
-    worker_log = tmp / "flowbeat-worker.log"
-    worker = stack.enter_context(
-        subprocess_group(
-            worker_argv("tasks.app", QUEUE_STEPS, node), env, worker_log, "flowbeat worker"
-        )
-    )
     control = Celery("bench-control", broker=redis_url)
     stack.callback(control.close)
-    wait_for_worker(control, node, worker, worker_log)
+    procs = []
+    for index in range(workers):
+        node = f"bench-flowbeat-{os.getpid()}-{index}@{socket.gethostname()}"
+        log_path = tmp / ("flowbeat-worker.log" if index == 0 else f"flowbeat-worker-{index}.log")
+        argv = worker_argv("tasks.app", QUEUE_STEPS, node)
+        proc = stack.enter_context(subprocess_group(argv, env, log_path, "flowbeat worker"))
+        wait_for_worker(control, node, proc, log_path)
+        procs.append(proc)
     conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
-    return FlowbeatStack(base_url, key, conn, api_proc, worker, tmp / "api.log", worker_log, env)
+    worker_log = tmp / "flowbeat-worker.log"
+    return FlowbeatStack(base_url, key, conn, api_proc, procs, tmp / "api.log", worker_log, env)
 
 
 def run_flowbeat(
@@ -602,9 +617,11 @@ def run_flowbeat(
     tmp: Path,
     timeout_s: float,
     spy_dir: Path | None,
+    workers: int = 1,
 ) -> FlowbeatResult:
     with ExitStack() as stack:
-        fb = start_flowbeat(stack, {PIPELINE: PROFILE_YAML}, redis_url, admin_db, tmp)
+        profiles = {PIPELINE: PROFILE_YAML}
+        fb = start_flowbeat(stack, profiles, redis_url, admin_db, tmp, workers=workers)
         if warmup:
             errors: list[str] = []
             post_jobs(fb.base_url, fb.key, warmup, min(threads, warmup), [], errors)
@@ -670,6 +687,9 @@ def _flowbeat_result(
 class Round:
     raw: RawResult | None
     fb: FlowbeatResult | None
+    before: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+    disturbed: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -683,10 +703,16 @@ def run_round(
     side_b: Callable[[], FlowbeatResult],
 ) -> Round:
     """Odd rounds run flowbeat first, so a machine that speeds up or slows down during the run
-    favours neither side."""
+    favours neither side. The machine is calibrated before and after the round."""
+    before = calibrate()
+    raw: RawResult | None
+    fb: FlowbeatResult | None
     if only is None:
-        return Round(*alternate(number, side_a, side_b))
-    return Round(side_a() if only == "raw" else None, side_b() if only == "flowbeat" else None)
+        raw, fb = alternate(number, side_a, side_b)
+    else:
+        raw = side_a() if only == "raw" else None
+        fb = side_b() if only == "flowbeat" else None
+    return Round(raw, fb, before, calibrate())
 
 
 def alternate(number: int, side_a: Callable[[], A], side_b: Callable[[], B]) -> tuple[A, B]:
@@ -698,48 +724,113 @@ def alternate(number: int, side_a: Callable[[], A], side_b: Callable[[], B]) -> 
     return a, side_b()
 
 
-def median_round(rounds: list[Round]) -> tuple[RawResult | None, FlowbeatResult | None]:
-    """The round whose ratio is the median (the lower middle one for an even count)."""
+DISTURBED_SLOWDOWN = 1.25
+
+
+def mark_disturbed(rounds: list[Round]) -> None:
+    """A round whose calibration loop ran more than ``DISTURBED_SLOWDOWN`` times slower, before
+    or after it, than the fastest loop of the run (a throttled VM), or with something else
+    keeping more than ``BUSY_CORES_DISTURBED`` of a core busy while the bench was idle (a
+    shared machine), is reported, but left out of the median."""
     if not rounds:
-        return None, None
+        return
+    best = min(min(r.before["loop_ms"], r.after["loop_ms"]) for r in rounds)
+    for r in rounds:
+        slowest = max(r.before["loop_ms"], r.after["loop_ms"])
+        busy = max(r.before["background_cores"], r.after["background_cores"])
+        r.disturbed = slowest > DISTURBED_SLOWDOWN * best or busy > BUSY_CORES_DISTURBED
+
+
+def median_round(rounds: list[Round]) -> Round | None:
+    """The round whose ratio is the median (the lower middle one for an even count) of the
+    undisturbed rounds, or of all when every round was disturbed."""
+    clean = [r for r in rounds if not r.disturbed] or rounds
+    if not clean:
+        return None
     ranked = sorted(
-        rounds,
+        clean,
         key=lambda r: (
             r.ratio if r.ratio is not None else 0.0,
             r.raw.tasks_per_s if r.raw else 0.0,
             r.fb.steps_per_s if r.fb else 0.0,
         ),
     )
-    middle = ranked[(len(ranked) - 1) // 2]
-    return middle.raw, middle.fb
+    return ranked[(len(ranked) - 1) // 2]
 
 
 CALIBRATION_LOOP = 2_000_000
+TARGET_RATIO = 0.90
+
+
+BACKGROUND_SAMPLE_S = 1.0
+BUSY_CORES_DISTURBED = 0.3
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat (0, 0 where there is none)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def background_cores() -> float:
+    """Cores kept busy by something else while this bench is idle, over a short sample."""
+    busy0, total0 = _cpu_jiffies()
+    time.sleep(BACKGROUND_SAMPLE_S)
+    busy1, total1 = _cpu_jiffies()
+    if total1 == total0:
+        return 0.0
+    return (busy1 - busy0) / (total1 - total0) * (os.cpu_count() or 1)
 
 
 def calibrate() -> dict[str, float]:
-    """How fast this machine runs a fixed pure-Python loop right now (best of three), and its
-    load: the VM's speed drifts, so a run is read against its own calibration."""
+    """How fast this machine runs a fixed pure-Python loop right now (best of three), how
+    many cores something else keeps busy, and the load: the VM's speed drifts and the
+    machine may be shared, so a run is read against its own calibration."""
     times = []
     for _ in range(3):
         started = time.perf_counter()
         sum(i * i for i in range(CALIBRATION_LOOP))
         times.append(time.perf_counter() - started)
-    return {"loop_ms": min(times) * 1000, "load_1m": os.getloadavg()[0]}
+    return {
+        "loop_ms": min(times) * 1000,
+        "background_cores": background_cores(),
+        "load_1m": os.getloadavg()[0],
+    }
+
+
+def _round_line(r: Round) -> str:
+    figures = (
+        f"{r.raw.tasks_per_s:.0f}/{r.fb.steps_per_s:.0f}={r.ratio:.2f}"
+        if r.raw and r.fb and r.ratio is not None
+        else "-"
+    )
+    machine = (
+        f"loop {r.before['loop_ms']:.0f}/{r.after['loop_ms']:.0f} ms, "
+        f"background {r.before['background_cores']:.2f}/{r.after['background_cores']:.2f} "
+        f"cores, load {r.before['load_1m']:.2f}/{r.after['load_1m']:.2f}"
+    )
+    return f"    {figures} ({machine}){' DISTURBED' if r.disturbed else ''}"
 
 
 def report(
     args: argparse.Namespace, rounds: list[Round], calibration: dict[str, dict[str, float]]
 ) -> int:
     """Print the median round's figures (and every round's ratio); non-zero if any job failed."""
-    raw, fb = median_round(rounds)
-    ratio = fb.steps_per_s / raw.tasks_per_s if raw and fb else None
+    mark_disturbed(rounds)
+    middle = median_round(rounds)
+    raw, fb = (middle.raw, middle.fb) if middle else (None, None)
+    ratio = middle.ratio if middle else None
     from service.settings import Settings
 
     figures = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "worker": {
             "pool": "prefork",
+            "processes": args.workers,
             "concurrency": WORKER_CONCURRENCY,
             "prefetch_multiplier": Settings().worker_prefetch,
         },
@@ -748,47 +839,65 @@ def report(
         "raw_celery": asdict(raw) if raw else None,
         "flowbeat": asdict(fb) if fb else None,
         "ratio": ratio,
-        "round_ratios": [r.ratio for r in rounds],
-        "target_ratio": 0.80,
+        "rounds": [
+            {"ratio": r.ratio, "before": r.before, "after": r.after, "disturbed": r.disturbed}
+            for r in rounds
+        ],
+        "target_ratio": TARGET_RATIO,
         "calibration": calibration,
     }
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
-        print()
-        print(
-            f"chain throughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps, "
-            f"prefork concurrency {WORKER_CONCURRENCY}, {os.cpu_count()} cpus"
-        )
-        x = f"{raw.tasks_per_s:.0f}" if raw else "-"
-        y = f"{fb.steps_per_s:.0f}" if fb else "-"
-        r = f"{ratio:.2f}" if ratio is not None else "-"
-        print(
-            f"  raw celery: {x} tasks/s | flowbeat: {y} persisted steps/s | "
-            f"ratio: Y/X = {r} (target >= 0.80)"
-        )
-        if len(rounds) > 1:
-            each = ", ".join(
-                f"{r.raw.tasks_per_s:.0f}/{r.fb.steps_per_s:.0f}={r.ratio:.2f}"
-                for r in rounds
-                if r.raw and r.fb and r.ratio is not None
-            )
-            print(f"  {len(rounds)} rounds (raw/flowbeat=ratio): {each}; the median is shown")
-        before, after = calibration["before"], calibration["after"]
-        print(
-            f"  calibration: {CALIBRATION_LOOP:,}-step loop {before['loop_ms']:.0f} ms before, "
-            f"{after['loop_ms']:.0f} ms after; load {before['load_1m']:.2f} before, "
-            f"{after['load_1m']:.2f} after"
-        )
-        if fb:
-            print(
-                f"  enqueue latency p50={fb.enqueue_p50_ms:.1f}ms p99={fb.enqueue_p99_ms:.1f}ms, "
-                f"rate={fb.enqueue_rate_jobs_per_s:.0f} jobs/s ({args.clients} clients)"
-            )
+        _print_report(args, rounds, calibration, middle)
     failed = [r.fb for r in rounds if r.fb and (r.fb.http_errors or r.fb.not_succeeded)]
     for bad in failed:
         print(f"  problems: {bad.http_errors} POST errors, not succeeded: {bad.not_succeeded}")
     return 1 if failed else 0
+
+
+def _print_report(
+    args: argparse.Namespace,
+    rounds: list[Round],
+    calibration: dict[str, dict[str, float]],
+    middle: Round | None,
+) -> None:
+    raw, fb = (middle.raw, middle.fb) if middle else (None, None)
+    ratio = middle.ratio if middle else None
+    print()
+    print(
+        f"chain throughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps, "
+        f"{args.workers} prefork worker(s) of concurrency {WORKER_CONCURRENCY}, "
+        f"{os.cpu_count()} cpus"
+    )
+    x = f"{raw.tasks_per_s:.0f}" if raw else "-"
+    y = f"{fb.steps_per_s:.0f}" if fb else "-"
+    r = f"{ratio:.2f}" if ratio is not None else "-"
+    print(
+        f"  raw celery: {x} tasks/s | flowbeat: {y} persisted steps/s | "
+        f"ratio: Y/X = {r} (target >= {TARGET_RATIO:.2f})"
+    )
+    disturbed = sum(r.disturbed for r in rounds)
+    verdict = (
+        "every one disturbed: the median is of all of them, not a clean figure"
+        if disturbed == len(rounds)
+        else f"{disturbed} disturbed and left out of the median"
+    )
+    print(f"  {len(rounds)} rounds (raw/flowbeat=ratio; calibration before/after), {verdict}:")
+    for each in rounds:
+        print(_round_line(each))
+    before, after = calibration["before"], calibration["after"]
+    print(
+        f"  calibration: {CALIBRATION_LOOP:,}-step loop {before['loop_ms']:.0f} ms before, "
+        f"{after['loop_ms']:.0f} ms after the run; background "
+        f"{before['background_cores']:.2f}/{after['background_cores']:.2f} cores; "
+        f"load {before['load_1m']:.2f} before, {after['load_1m']:.2f} after"
+    )
+    if fb:
+        print(
+            f"  enqueue latency p50={fb.enqueue_p50_ms:.1f}ms p99={fb.enqueue_p99_ms:.1f}ms, "
+            f"rate={fb.enqueue_rate_jobs_per_s:.0f} jobs/s ({args.clients} clients)"
+        )
 
 
 def on_sigterm(signum: int, _frame: Any) -> None:
@@ -814,6 +923,12 @@ def main(argv: list[str] | None = None) -> int:
         help="A/B rounds, the order alternating; the round with the median ratio is reported",
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes per side, each of concurrency BENCH_CONCURRENCY (2)",
+    )
+    parser.add_argument(
         "--py-spy",
         type=Path,
         metavar="DIR",
@@ -829,7 +944,8 @@ def main(argv: list[str] | None = None) -> int:
         ws = workspace(stack, "chain")
 
         def side_a() -> RawResult:
-            result = run_raw(args.jobs, args.warmup, ws.fresh_redis(0), ws.tmp, args.timeout)
+            redis_url = ws.fresh_redis(0)
+            result = run_raw(args.jobs, args.warmup, redis_url, ws.tmp, args.timeout, args.workers)
             log(f"A: {result.tasks_per_s:.0f} tasks/s")
             return result
 
@@ -843,6 +959,7 @@ def main(argv: list[str] | None = None) -> int:
                 ws.tmp,
                 args.timeout,
                 args.py_spy,
+                args.workers,
             )
             log(f"B: {result.steps_per_s:.0f} persisted steps/s")
             return result

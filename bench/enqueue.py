@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"  calibration: loop {before['loop_ms']:.0f} ms before, {after['loop_ms']:.0f} ms "
-            f"after; load {before['load_1m']:.2f} before, {after['load_1m']:.2f} after"
+            f"after; background {before['background_cores']:.2f}/"
+            f"{after['background_cores']:.2f} cores; load {before['load_1m']:.2f} before, "
+            f"{after['load_1m']:.2f} after"
         )
     log("done")
     return 1 if errors else 0
