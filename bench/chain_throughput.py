@@ -48,6 +48,8 @@ import psycopg
 import redis
 from psycopg import sql
 
+from bench.cpu import CpuMeter, descendants
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ADMIN_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -302,6 +304,7 @@ class RawResult:
     submit_s: float
     wall_s: float
     tasks_per_s: float
+    cpu_ms_per_chain: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -379,11 +382,17 @@ def wait_results(results: list[Any], deadline: float) -> tuple[float, int]:
 
 
 def run_raw(
-    n: int, warmup: int, redis_url: str, tmp: Path, timeout_s: float, workers: int = 1
+    n: int,
+    warmup: int,
+    redis_url: str,
+    tmp: Path,
+    timeout_s: float,
+    workers: int = 1,
+    spy_dir: Path | None = None,
 ) -> RawResult:
     from celery import chain
 
-    with raw_worker(redis_url, tmp, workers) as (raw_app, _):
+    with raw_worker(redis_url, tmp, workers) as (raw_app, proc):
         noop = raw_app.noop
 
         def submit(count: int) -> list[Any]:
@@ -392,14 +401,21 @@ def run_raw(
         if warmup:
             wait_results(submit(warmup), time.monotonic() + timeout_s)
         log(f"A: submitting {n} chains of {STEPS_PER_JOB} no-op tasks")
-        t0 = time.time()
-        results = submit(n)
-        t_submitted = time.time()
-        t1, rescued = wait_results(results, time.monotonic() + timeout_s)
+        meter = CpuMeter({"workers": descendants(os.getpid())})
+        with py_spy(spy_dir, proc.pid, "raw-worker"):
+            meter.start()
+            t0 = time.time()
+            results = submit(n)
+            t_submitted = time.time()
+            t1, rescued = wait_results(results, time.monotonic() + timeout_s)
+            cpu = meter.stop()
     if rescued:
         log(f"A: {rescued} results read from the backend after their pubsub message was missed")
     wall = t1 - t0
-    return RawResult(n, STEPS_PER_JOB * n, t_submitted - t0, wall, STEPS_PER_JOB * n / wall)
+    per_chain = {part: s * 1000 / n for part, s in cpu.items()}
+    return RawResult(
+        n, STEPS_PER_JOB * n, t_submitted - t0, wall, STEPS_PER_JOB * n / wall, per_chain
+    )
 
 
 def _epoch(moment: datetime | str) -> float:
@@ -425,6 +441,7 @@ class FlowbeatResult:
     http_errors: int
     succeeded: int
     not_succeeded: dict[str, int] = field(default_factory=dict)
+    cpu_ms_per_job: dict[str, float] = field(default_factory=dict)
 
 
 def _count_final(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -635,6 +652,9 @@ def run_flowbeat(
         with ExitStack() as spies:
             spies.enter_context(py_spy(spy_dir, fb.worker.pid, "flowbeat-worker"))
             spies.enter_context(py_spy(spy_dir, fb.api.pid, "flowbeat-api"))
+            roots = {"api": [fb.api.pid], "workers": [w.pid for w in fb.workers]}
+            meter = CpuMeter(roots, fb.conn)
+            meter.start()
             t0 = time.perf_counter()
             args = (fb.base_url, fb.key, n, threads, latencies, errors)
             poster = threading.Thread(target=post_jobs, args=args, daemon=True)
@@ -644,11 +664,14 @@ def run_flowbeat(
             total = warmup + len(latencies)
             counts = wait_final(fb.conn, total, time.monotonic() + timeout_s, fb.dead)
             t1 = time.perf_counter()
+            cpu = meter.stop()
         if errors:
             log(f"B: {len(errors)} POSTs failed, e.g. {errors[0]}")
         if fb.dead() or any(status != "succeeded" for status in counts):
             log(f"worker log:\n{tail(fb.worker_log)}")
-        return _flowbeat_result(latencies, len(errors), counts, warmup, t1 - t0, t_posted - t0)
+        result = _flowbeat_result(latencies, len(errors), counts, warmup, t1 - t0, t_posted - t0)
+        result.cpu_ms_per_job = {part: s * 1000 / max(result.jobs, 1) for part, s in cpu.items()}
+        return result
 
 
 def _flowbeat_result(
@@ -694,6 +717,14 @@ class Round:
     @property
     def ratio(self) -> float | None:
         return self.fb.steps_per_s / self.raw.tasks_per_s if self.raw and self.fb else None
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        """Raw Celery's CPU per chain over flowbeat's per job: the throughput ratio the two
+        sides would reach if CPU were the only limit, however busy the machine was."""
+        if not (self.raw and self.fb and self.raw.cpu_ms_per_chain and self.fb.cpu_ms_per_job):
+            return None
+        return sum(self.raw.cpu_ms_per_chain.values()) / sum(self.fb.cpu_ms_per_job.values())
 
 
 def run_round(
@@ -813,7 +844,13 @@ def _round_line(r: Round) -> str:
         f"background {r.before['background_cores']:.2f}/{r.after['background_cores']:.2f} "
         f"cores, load {r.before['load_1m']:.2f}/{r.after['load_1m']:.2f}"
     )
-    return f"    {figures} ({machine}){' DISTURBED' if r.disturbed else ''}"
+    cpu = f", CPU ratio {r.cpu_ratio:.2f}" if r.cpu_ratio is not None else ""
+    return f"    {figures}{cpu} ({machine}){' DISTURBED' if r.disturbed else ''}"
+
+
+def _cpu_line(name: str, parts: dict[str, float]) -> str:
+    each = ", ".join(f"{part} {ms:.2f}" for part, ms in parts.items())
+    return f"    {name}: {sum(parts.values()):.2f} ms ({each})"
 
 
 def report(
@@ -839,8 +876,15 @@ def report(
         "raw_celery": asdict(raw) if raw else None,
         "flowbeat": asdict(fb) if fb else None,
         "ratio": ratio,
+        "cpu_ratio_median": _median_cpu_ratio(rounds),
         "rounds": [
-            {"ratio": r.ratio, "before": r.before, "after": r.after, "disturbed": r.disturbed}
+            {
+                "ratio": r.ratio,
+                "cpu_ratio": r.cpu_ratio,
+                "before": r.before,
+                "after": r.after,
+                "disturbed": r.disturbed,
+            }
             for r in rounds
         ],
         "target_ratio": TARGET_RATIO,
@@ -854,6 +898,11 @@ def report(
     for bad in failed:
         print(f"  problems: {bad.http_errors} POST errors, not succeeded: {bad.not_succeeded}")
     return 1 if failed else 0
+
+
+def _median_cpu_ratio(rounds: list[Round]) -> float | None:
+    ratios = sorted(r.cpu_ratio for r in rounds if r.cpu_ratio is not None)
+    return ratios[(len(ratios) - 1) // 2] if ratios else None
 
 
 def _print_report(
@@ -893,6 +942,13 @@ def _print_report(
         f"{before['background_cores']:.2f}/{after['background_cores']:.2f} cores; "
         f"load {before['load_1m']:.2f} before, {after['load_1m']:.2f} after"
     )
+    cpu_ratio = _median_cpu_ratio(rounds)
+    median = f"; median CPU ratio {cpu_ratio:.2f}" if cpu_ratio is not None else ""
+    print(f"  CPU per chain/job of the median round (ms){median}:")
+    if raw:
+        print(_cpu_line("raw celery", raw.cpu_ms_per_chain))
+    if fb:
+        print(_cpu_line("flowbeat", fb.cpu_ms_per_job))
     if fb:
         print(
             f"  enqueue latency p50={fb.enqueue_p50_ms:.1f}ms p99={fb.enqueue_p99_ms:.1f}ms, "
@@ -932,7 +988,7 @@ def main(argv: list[str] | None = None) -> int:
         "--py-spy",
         type=Path,
         metavar="DIR",
-        help="record py-spy profiles of the flowbeat worker and API into DIR "
+        help="record py-spy profiles of both sides' first worker and flowbeat's API into DIR "
         "(slows them down: the figures of such a run are not comparable)",
     )
     args = parser.parse_args(argv)
@@ -945,7 +1001,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def side_a() -> RawResult:
             redis_url = ws.fresh_redis(0)
-            result = run_raw(args.jobs, args.warmup, redis_url, ws.tmp, args.timeout, args.workers)
+            result = run_raw(
+                args.jobs, args.warmup, redis_url, ws.tmp, args.timeout, args.workers, args.py_spy
+            )
             log(f"A: {result.tasks_per_s:.0f} tasks/s")
             return result
 
