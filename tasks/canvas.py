@@ -42,16 +42,23 @@ def lane(app: Celery, key: StepKey, timeout_s: int, pipeline: str | None = None)
     """A lane's message may start a shard until ``LANE_SLICE_S`` has passed; its limits are
     that much longer, so every shard it starts still has ``timeout_s`` to run."""
     return app.signature(
-        TASK_RUN_LANE, args=(str(key.job_id), key.step_id, timeout_s), immutable=True
+        TASK_RUN_LANE,
+        args=(str(key.job_id), key.step_id, timeout_s),
+        immutable=True,
+        ignore_result=True,
     ).set(**_limits(timeout_s + LANE_SLICE_S), **readable(key, pipeline, " lane"))
 
 
 def fan_out(
     app: Celery, key: StepKey, lanes: int, timeout_s: int, pipeline: str | None = None
 ) -> Signature:
-    """A dynamic chord: ``lanes`` workers drain the shards, then the results are gathered."""
+    """A dynamic chord: ``lanes`` workers drain the shards, then the results are gathered.
+
+    No task of it stores a result: the chord counts its lanes in its own join list, which
+    the backend deletes once the gather is sent, and PostgreSQL holds what the lanes did,
+    so no key is left in Redis to expire an hour later."""
     finish = app.signature(
-        TASK_FINISH_FANOUT, args=(str(key.job_id), key.step_id), immutable=True
+        TASK_FINISH_FANOUT, args=(str(key.job_id), key.step_id), immutable=True, ignore_result=True
     ).set(**readable(key, pipeline, " gather"))
     if lanes == 0:
         return finish

@@ -25,6 +25,16 @@ def test_a_dag_with_a_fan_out_runs_every_step_once_and_reports_its_result(client
     assert client.checkpoints(job_id, "fan") == 4
 
 
+def test_a_fan_out_leaves_no_result_key_in_redis(client: Client) -> None:
+    before = set(client.broker.scan_iter("celery-task-meta-*"))
+
+    view = client.wait_final(client.submit("dag", items=[1, 2, 3, 4]))
+
+    assert view.job.status == "succeeded", view.job.error
+    assert set(client.broker.scan_iter("celery-task-meta-*")) == before
+    assert not list(client.broker.scan_iter("chord-unlock-*"))
+
+
 def test_an_empty_fan_out_succeeds_with_an_empty_list(client: Client) -> None:
     view = client.wait_final(client.submit("dag", items=[]))
 
