@@ -24,6 +24,8 @@ from api.routes import (
 )
 from api.routes.mcp import install_mcp, mcp_sessions
 from api.streams import stop_listener
+from api.telemetry import RequestMetrics
+from service import logs
 from service.auth import KeyCache
 from service.constants import VERSION
 from service.runtime import Runtime
@@ -66,6 +68,7 @@ def create_app(
     app.state.key_limiters = {}
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
@@ -83,4 +86,6 @@ def create_app(
 
 def app_from_env() -> FastAPI:
     """ASGI factory: ``uvicorn --factory api.app:app_from_env``."""
-    return create_app(get_settings())
+    settings = get_settings()
+    logs.configure(settings.log_format, settings.log_level)
+    return create_app(settings)

@@ -30,6 +30,7 @@ from service.constants import BEAT_LOCK_KEY, LEADER_POLL_S
 from service.db import unit_of_work
 from service.dependencies import fire_dependents
 from service.errors import BrokerUnavailable
+from service.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
 from service.plan import JobPlan, initial_plan
 from service.retention import prune_runs
 from service.runtime import Runtime
@@ -78,6 +79,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             leader = False
         if leader != was_leader:
             log.info("beat: %s leader (%s)", "became" if leader else "no longer", self.lock.token)
+            BEAT_LEADER_CHANGES.labels("gained" if leader else "lost").inc()
         if not leader:
             self.wakeups.close()
             return self.tick_s
@@ -138,6 +140,8 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                     "beat: job %s stored; the sweeper sends it when the broker is back", job.id
                 )
             log.info("beat: fired %s for %s as job %s", job.pipeline, job.scheduled_for, job.id)
+            if job.scheduled_for is not None:
+                BEAT_FIRE_LAG.observe(max(0.0, (utcnow() - job.scheduled_for).total_seconds()))
         self.revoke(result.revoke)
         self.compensate(result.compensate)
         for owner, pipeline in {(job.owner, job.pipeline) for job in result.jobs}:

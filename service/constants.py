@@ -80,3 +80,6 @@ LLM_HTTP_ATTEMPTS: Final = 3
 
 MCP_HISTORY_NEW_ITEMS: Final = 5
 """How many of the newest successful run's new items ``get_pipeline_history`` shows."""
+
+HEADER_SENT_AT: Final = "flowbeat_sent_at"
+"""Message header: when a step's message was sent (epoch seconds), for its queue wait."""

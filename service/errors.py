@@ -278,6 +278,12 @@ class FlowerAuthRequired(FlowbeatError):
     code = "flower_auth_required"
 
 
+class MetricsTokenRequired(FlowbeatError):
+    """A worker or beat exporter off loopback would answer anyone."""
+
+    code = "metrics_token_required"
+
+
 class McpKeyRequired(FlowbeatError):
     """A stdio MCP server acts as one API key, and none was given."""
 

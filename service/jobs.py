@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from service import metrics
 from service.clock import utcnow
 from service.compensations import (
     compensation_of,
@@ -263,7 +264,11 @@ def insert_job(session: Session, job: dict[str, Any], steps: list[dict[str, Any]
         "steps": Jsonb(steps),
     }
     row = driver(session).execute(_INSERT_JOB, values).fetchone()
-    return row is not None and row[0] == 1
+    inserted = row is not None and row[0] == 1
+    if inserted:
+        counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
+        metrics.after_commit(session, counter.inc)
+    return inserted
 
 
 def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:
@@ -407,6 +412,7 @@ def cancel_job(
     job.status = JobStatus.CANCELLED
     job.finished_at = now
     job.error = {"code": "cancelled", "message": "cancelled on request", "details": {}}
+    metrics.job_finished(session, job.pipeline, job.status)
     close_open_steps(session, job_id, StepStatus.CANCELLED, now)
     profile = job_profile(job)
     if profile.on_cancel == "compensate":

@@ -17,6 +17,7 @@ import httpx
 from sqlalchemy import and_, exists, insert, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
+from service import metrics
 from service.db import unit_of_work
 from service.diffs import DiffCounts, DiffKind, diff_page
 from service.egress import EgressPolicy, guarded_client
@@ -192,10 +193,12 @@ def try_delivery(
         secret = settings.webhook_secret.get_secret_value().encode()
         outcome = deliver(notice, secret, str(int(now_s)), notice_policy(settings, sender))
     if not outcome.ok and outcome.retryable and attempt < settings.notify_max_attempts:
+        metrics.NOTICE_DELIVERIES.labels(sender, "retried").inc()
         return float(settings.notify_backoff_s * 2 ** (attempt - 1))
     kind = kinds[0] if outcome.ok else kinds[1]
     with unit_of_work(sessions) as session:
         record_event(session, job_id, kind, outcome.event_data(**event, attempts=attempt))
+    metrics.NOTICE_DELIVERIES.labels(sender, "delivered" if outcome.ok else "gave_up").inc()
     return None
 
 

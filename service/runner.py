@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
-from service import verify
+from service import logs, metrics, verify
 from service.actions import StepContext
 from service.clock import utcnow
 from service.compensations import (
@@ -49,6 +49,7 @@ from service.shards import (
     use_shard_claim,
 )
 from service.snapshots import job_profile, step_facts
+from service.states import JobStatus
 from service.steps import (
     Claimed,
     Completion,
@@ -226,6 +227,8 @@ def _run_claim(
                 profile=claim.profile,
                 succeeds_job=succeeds_job,
             )
+    if done.written and succeeds_job:
+        metrics.job_finished(None, claim.profile.name, JobStatus.SUCCEEDED)
     if done.written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, key.job_id, now)
@@ -233,6 +236,21 @@ def _run_claim(
 
 
 def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]) -> Any:
+    """The attempt's outcome, timed by action, with its ids on every line logged meanwhile."""
+    key = claim.key
+    started = time.monotonic()
+    with logs.work_context(str(key.job_id), key.step_id, claim.lease.attempt):
+        outcome = _call_action(rt, claim, timeout_errors)
+    result = "error" if isinstance(outcome, _Failure) else "ok"
+    metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
+    if key.shard != SHARD_NONE:
+        metrics.FANOUT_ITEMS.labels(claim.action).inc()
+    return outcome
+
+
+def _call_action(
+    rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]
+) -> Any:
     key = claim.key
     ctx = StepContext(
         job_id=str(key.job_id),
@@ -278,6 +296,7 @@ def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> JobPlan:
             session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow()
         )
     if delay is not None:
+        metrics.STEP_RETRIES.labels(claim.action).inc()
         raise RetryLater(delay, f"attempt {attempt} failed: {error['message']}")
     return failed.ready
 

@@ -103,6 +103,16 @@ class Settings(BaseSettings):
     llm_providers: list[LlmProvider] = Field(default_factory=list)
     """JSON in ``FLOWBEAT_LLM_PROVIDERS``; ``llm.chat`` steps name one, or get the first."""
 
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Where a worker serves ``/metrics`` (its pool processes summed); 0: no exporter."""
+    beat_metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    metrics_token: SecretStr | None = None
+    """Bearer token the worker and beat exporters require; needed off loopback."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """``auto``: text on a terminal, one JSON object a line otherwise."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
     worker_concurrency: int = 2
     task_events: bool = False
     """Celery task events, for Flower: each step then costs its worker three more publishes

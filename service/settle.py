@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from service import metrics
 from service.constants import SHARD_NONE
 from service.diffs import key_problem, store_result_items
 from service.models import CheckpointRow, JobRow, StepRunRow
@@ -64,6 +65,11 @@ def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
         return
     profile = job_profile(job)
     job.finished_at = now
+    _settle(session, job, profile, statuses)
+    metrics.job_finished(session, job.pipeline, job.status)
+
+
+def _settle(session: Session, job: JobRow, profile: Profile, statuses: dict[str, str]) -> None:
     outcome = result_of(session, job, profile, statuses)
     if outcome is None:
         failed = sorted(step for step, status in statuses.items() if status not in _NOT_FAILED)

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from service import metrics
 from service.compensations import record_compensations
 from service.conditions import evaluate
 from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
@@ -651,6 +652,7 @@ def _fail_job(
     where = f"step {key.step_id!r}" + (f" item {key.shard}" if key.shard != SHARD_NONE else "")
     job.status = JobStatus.FAILED
     job.finished_at = now
+    metrics.job_finished(session, job.pipeline, job.status)
     job.error = {
         "code": error.get("code", "step_failed"),
         "message": f"{where} failed: {error.get('message', '')}",

@@ -29,6 +29,13 @@ class SweepReport:
     compensate: set[uuid.UUID] = field(default_factory=set)
     timed_out: int = 0
     skipped: bool = False
+    causes: dict[uuid.UUID, str] = field(default_factory=dict)
+    """Why each job is sent again: the first cause found for it."""
+
+    def add(self, cause: str, job_ids: set[uuid.UUID]) -> None:
+        for job_id in job_ids - self.redispatch:
+            self.causes[job_id] = cause
+        self.redispatch |= job_ids
 
 
 def sweep(
@@ -47,13 +54,12 @@ def sweep(
     report.timed_out = _fail_timed_out(session, now, report)
     report.compensate |= lost_compensations(session, now, 0 if broker_lost else dispatch_grace_s)
     if broker_lost:
-        report.redispatch |= set(
-            session.scalars(select(JobRow.id).where(JobRow.status.in_(OPEN_JOB)))
-        )
+        open_jobs = session.scalars(select(JobRow.id).where(JobRow.status.in_(OPEN_JOB)))
+        report.add("broker_lost", set(open_jobs))
         return report
-    report.redispatch |= _undispatched(session, now - timedelta(seconds=dispatch_grace_s))
-    report.redispatch |= _expired_leases(session, now)
-    report.redispatch |= _stalled(session, now, now - timedelta(seconds=stall_after_s))
+    report.add("undispatched", _undispatched(session, now - timedelta(seconds=dispatch_grace_s)))
+    report.add("lease_expired", _expired_leases(session, now))
+    report.add("stalled", _stalled(session, now, now - timedelta(seconds=stall_after_s)))
     return report
 
 
@@ -137,7 +143,7 @@ def _fail_timed_out(session: Session, now: datetime, report: SweepReport) -> int
         lease = Lease(row.lease_token, row.attempts)
         delay = spec.retry.delay_s(row.attempts) if retry else None
         failed = fail_step(session, key, lease, error, retry_delay_s=delay, now=now)
-        report.redispatch.add(row.job_id)
+        report.add("timed_out", {row.job_id})
         if failed.ready.compensate:
             report.compensate.add(row.job_id)
         count += 1

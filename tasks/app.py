@@ -1,6 +1,7 @@
 """The Celery app: JSON only, late acks, requeue on worker loss, one queue for steps.
 
-``celery -A tasks.app worker`` and ``flowbeat worker`` both load this module.
+``celery -A tasks.app worker`` and ``flowbeat worker`` both load this module, and with it
+``tasks.telemetry``'s signal handlers (logging, metrics exporters).
 """
 
 from datetime import timedelta
@@ -11,7 +12,7 @@ from celery.signals import worker_process_init
 
 from service.constants import QUEUE_STEPS, TASK_SWEEP
 from service.settings import Settings, get_settings
-from tasks import runtime
+from tasks import runtime, telemetry  # noqa: F401
 from tasks.backend import backend_url
 from tasks.timers import CompactTimers
 from tasks.transport import message_router, transport_for

@@ -1,5 +1,6 @@
 """One base class maps the engine's small vocabulary of outcomes onto Celery."""
 
+import time
 from typing import Any
 
 import psycopg
@@ -7,7 +8,9 @@ from celery import Task
 from celery.exceptions import Ignore
 from sqlalchemy.exc import OperationalError
 
+from service.constants import HEADER_SENT_AT
 from service.errors import RetryLater, StopChain
+from service.metrics import STEP_QUEUE_WAIT
 
 DATABASE_RETRY_S = 2.0
 
@@ -23,6 +26,9 @@ class FlowbeatTask(Task):  # type: ignore[misc]
     max_retries = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        sent_at = self.request.get(HEADER_SENT_AT)
+        if isinstance(sent_at, int | float) and not self.request.retries:
+            STEP_QUEUE_WAIT.labels(self.name).observe(max(0.0, time.time() - sent_at))
         try:
             return super().__call__(*args, **kwargs)
         except RetryLater as exc:

@@ -8,13 +8,16 @@ No message carries what comes after its step: the step that settles last among a
 upstream sends the child (``service.steps.release_children``).
 """
 
+import time
 import uuid
+from typing import Any
 
 from celery import Celery, chord
 from celery.canvas import Signature
 
 from service.compensations import Due
 from service.constants import (
+    HEADER_SENT_AT,
     LANE_SLICE_S,
     STEP_TIMEOUT_GRACE_S,
     TASK_COMPENSATE,
@@ -30,9 +33,13 @@ def _limits(timeout_s: int) -> dict[str, int]:
     return {"soft_time_limit": timeout_s, "time_limit": timeout_s + STEP_TIMEOUT_GRACE_S}
 
 
-def readable(key: StepKey, pipeline: str | None, part: str = "") -> dict[str, str]:
-    """Message options naming the step for people; the task's own name and payload stay."""
-    names = {"argsrepr": f"job={key.job_id} step={key.step_id}"}
+def readable(key: StepKey, pipeline: str | None, part: str = "") -> dict[str, Any]:
+    """Message options naming the step for people, and the moment it was sent, from which its
+    worker measures how long it waited; the task's own name and payload stay."""
+    names: dict[str, Any] = {
+        "argsrepr": f"job={key.job_id} step={key.step_id}",
+        "headers": {HEADER_SENT_AT: time.time()},
+    }
     if pipeline:
         names["shadow"] = f"{pipeline}/{key.step_id}{part}"
     return names

@@ -10,6 +10,7 @@ from service.clock import utcnow
 from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
 from service.db import unit_of_work
 from service.hooks import prune_deliveries
+from service.metrics import SWEEPER_REPUBLISHED
 from service.notices import requeue_lost_notices
 from service.plan import JobPlan
 from service.retention import prune_all, prune_fires
@@ -43,7 +44,11 @@ def sweep() -> dict[str, int]:
             stall_after_s=settings.stall_after_s,
             dispatch_grace_s=settings.dispatch_grace_s,
         )
-    sent = sum(dispatch_job(app, rt, job_id) for job_id in sorted(report.redispatch))
+    sent = 0
+    for job_id in sorted(report.redispatch):
+        if dispatch_job(app, rt, job_id):
+            sent += 1
+            SWEEPER_REPUBLISHED.labels(report.causes.get(job_id, "other")).inc()
     for job_id in sorted(report.compensate):
         sent += publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
     resend_before = utcnow() - timedelta(seconds=settings.notify_resend_after_s)

@@ -1,5 +1,6 @@
 """Actions for end-to-end tests and fault drills: side effects a test can count from outside."""
 
+import logging
 import os
 import time
 from typing import Any
@@ -13,6 +14,8 @@ from service.errors import ActionError
 
 KEY_TTL_S = 3600
 """Counters outlive a flush of the broker's DB, not the test run that reads them."""
+
+log = logging.getLogger(__name__)
 
 
 def _redis() -> redis.Redis:
@@ -33,6 +36,7 @@ def _bump(client: redis.Redis, key: str) -> None:
 @action("drill.count")
 def count(ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0) -> dict[str, Any]:
     """Count one execution in Redis DB 0 (which flushing the broker's DB does not touch)."""
+    log.info("drill.count %s", name)
     client = _redis()
     _bump(client, _key(ctx, f"{name}:started"))
     client.set(_key(ctx, f"{name}:pid"), os.getpid(), ex=KEY_TTL_S)

@@ -17,6 +17,7 @@ from api.errors import ApiError
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
 from service.auth import Principal
 from service.clock import utcnow
+from service.errors import FlowbeatError
 from service.hooks import (
     HookSpec,
     accept_delivery,
@@ -26,6 +27,7 @@ from service.hooks import (
     put_hook,
 )
 from service.jobs import job_view, new_job_view
+from service.metrics import WEBHOOK_DELIVERIES
 from service.models import HookRow
 from service.plan import initial_plan
 from service.profiles import NAME_PATTERN
@@ -194,7 +196,12 @@ async def deliver(
         publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
         return JobPublic.of(new_job_view(job, profile)), 202
 
-    job, status_code = await run_in_threadpool(accept)
+    try:
+        job, status_code = await run_in_threadpool(accept)
+    except FlowbeatError as exc:
+        WEBHOOK_DELIVERIES.labels(exc.code).inc()
+        raise
+    WEBHOOK_DELIVERIES.labels("accepted" if status_code == 202 else "replayed").inc()
     return Response(
         JobEnvelope(job=job).model_dump_json(),
         status_code=status_code,

@@ -1,7 +1,8 @@
 """``GET /metrics`` in Prometheus' text format, behind a read key like everything but /health.
 
 Gauges are read from PostgreSQL and the broker at scrape time, so every API replica reports
-the same truth and nothing is added to the request path.
+the same truth and nothing is added to the request path; after them come this process's own
+counters and histograms (``service.metrics``).
 """
 
 from collections.abc import Iterable
@@ -9,11 +10,11 @@ from collections.abc import Iterable
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from api.deps import Reader, broker_probe
 from service.constants import QUEUE_STEPS
+from service.metrics import exposition
 from service.runtime import Runtime
 from service.stats import jobs_by_status, steps_by_open_status
 
@@ -58,4 +59,4 @@ def install_metrics(app: FastAPI, runtime: Runtime) -> None:
 @router.get("/metrics", response_class=Response)
 def metrics(request: Request, _: Reader) -> Response:
     registry: CollectorRegistry = request.app.state.metrics
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition([registry]), media_type=CONTENT_TYPE_LATEST)

@@ -30,6 +30,7 @@ from service.actions.scholarly import retry_after_s
 from service.constants import LLM_HTTP_ATTEMPTS
 from service.egress import EgressPolicy, guarded_client
 from service.errors import ActionError
+from service.metrics import LLM_REQUEST_SECONDS, LLM_TOKENS
 from service.ratelimit import RateLimiter, redis_client
 from service.settings import LlmProvider
 
@@ -285,20 +286,26 @@ def chat(
         "text": text,
         "model": answer.get("model", body["model"]),
         "provider": chosen.name,
-        "usage": _usage(answer),
+        "usage": _usage(chosen.name, body["model"], answer),
         "latency_ms": latency_ms,
     }
+    LLM_REQUEST_SECONDS.labels(chosen.name, body["model"]).observe(latency_ms / 1000)
     if output_format != "text":
         out["json"] = parse_output(text, output_format, output_schema)
     return out
 
 
-def _usage(answer: Mapping[str, Any]) -> dict[str, int]:
+def _usage(provider: str, model: str, answer: Mapping[str, Any]) -> dict[str, int]:
+    """The answer's token counts, also counted by provider and the model the step asked for
+    (a configured name, not the provider's echo of it, so label values stay few)."""
     usage = answer.get("usage") or {}
-    return {
+    counts = {
         name: int(usage.get(name, 0) or 0)
         for name in ("prompt_tokens", "completion_tokens", "total_tokens")
     }
+    for kind in ("prompt", "completion"):
+        LLM_TOKENS.labels(provider, model, kind).inc(counts[f"{kind}_tokens"])
+    return counts
 
 
 @action("llm.embed")
@@ -322,4 +329,5 @@ def embed(
         raise _fail(
             "llm.embed: the answer has no data[].embedding", "bad_answer", retryable=True
         ) from None
-    return {"embeddings": vectors, "model": answer.get("model", name), "usage": _usage(answer)}
+    usage = _usage(chosen.name, name, answer)
+    return {"embeddings": vectors, "model": answer.get("model", name), "usage": usage}

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli.app import cli, console, load_settings, migrate_schema
+from service.cli.app import cli, console, load_settings, migrate_schema, print_refusal
 from service.cli.processes import (
     Stop,
     adopt_orphans,
@@ -21,6 +21,8 @@ from service.cli.processes import (
     worker_argv,
 )
 from service.db import make_engine, make_session_factory, unit_of_work
+from service.errors import MetricsTokenRequired
+from service.metrics import MULTIPROC_ENV, fresh_multiproc_dir, serve_refusal
 from service.settings import Settings, get_settings
 
 
@@ -37,7 +39,7 @@ def api(host: str = "127.0.0.1", port: int = 8000) -> None:
     load_settings()
     import uvicorn
 
-    uvicorn.run("api.app:app_from_env", factory=True, host=host, port=port)
+    uvicorn.run("api.app:app_from_env", factory=True, host=host, port=port, log_config=None)
 
 
 @cli.command()
@@ -46,8 +48,20 @@ def worker(
     pool: str = "prefork",
 ) -> None:
     """Run a Celery worker for pipeline steps."""
-    load_settings()
+    settings = load_settings()
+    if settings.worker_metrics_port:
+        _check_exporter(settings)
+        files = settings.data_dir / f"worker-metrics-{settings.worker_metrics_port}"
+        os.environ[MULTIPROC_ENV] = str(fresh_multiproc_dir(files.resolve()))
     os.execv(sys.executable, worker_argv(concurrency, pool))
+
+
+def _check_exporter(settings: Settings) -> None:
+    token = settings.metrics_token.get_secret_value() if settings.metrics_token else None
+    refusal = serve_refusal(settings.metrics_host, token)
+    if refusal is not None:
+        print_refusal(MetricsTokenRequired(refusal, {"host": settings.metrics_host}))
+        raise typer.Exit(code=2)
 
 
 @cli.command()
@@ -60,6 +74,8 @@ def beat(
     settings = load_settings()
     if check:
         raise typer.Exit(code=_beat_check(settings))
+    if settings.beat_metrics_port:
+        _check_exporter(settings)
     schedule = settings.data_dir / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", f"--schedule={schedule}"]

@@ -47,6 +47,7 @@ def test_every_domain_code_has_a_status() -> None:
         "flower_auth_required",
         "key_not_found",
         "mcp_key_required",
+        "metrics_token_required",
     }
     api_facing = codes - {"action_failed", "cancelled"} - command_only
     assert api_facing <= set(STATUS_BY_CODE)

@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 from kombu.message import Message
 
-from service.constants import QUEUE_STEPS, TASK_RUN_LANE, TASK_RUN_STEP
+from service.constants import HEADER_SENT_AT, QUEUE_STEPS, TASK_RUN_LANE, TASK_RUN_STEP
 from service.plan import JobPlan, StepPlan
 from tasks.canvas import send_plan, step_signature
 
@@ -36,8 +36,9 @@ def _sent(app: Celery, send: Any) -> list[Message]:
 
 
 def _without_ids(message: Message) -> tuple[dict[str, Any], Any]:
-    """Headers and body with the fresh ids of one publish left out."""
-    headers = {k: v for k, v in message.headers.items() if k not in ("id", "root_id", "origin")}
+    """Headers and body with the fresh ids and the send time of one publish left out."""
+    fresh = ("id", "root_id", "origin", HEADER_SENT_AT)
+    headers = {k: v for k, v in message.headers.items() if k not in fresh}
     return headers, message.payload
 
 
