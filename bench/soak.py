@@ -215,7 +215,7 @@ def plot(samples: list[dict[str, Any]], out: Path) -> None:
         log("matplotlib is not installed: no plots (pip install matplotlib)")
         return
     minutes = [s["t_s"] / 60 for s in samples]
-    figure, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    figure, axes = plt.subplots(4, 1, figsize=(8, 11), sharex=True)
     for name in samples[0]["rss_mb"]:
         axes[0].plot(minutes, [s["rss_mb"][name] for s in samples], label=name)
     axes[0].set_ylabel("RSS (MB)")
@@ -225,7 +225,9 @@ def plot(samples: list[dict[str, Any]], out: Path) -> None:
     axes[2].plot(minutes, [s["latency_p99_ms"] or 0 for s in samples], label="p99")
     axes[2].plot(minutes, [s["latency_p50_ms"] or 0 for s in samples], label="p50")
     axes[2].set_ylabel("job latency (ms)")
-    axes[2].set_xlabel("minutes")
+    axes[3].plot(minutes, [s["redis_keys"] for s in samples], label="keys")
+    axes[3].set_ylabel("Redis keys")
+    axes[3].set_xlabel("minutes")
     for axis in axes:
         axis.legend(fontsize="small", loc="upper left")
         axis.grid(alpha=0.3)

@@ -104,6 +104,15 @@ def test_serving_services_have_healthchecks(services: dict[str, dict[str, Any]])
     assert "/health" in " ".join(_argv(services["api"]["healthcheck"]["test"]))
 
 
+def test_redis_and_postgres_require_a_password(services: dict[str, dict[str, Any]]) -> None:
+    argv = _argv(services["redis"]["command"])
+    assert argv[argv.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    assert services["redis"]["environment"]["REDISCLI_AUTH"].startswith("${REDIS_PASSWORD:?")
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${")
+    broker = services["api"]["environment"]["FLOWBEAT_BROKER_URL"]
+    assert broker.startswith("redis://:${REDIS_PASSWORD:?")
+
+
 def test_redis_persists(services: dict[str, dict[str, Any]]) -> None:
     argv = _argv(services["redis"].get("command"))
     assert "--appendonly" in argv
@@ -141,7 +150,7 @@ def test_configuration_comes_from_environment(services: dict[str, dict[str, Any]
         assert isinstance(env, dict)
         assert env["FLOWBEAT_DATABASE_URL"].startswith("postgresql+psycopg://")
         assert "@postgres:5432/" in env["FLOWBEAT_DATABASE_URL"]
-        assert env["FLOWBEAT_BROKER_URL"].startswith("redis://redis:6379")
+        assert env["FLOWBEAT_BROKER_URL"].endswith("@redis:6379/0")
         assert not any("API_KEY" in key.upper() for key in env), f"{name} bakes in an API key"
 
 
