@@ -25,6 +25,7 @@ from api.routes import (
 from api.routes.mcp import install_mcp, mcp_sessions
 from api.streams import stop_listener
 from api.telemetry import RequestMetrics
+from api.ui import install_ui
 from service import logs
 from service.auth import KeyCache
 from service.constants import VERSION
@@ -80,6 +81,7 @@ def create_app(
     app.include_router(metrics.router)
     install_mcp(app, McpDeps(settings, runtime, celery_app, app.state.keys))
     metrics.install_metrics(app, runtime)
+    install_ui(app)
     install_openapi(app)
     return app
 

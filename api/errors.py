@@ -22,6 +22,7 @@ from service.errors import FlowbeatError
 log = logging.getLogger(__name__)
 
 STATUS_BY_CODE: dict[str, int] = {
+    "csrf_invalid": 403,
     "profile_invalid": 422,
     "params_invalid": 422,
     "unknown_action": 422,

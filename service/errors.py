@@ -79,6 +79,12 @@ class Forbidden(FlowbeatError):
     code = "forbidden"
 
 
+class CsrfInvalid(FlowbeatError):
+    """A dashboard form POST without its key's token, or from another site's page."""
+
+    code = "csrf_invalid"
+
+
 class DatabaseUnavailable(FlowbeatError):
     code = "database_unavailable"
 

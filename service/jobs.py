@@ -333,6 +333,18 @@ def job_view(session: Session, job: JobRow) -> JobView:
     return JobView(job=job, steps=steps, compensation=compensation)
 
 
+def step_task_ids(session: Session, job_id: uuid.UUID) -> dict[str, str]:
+    """The Celery task id of each step's latest attempt, for links to Flower."""
+    rows = session.execute(
+        select(StepRunRow.step_id, StepRunRow.task_id).where(
+            StepRunRow.job_id == job_id,
+            StepRunRow.shard == SHARD_NONE,
+            StepRunRow.task_id.is_not(None),
+        )
+    )
+    return {step_id: task_id for step_id, task_id in rows if task_id is not None}
+
+
 def new_job_view(job: JobRow, profile: Profile) -> JobView:
     """The view of a job just submitted, without reading back what was just written."""
     steps = [

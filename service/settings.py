@@ -71,6 +71,8 @@ class Settings(BaseSettings):
 
     webhook_secret: SecretStr | None = None
     flower_basic_auth: SecretStr | None = None
+    flower_url: str | None = None
+    """Where people reach Flower; the dashboard links each step's task there when set."""
     mcp_key: SecretStr | None = None
     """The API key ``flowbeat mcp`` acts as over stdio; HTTP clients send their own."""
     notify_max_attempts: int = 5
