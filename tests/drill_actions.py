@@ -108,3 +108,13 @@ def drop_connections_once(
         if fail:
             raise ActionError("connections dropped", {"attempt": ctx.attempt})
     return {"attempt": ctx.attempt}
+
+
+@action("drill.gate")
+def gate(ctx: StepContext, name: str, hold_s: float = 0.0) -> dict[str, Any]:
+    """Fail for good while ``drill:gate:<name>`` is ``closed`` in Redis DB 0: an outage that a
+    person fixes, then reruns the job from this step."""
+    count(ctx, name, hold_s=hold_s)
+    if _redis().get(f"drill:gate:{name}") == b"closed":
+        raise ActionError(f"{name}: the gate is closed", {"gate": name}, retryable=False)
+    return {"name": name, "passed": True}

@@ -96,7 +96,9 @@ from service.constants import SHIPPED_DIR
 from service.profiles import SCHEMA_PATH
 service = pathlib.Path(importlib.import_module("service").__file__).parent
 versions = service / "migrations" / "versions"
+api = pathlib.Path(importlib.import_module("api").__file__).parent
 print(json.dumps({{
+    "ui": sorted(p.name for p in [*api.glob("templates/*"), *api.glob("static/*")]),
     "files": {{name: importlib.import_module(name).__file__ for name in {PACKAGES!r}}},
     "shipped": str(SHIPPED_DIR),
     "profiles": sorted(p.name for p in SHIPPED_DIR.glob("*.yaml")),
@@ -117,6 +119,7 @@ print(json.dumps({{
     assert found["schema"] == str(Path(found["shipped"]) / "profile.schema.json")
     assert found["data"] is True
     assert found["migrations"] >= 10
+    assert {"job.html", "job_panel.html", "ui.css", "ui.js"} <= set(found["ui"])
 
 
 def _ours(directory: Path) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from playwright.sync_api import Browser
 from sqlalchemy import func, select
 
 from tests.conftest import Stack
@@ -318,3 +319,20 @@ def shared_worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Ite
     worker = cluster.worker()
     yield worker
     cluster.close()
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium (.ci/run installs it)"
+)
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Headless Chromium from Debian's package, driven by Playwright (which downloads none)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield launched
+        launched.close()

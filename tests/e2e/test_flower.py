@@ -12,9 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import Browser, expect
+from playwright.sync_api import Error as PlaywrightError
 
 from tests.conftest import Stack
-from tests.e2e.conftest import Client, Cluster, Proc, wait_for
+from tests.e2e.conftest import Client, Cluster, Proc, needs_chromium, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "ops", "correct-horse"
@@ -135,4 +137,25 @@ def test_a_running_jobs_step_shows_in_flower_by_pipeline_step_and_job(
     )
     assert client.view(job_id).job.status == "running"
     assert task["args"] == f"job={job_id} step=slow"
+    client.cancel(job_id)
+
+
+@needs_chromium
+def test_a_person_logs_into_flower_and_finds_the_running_jobs_task(
+    flower: str, cluster: Cluster, client: Client, browser: Browser
+) -> None:
+    cluster.worker(task_events="true")
+    wait_for(lambda: _events_flow(flower, client), 90, "Flower to see the worker's events")
+    job_id = client.submit("slow", hold_s=30)
+    task = wait_for(lambda: _step_task(flower, job_id, "slow/slow"), 60, "the step in Flower")
+
+    with pytest.raises(PlaywrightError, match="ERR_INVALID_AUTH_CREDENTIALS"):
+        browser.new_page().goto(f"{flower}/tasks")
+    context = browser.new_context(http_credentials={"username": USER, "password": PASSWORD})
+    page = context.new_page()
+    page.goto(f"{flower}/tasks")
+    expect(page.locator("#tasks-table")).to_contain_text("slow/slow", timeout=30_000)
+    page.goto(f"{flower}/task/{task['uuid']}")
+    expect(page.locator("body")).to_contain_text(f"job={job_id} step=slow")
+    expect(page.locator("body")).to_contain_text("STARTED")
     client.cancel(job_id)

@@ -1,0 +1,77 @@
+"""The dashboard in a real browser (Debian's Chromium, driven by Playwright) against a live API
+and a real worker: a job fails at a step, a person logs in, finds it, reruns it from the failed
+step, and watches the new job succeed through the page's live updates.
+
+With ``FLOWBEAT_SCREENSHOTS=DIR`` the test also saves the README's screenshots there.
+"""
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.e2e.conftest import Client, Cluster, needs_chromium
+
+HOLD_S = 2.0
+"""How long the publish step runs: the rerun page opens while it runs, so only the page's
+live updates can show it succeed."""
+pytestmark = needs_chromium
+
+
+def _write_key(client: Client) -> str:
+    from service.auth import create_api_key
+    from service.db import unit_of_work
+
+    with unit_of_work(client.rt.sessions) as session:
+        key, _ = create_api_key(session, owner="tests", scopes=["write"])
+    return key
+
+
+def _shot(page: Page, name: str) -> None:
+    target = os.environ.get("FLOWBEAT_SCREENSHOTS")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(target) / f"{name}.png"), full_page=True)
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_job_is_rerun_from_its_failed_step_and_succeeds(
+    client: Client, cluster: Cluster, browser: Browser
+) -> None:
+    gate = f"publish-{uuid.uuid4().hex[:8]}"
+    client.counters.set(f"drill:gate:{gate}", "closed", ex=600)
+    base = cluster.api()
+    cluster.worker()
+    failed = client.submit("gated", gate=gate, hold_s=HOLD_S)
+    assert client.wait_final(failed).job.status == "failed"
+
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(f"{base}/ui/jobs")
+    page.fill("input[name=key]", _write_key(client))
+    page.click("button[type=submit]")
+    page.select_option("select[name=status]", "failed")
+    page.click("text=Filter")
+    _shot(page, "jobs")
+    page.click(f"a[href='/ui/jobs/{failed}']")
+    expect(page.locator("#step-publish")).to_have_attribute("data-status", "failed")
+    expect(page.locator("#step-fetch")).to_have_attribute("data-status", "succeeded")
+    expect(page.locator("#step-publish .error")).to_contain_text("the gate is closed")
+    _shot(page, "job-failed")
+
+    client.counters.delete(f"drill:gate:{gate}")
+    page.click("#step-publish button:has-text('Rerun from here')")
+
+    page.wait_for_url(lambda url: str(failed) not in url and "/ui/jobs/" in url)
+    assert page.inner_text("#job-status") in {"queued", "running"}
+    expect(page.locator("#step-publish")).to_have_attribute("data-status", "running")
+    expect(page.locator("#job-status")).to_have_text("succeeded", timeout=60_000)
+    expect(page.locator("#step-fetch")).to_have_attribute("data-status", "reused")
+    expect(page.locator("#step-publish")).to_have_attribute("data-status", "succeeded")
+    rerun = uuid.UUID(page.url.rstrip("/").rsplit("/", 1)[1])
+    assert client.count(rerun, "fetch", "started") == 0
+    assert client.wait_final(rerun).job.status == "succeeded"
+    _shot(page, "job-rerun")
+    page.goto(f"{base}/ui/pipelines/gated")
+    _shot(page, "pipeline")
