@@ -1,5 +1,6 @@
 """Actions for end-to-end tests and fault drills: side effects a test can count from outside."""
 
+import json
 import logging
 import os
 import time
@@ -19,7 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["FLOWBEAT_BROKER_URL"].rsplit("/", 1)[0] + "/0")
+    """DB 0 of the broker's server, or ``DRILL_REDIS_URL`` when a drill restarts that server."""
+    default = os.environ["FLOWBEAT_BROKER_URL"].rsplit("/", 1)[0] + "/0"
+    return redis.Redis.from_url(os.environ.get("DRILL_REDIS_URL", default))
 
 
 def _key(ctx: StepContext, name: str) -> str:
@@ -118,3 +121,26 @@ def gate(ctx: StepContext, name: str, hold_s: float = 0.0) -> dict[str, Any]:
     if _redis().get(f"drill:gate:{name}") == b"closed":
         raise ActionError(f"{name}: the gate is closed", {"gate": name}, retryable=False)
     return {"name": name, "passed": True}
+
+
+@action("drill.work")
+def work(ctx: StepContext, hold_s: float = 0.0, value: Any = None) -> dict[str, Any]:
+    """Record each execution's start and end (pid, time, attempt) in Redis DB 0, for the chaos
+    suite to find lost, doubled and concurrent runs of a step or item after the fact."""
+    client = _redis()
+    shard = -1 if ctx.shard is None else ctx.shard
+    key = f"chaos:{ctx.job_id}:{ctx.step_id}:{shard}"
+
+    def note(event: str) -> None:
+        record = {"e": event, "pid": os.getpid(), "t": time.time(), "attempt": ctx.attempt}
+        with client.pipeline() as pipe:
+            pipe.rpush(key, json.dumps(record))
+            pipe.expire(key, KEY_TTL_S)
+            pipe.execute()
+
+    note("start")
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        ctx.sleep(min(0.05, max(deadline - time.monotonic(), 0.0)))
+    note("end")
+    return {"value": value}
