@@ -10,7 +10,7 @@ LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
-.PHONY: setup lock demo test lint unit bench bench-fanout bench-memory clean
+.PHONY: setup lock demo test lint unit chaos bench bench-fanout bench-memory clean
 
 $(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ test: lint
 	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
 	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
 
+# The chaos suite at full scale (about half an hour); its table replaces the README's.
+chaos: setup
+	rm -f .chaos.jsonl
+	FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
+	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
+	FLOWBEAT_CHAOS_SCALE=full FLOWBEAT_CHAOS_RESULTS=.chaos.jsonl \
+	$(BIN)/python -m pytest tests/chaos -q -p no:cacheprovider
+	$(BIN)/python -m tests.chaos.report .chaos.jsonl README.md
+
 bench: setup
 	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 3
 
@@ -49,4 +58,4 @@ bench-memory: setup
 
 clean:
 	if [ -x $(BIN)/flowbeat ]; then FLOWBEAT_DATA_DIR=.flowbeat $(BIN)/flowbeat stop; fi
-	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis .chaos.jsonl

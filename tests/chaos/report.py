@@ -18,14 +18,15 @@ def _seconds(value: float | None) -> str:
 
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
-        "| scenario | faults injected | jobs | lost | doubled | recovery p50 / p99 | scale |",
-        "|---|---|---|---|---|---|---|",
+        "| scenario | faults injected | jobs | lost | doubled | re-run "
+        "| recovery p50 / p99 | scale |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         recovery = f"{_seconds(row['recovery_p50_s'])} / {_seconds(row['recovery_p99_s'])}"  # type: ignore[arg-type]
         lines.append(
             f"| {row['scenario']} | {row['faults']} | {row['jobs']} | {row['lost']} "
-            f"| {row['doubled']} | {recovery} | {row['scale']} |"
+            f"| {row['doubled']} | {row['reruns']} | {recovery} | {row['scale']} |"
         )
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ class Row:
     jobs: int
     lost: int
     doubled: int
+    reruns: int
     recovery_p50_s: float | None
     recovery_p99_s: float | None
     scale: str = SCALE
@@ -38,14 +39,24 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def record(
-    scenario: str, faults: str, jobs: int, lost: int, doubled: int, recovery_s: list[float]
+    scenario: str,
+    faults: str,
+    jobs: int,
+    lost: int,
+    doubled: int,
+    recovery_s: list[float],
+    reruns: int = 0,
 ) -> Row:
+    """``doubled``: copies of a step that ran at the same time, or fires that got two jobs;
+    ``reruns``: executions that ran to their end again because their checkpoint was never
+    written (at least once, as promised: a step's body is not atomic with its checkpoint)."""
     row = Row(
         scenario,
         faults,
         jobs,
         lost,
         doubled,
+        reruns,
         round(statistics.median(recovery_s), 2) if recovery_s else None,
         _pct(recovery_s, 0.99),
     )

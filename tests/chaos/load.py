@@ -1,0 +1,84 @@
+"""Load for the chaos scenarios: jobs POSTed to a live API at a steady rate, and what became
+of them, read from PostgreSQL."""
+
+import http.client
+import json
+import threading
+import uuid
+
+from tests.e2e.conftest import Client
+
+RATE_PER_S = 8
+
+
+class Poster:
+    """POSTs chain jobs until stopped; keeps the ids of the accepted (202) ones and the status
+    and error code of every refusal (``0`` when the connection itself failed)."""
+
+    def __init__(self, base: str, key: str) -> None:
+        self.base, self.key = base, key
+        self.accepted: list[uuid.UUID] = []
+        self.refused: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Poster":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        host, port = self.base.removeprefix("http://").split(":")
+        body = json.dumps({"pipeline": "chaos-chain", "params": {"hold_s": 0.1}}).encode()
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+        while not self._stop.is_set():
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            try:
+                conn.request("POST", "/v1/jobs", body=body, headers=headers)
+                answer = conn.getresponse()
+                text = answer.read()
+                if answer.status == 202:
+                    self.accepted.append(uuid.UUID(json.loads(text)["job"]["id"]))
+                else:
+                    code = json.loads(text).get("error", {}).get("code", "")
+                    self.refused.append(f"{answer.status} {code}")
+            except (OSError, http.client.HTTPException, ValueError):
+                self.refused.append("0")
+            finally:
+                conn.close()
+            self._stop.wait(1 / RATE_PER_S)
+
+
+Finished = dict[uuid.UUID, tuple[str, float | None]]
+
+
+def finished(client: Client, job_ids: list[uuid.UUID]) -> Finished:
+    """Each job's status and when it finished (epoch seconds)."""
+    from sqlalchemy import select
+
+    from service.db import unit_of_work
+    from service.models import JobRow
+
+    with unit_of_work(client.rt.sessions) as session:
+        rows = session.execute(
+            select(JobRow.id, JobRow.status, JobRow.finished_at).where(JobRow.id.in_(job_ids))
+        )
+        return {i: (s, f.timestamp() if f else None) for i, s, f in rows}
+
+
+def first_finish_after(done: Finished, moments: list[float]) -> list[float]:
+    """For each moment, how long until the next job finished after it."""
+    ends = sorted(f for _, f in done.values() if f is not None)
+    return [min(f for f in ends if f > m) - m for m in moments if ends and ends[-1] > m]
+
+
+def write_key(client: Client) -> str:
+    from service.auth import create_api_key
+    from service.db import unit_of_work
+
+    with unit_of_work(client.rt.sessions) as session:
+        key, _ = create_api_key(session, owner="tests", scopes=["write"])
+    return key

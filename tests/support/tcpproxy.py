@@ -1,0 +1,81 @@
+"""A TCP proxy a test controls: ``cut()`` drops every connection through it and refuses new
+ones, as a network partition or a dead server looks to a client, until ``heal()``."""
+
+import contextlib
+import socket
+import threading
+from types import TracebackType
+
+CHUNK_BYTES = 65536
+
+
+class TcpProxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._cut = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        threading.Thread(target=self._accept, name="tcpproxy", daemon=True).start()
+
+    def cut(self) -> None:
+        self._cut.set()
+        with self._lock:
+            for sock in self._open:
+                _close(sock)
+            self._open.clear()
+
+    def heal(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.cut()
+        _close(self.listener)
+
+    def __enter__(self) -> "TcpProxy":
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                _close(client)
+                continue
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._open |= {client, server}
+            for source, target in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            with contextlib.suppress(OSError):
+                while chunk := source.recv(CHUNK_BYTES):
+                    target.sendall(chunk)
+        finally:
+            for sock in (source, target):
+                _close(sock)
+            with self._lock:
+                self._open -= {source, target}
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
