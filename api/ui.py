@@ -124,8 +124,8 @@ def _back(url: str) -> RedirectResponse:
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request, next: str = "/ui/jobs", error: str | None = None) -> Response:
-    return _page(request, "login.html", next=_local(next), error=error)
+def login_form(request: Request, next: str = "/ui/jobs") -> Response:
+    return _page(request, "login.html", next=_local(next))
 
 
 def _local(url: str) -> str:

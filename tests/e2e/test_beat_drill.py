@@ -26,13 +26,13 @@ EVERY_S = 2
 KILLS = 3
 
 
-def _save(client: Client, **spec: Any) -> None:
+def _save(client: Client, owner: str = "drill", **spec: Any) -> None:
     settings = client.settings.model_copy(update={"schedule_min_interval_s": 1})
     profile = find_profile(settings.profiles_dir, "slow")
     with unit_of_work(client.rt.sessions) as session:
         put_schedule(
             session,
-            owner="drill",
+            owner=owner,
             profile=profile,
             spec=ScheduleSpec.model_validate(spec),
             settings=settings,
@@ -40,11 +40,11 @@ def _save(client: Client, **spec: Any) -> None:
         )
 
 
-def _jobs(client: Client) -> list[tuple[datetime, datetime, str]]:
+def _jobs(client: Client, owner: str = "drill") -> list[tuple[datetime, datetime, str]]:
     with unit_of_work(client.rt.sessions) as session:
         rows = session.execute(
             select(JobRow.scheduled_for, JobRow.created_at, JobRow.status)
-            .where(JobRow.owner == "drill", JobRow.schedule_id.is_not(None))
+            .where(JobRow.owner == owner, JobRow.schedule_id.is_not(None))
             .order_by(JobRow.scheduled_for)
         ).all()
     jobs: list[tuple[datetime, datetime, str]] = []
@@ -54,8 +54,8 @@ def _jobs(client: Client) -> list[tuple[datetime, datetime, str]]:
     return jobs
 
 
-def _fired_at_least(client: Client, n: int) -> Callable[[], bool]:
-    return lambda: len(_jobs(client)) >= n
+def _fired_at_least(client: Client, n: int, owner: str = "drill") -> Callable[[], bool]:
+    return lambda: len(_jobs(client, owner)) >= n
 
 
 def _leader(broker: redis.Redis, beats: list[Proc]) -> Proc | None:
