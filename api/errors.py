@@ -7,6 +7,7 @@ route raised it. Body validation problems are 422; problems with query parameter
 import logging
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -14,7 +15,7 @@ from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import FlowbeatError
@@ -194,6 +195,17 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response("database_unavailable", "the database is unreachable")
 
 
+async def _data_error(_: Request, exc: Exception) -> JSONResponse:
+    """A value PostgreSQL refuses to store or compare, such as text with a NUL character: the
+    statement failed, so nothing was stored, and the value came from the request."""
+    cause = exc.orig if isinstance(exc, DataError) else exc
+    return error_response(
+        "validation_error",
+        f"a value the database cannot take: {str(cause).splitlines()[0]}",
+        status=422,
+    )
+
+
 async def _broker_error(_: Request, exc: Exception) -> JSONResponse:
     log.warning("broker unavailable: %s", exc)
     return error_response("broker_unavailable", "the broker is unreachable")
@@ -211,6 +223,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_error)
     app.add_exception_handler(InterfaceError, _database_error)
+    app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(psycopg.DataError, _data_error)
     app.add_exception_handler(KombuOperationalError, _broker_error)
     app.add_exception_handler(RedisConnectionError, _broker_error)
     app.add_exception_handler(RedisTimeoutError, _broker_error)

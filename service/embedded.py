@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.errors import FlowbeatError
+
 DATABASE_NAME = "flowbeat"
 PG_SUPERUSER = "postgres"
 LOOPBACK = "127.0.0.1"
@@ -46,8 +48,14 @@ _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 30.0
 
 
-class EmbeddedError(RuntimeError):
+class EmbeddedError(FlowbeatError):
     """An embedded server could not be started or stopped."""
+
+    code = "embedded_unavailable"
+
+
+NO_ROOM = ("No space left on device", "Read-only file system", "Permission denied")
+OUTPUT_TAIL_CHARS = 1500
 
 
 @dataclass
@@ -75,8 +83,29 @@ def start_embedded(data_dir: Path) -> EmbeddedServers:
 
     Idempotent and safe to call from several processes at once: a file lock under ``data_dir``
     serialises starters, and servers started by an earlier process are found through their pid
-    files and reused rather than started twice.
+    files and reused rather than started twice. A data directory that is full, read-only or not
+    ours is a refusal that says so; initdb removes what it began, so a later start with room
+    starts afresh.
     """
+    try:
+        return _start_embedded(data_dir)
+    except OSError as exc:
+        raise _no_room(data_dir, f"{exc.strerror or exc}: {exc.filename or data_dir}") from exc
+    except EmbeddedError as exc:
+        if any(cause in exc.message for cause in NO_ROOM):
+            raise _no_room(data_dir, exc.message[-OUTPUT_TAIL_CHARS:]) from exc
+        raise
+
+
+def _no_room(data_dir: Path, cause: str) -> EmbeddedError:
+    return EmbeddedError(
+        f"the data directory {data_dir} is full, read-only or not writable "
+        f"(FLOWBEAT_DATA_DIR): {cause}",
+        {"data_dir": str(data_dir)},
+    )
+
+
+def _start_embedded(data_dir: Path) -> EmbeddedServers:
     pg_bin = _postgres_bin_dir()
     redis_bin = _redis_server_binary()
     if pg_bin is None or redis_bin is None:

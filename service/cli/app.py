@@ -63,7 +63,8 @@ def print_refusal(exc: FlowbeatError) -> None:
 
 
 def load_settings() -> Settings:
-    """Settings from the environment; with no servers configured, the embedded default."""
+    """Settings from the environment; with no servers configured, the embedded default, its
+    schema brought up to date, so any command works on a data directory made a moment ago."""
     settings = get_settings()
     if settings.database_url and settings.broker_url:
         return settings
@@ -73,7 +74,9 @@ def load_settings() -> Settings:
     os.environ["FLOWBEAT_DATABASE_URL"] = servers.database_url
     os.environ["FLOWBEAT_BROKER_URL"] = servers.broker_url
     get_settings.cache_clear()
-    return get_settings()
+    embedded = get_settings()
+    migrate_schema(embedded)
+    return embedded
 
 
 def migrate_schema(settings: Settings) -> None:

@@ -8,6 +8,7 @@ from api.errors import STATUS_BY_CODE
 from service import errors
 from service.runtime import Runtime
 from service.settings import Settings
+from tests.api.conftest import KeyFactory
 
 
 @pytest.mark.parametrize(
@@ -44,6 +45,7 @@ def test_every_domain_code_has_a_status() -> None:
     }
     command_only = {
         "action_module_unimportable",
+        "embedded_unavailable",
         "flower_auth_required",
         "key_not_found",
         "mcp_key_required",
@@ -64,3 +66,15 @@ def test_a_body_sent_without_a_json_content_type_is_refused_saying_so(
     assert error["code"] == "validation_error"
     assert "Content-Type: application/json" in error["message"]
     assert "application/x-www-form-urlencoded" in error["message"]
+
+
+def test_a_nul_character_the_database_cannot_take_is_a_422_not_a_500(
+    client: TestClient, make_key: KeyFactory
+) -> None:
+    """Found by the fuzzer: PostgreSQL refuses NUL in text, and the query never ran."""
+    answer = client.get(
+        "/v1/pipelines?tag=%00", headers={"Authorization": f"Bearer {make_key('read')}"}
+    )
+
+    assert answer.status_code == 422
+    assert answer.json()["error"]["code"] == "validation_error"
