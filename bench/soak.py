@@ -8,15 +8,15 @@ beat for the sweeper, retention and schedules). Jobs of a 3-step chain are POSTe
 pipeline, whose middle step fans out over 5 items, every second, so retention is exercised
 for pipelines with and without a schedule (``FLOWBEAT_RUNS_KEPT_PER_PIPELINE`` = ``--keep``).
 
-Every ``--sample-s`` it records the resident memory of the API, the worker (main and pool
-processes) and beat, the total size (heap, indexes, TOAST) of each table, the number of Redis
-keys, and the latencies (created to finished) of the jobs that finished since the last sample.
-PostgreSQL reuses the space of deleted rows once autovacuum has run; on a server where it is
-off, the bench vacuums the tables itself at each sample, as autovacuum would. At the end it
-prints memory growth after warm-up (the mean of the second tenth of the run
-against the last tenth), table sizes and Redis keys first against last, and p99 latency of
-the first ten minutes against the last ten, writes every sample as JSON to ``--out``, and, when
-matplotlib is installed, plots them there as PNGs.
+Every ``--sample-s`` it records the proportional set size (PSS) of the API, the worker (main
+and pool processes) and beat, the total size (heap, indexes, TOAST) of each table, the number
+of Redis keys, and the latencies (created to finished) of the jobs that finished since the last
+sample. PostgreSQL reuses the space of deleted rows once autovacuum has run; on a server where
+it is off, the bench vacuums the tables itself at each sample, as autovacuum would. At the end
+it prints memory growth after warm-up (the mean of the second tenth of the run against the last
+tenth), table sizes and Redis keys first against last, and p99 latency of the first ten minutes
+against the last ten, writes every sample as JSON to ``--out``, and, when matplotlib is
+installed, plots them there as PNGs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import http.client
 import json
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -48,6 +47,7 @@ from bench.chain_throughput import (
     subprocess_group,
     workspace,
 )
+from bench.worker_memory import children, pss_kib
 
 API_PIPELINE = "soak_api"
 SCHEDULED_PIPELINE = "soak_scheduled"
@@ -84,21 +84,10 @@ steps:
 """
 
 
-def _rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return 0
-    return 0
-
-
-def _tree_rss_mb(pid: int) -> float:
-    children = subprocess.run(
-        ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
-    ).stdout.split()
-    return (_rss_kb(pid) + sum(_rss_kb(int(child)) for child in children)) / 1024
+def _tree_pss_mb(pid: int) -> float:
+    """PSS splits the pages a forked pool shares with its parent, so the sum is what the
+    process and its children really hold; RSS would count those pages once per process."""
+    return (pss_kib(pid) + sum(pss_kib(child) for child in children(pid))) / 1024
 
 
 def _post_forever(base: str, key: str, rate: float, stop: threading.Event, sent: list[int]) -> None:
@@ -165,7 +154,7 @@ def _sample(
     return {
         "rows": rows,
         "t_s": time.monotonic() - started,
-        "rss_mb": {name: _tree_rss_mb(pid) for name, pid in procs.items()},
+        "pss_mb": {name: _tree_pss_mb(pid) for name, pid in procs.items()},
         "table_bytes": sizes,
         "redis_keys": int(broker.dbsize()),
         "jobs_sent": sent,
@@ -183,9 +172,9 @@ def summarize(samples: list[dict[str, Any]], minutes: float) -> dict[str, Any]:
     tenth = max(1, len(samples) // 10)
     warm, last = samples[tenth : 2 * tenth], samples[-tenth:]
     growth = {
-        name: (_mean([s["rss_mb"][name] for s in last]) / _mean([s["rss_mb"][name] for s in warm]))
+        name: (_mean([s["pss_mb"][name] for s in last]) / _mean([s["pss_mb"][name] for s in warm]))
         - 1
-        for name in samples[0]["rss_mb"]
+        for name in samples[0]["pss_mb"]
     }
     edge = min(10.0, minutes / 3) * 60
     first_p99 = [s["latency_p99_ms"] for s in samples if s["t_s"] <= edge and s["latency_p99_ms"]]
@@ -216,9 +205,9 @@ def plot(samples: list[dict[str, Any]], out: Path) -> None:
         return
     minutes = [s["t_s"] / 60 for s in samples]
     figure, axes = plt.subplots(4, 1, figsize=(8, 11), sharex=True)
-    for name in samples[0]["rss_mb"]:
-        axes[0].plot(minutes, [s["rss_mb"][name] for s in samples], label=name)
-    axes[0].set_ylabel("RSS (MB)")
+    for name in samples[0]["pss_mb"]:
+        axes[0].plot(minutes, [s["pss_mb"][name] for s in samples], label=name)
+    axes[0].set_ylabel("PSS (MiB)")
     for table in TABLES:
         axes[1].plot(minutes, [s["table_bytes"][table] / 2**20 for s in samples], label=table)
     axes[1].set_ylabel("table size (MB)")

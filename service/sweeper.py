@@ -45,8 +45,14 @@ def sweep(
     broker_lost: bool,
     stall_after_s: float,
     dispatch_grace_s: float,
+    oldest_waiting: datetime | None = None,
 ) -> SweepReport:
-    """One pass. Only one sweeper works at a time; the others return ``skipped``."""
+    """One pass. Only one sweeper works at a time; the others return ``skipped``.
+
+    ``oldest_waiting`` is when the oldest message still in the steps queue was sent. A job
+    last sent after it may be waiting in that queue rather than lost, so it is not stalled,
+    however long ago that was: behind a backlog longer than ``stall_after_s``, sending every
+    waiting job again would double the backlog at each pass."""
     report = SweepReport()
     if not session.scalar(select(func.pg_try_advisory_xact_lock(SWEEP_ADVISORY_LOCK_ID))):
         report.skipped = True
@@ -59,7 +65,10 @@ def sweep(
         return report
     report.add("undispatched", _undispatched(session, now - timedelta(seconds=dispatch_grace_s)))
     report.add("lease_expired", _expired_leases(session, now))
-    report.add("stalled", _stalled(session, now, now - timedelta(seconds=stall_after_s)))
+    stalled_before = now - timedelta(seconds=stall_after_s)
+    if oldest_waiting is not None:
+        stalled_before = min(stalled_before, oldest_waiting)
+    report.add("stalled", _stalled(session, now, stalled_before))
     return report
 
 

@@ -8,7 +8,6 @@ No message carries what comes after its step: the step that settles last among a
 upstream sends the child (``service.steps.release_children``).
 """
 
-import time
 import uuid
 from typing import Any
 
@@ -17,7 +16,6 @@ from celery.canvas import Signature
 
 from service.compensations import Due
 from service.constants import (
-    HEADER_SENT_AT,
     LANE_SLICE_S,
     STEP_TIMEOUT_GRACE_S,
     TASK_COMPENSATE,
@@ -34,12 +32,8 @@ def _limits(timeout_s: int) -> dict[str, int]:
 
 
 def readable(key: StepKey, pipeline: str | None, part: str = "") -> dict[str, Any]:
-    """Message options naming the step for people, and the moment it was sent, from which its
-    worker measures how long it waited; the task's own name and payload stay."""
-    names: dict[str, Any] = {
-        "argsrepr": f"job={key.job_id} step={key.step_id}",
-        "headers": {HEADER_SENT_AT: time.time()},
-    }
+    """Message options naming the step for people; the task's own name and payload stay."""
+    names: dict[str, Any] = {"argsrepr": f"job={key.job_id} step={key.step_id}"}
     if pipeline:
         names["shadow"] = f"{pipeline}/{key.step_id}{part}"
     return names

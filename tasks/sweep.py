@@ -3,11 +3,9 @@
 import logging
 from datetime import timedelta
 
-import redis
-
 from service import sweeper
 from service.clock import utcnow
-from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
+from service.constants import TASK_SWEEP
 from service.db import unit_of_work
 from service.hooks import prune_deliveries
 from service.metrics import SWEEPER_REPUBLISHED
@@ -16,26 +14,18 @@ from service.plan import JobPlan
 from service.retention import prune_all, prune_fires
 from tasks import runtime
 from tasks.app import app
+from tasks.broker import read_broker
 from tasks.dispatch import dispatch_job, publish_or_defer
 from tasks.notices import send_notice
 
 log = logging.getLogger(__name__)
 
 
-def broker_was_reset(broker_url: str) -> bool:
-    """A marker key vanishes when Redis restarts without persistence or is flushed."""
-    client = redis.Redis.from_url(broker_url)
-    try:
-        return bool(client.set(BROKER_EPOCH_KEY, utcnow().isoformat(), nx=True))
-    finally:
-        client.close()
-
-
 @app.task(name=TASK_SWEEP, ignore_result=True)
 def sweep() -> dict[str, int]:
     rt = runtime.get()
     settings = rt.settings
-    lost = broker_was_reset(settings.require_broker_url())
+    lost, waiting_since = read_broker(settings.require_broker_url())
     with unit_of_work(rt.sessions) as session:
         report = sweeper.sweep(
             session,
@@ -43,6 +33,7 @@ def sweep() -> dict[str, int]:
             broker_lost=lost,
             stall_after_s=settings.stall_after_s,
             dispatch_grace_s=settings.dispatch_grace_s,
+            oldest_waiting=waiting_since,
         )
     sent = 0
     for job_id in sorted(report.redispatch):

@@ -7,11 +7,14 @@ publish, paid by the API on every job and by workers on every step of a chain. O
 pool is enough, since a ``redis.Redis`` is thread-safe and holds no connection of its own.
 """
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+
+from service.constants import HEADER_SENT_AT
 
 
 class Channel(kombu_redis.Channel):
@@ -54,6 +57,8 @@ def message_router(broker_url: str | None, queue: str) -> Callable[..., dict[str
     every hop of a chain. Other brokers keep the check, since there a queue nobody declared
     drops what is sent to it. Messages carry ids, so the plain ``repr`` of their arguments is
     short, and given as ``argsrepr`` it spares Celery's ``saferepr``, made for any size.
+    Every message carries the moment it was sent: its worker measures from it how long it
+    waited, and the sweeper how far the queue is behind.
     """
     declare: dict[str, Any] = {}
     if (broker_url or "").partition("://")[0] in REDIS_SCHEMES:
@@ -67,6 +72,7 @@ def message_router(broker_url: str | None, queue: str) -> Callable[..., dict[str
             **declare,
             "argsrepr": _short_repr(tuple(args or ())),
             "kwargsrepr": _short_repr(kwargs or {}),
+            "headers": {HEADER_SENT_AT: time.time()},
         }
 
     return route

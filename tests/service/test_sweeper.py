@@ -1,7 +1,7 @@
 """The sweeper finds work the broker lost and steps stuck past their timeout."""
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import update
 
@@ -30,7 +30,13 @@ def _submit(rt: Runtime, pipeline: str = "slow") -> uuid.UUID:
     return job.id
 
 
-def _sweep(rt: Runtime, *, after_s: float = 0.0, broker_lost: bool = False) -> SweepReport:
+def _sweep(
+    rt: Runtime,
+    *,
+    after_s: float = 0.0,
+    broker_lost: bool = False,
+    oldest_waiting: datetime | None = None,
+) -> SweepReport:
     with unit_of_work(rt.sessions) as session:
         return sweep(
             session,
@@ -38,6 +44,7 @@ def _sweep(rt: Runtime, *, after_s: float = 0.0, broker_lost: bool = False) -> S
             broker_lost=broker_lost,
             stall_after_s=STALL_S,
             dispatch_grace_s=GRACE_S,
+            oldest_waiting=oldest_waiting,
         )
 
 
@@ -92,6 +99,19 @@ def test_a_stalled_job_is_sent_again(runtime: Runtime) -> None:
 
     assert job_id not in _sweep(runtime, after_s=1).redispatch
     assert job_id in _sweep(runtime, after_s=STALL_S + 1).redispatch
+
+
+def test_a_job_sent_after_the_oldest_waiting_message_may_still_be_queued_so_is_not_stalled(
+    runtime: Runtime,
+) -> None:
+    sent_before = utcnow()
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    later = STALL_S * 10
+
+    assert job_id not in _sweep(runtime, after_s=later, oldest_waiting=sent_before).redispatch
+    assert job_id in _sweep(runtime, after_s=later, oldest_waiting=utcnow()).redispatch
+    assert job_id in _sweep(runtime, after_s=later, oldest_waiting=None).redispatch
 
 
 def test_a_reset_broker_gets_every_open_job_sent_again(runtime: Runtime) -> None:

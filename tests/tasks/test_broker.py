@@ -1,0 +1,62 @@
+"""The sweeper reads from the broker how far behind the steps queue is."""
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, timedelta
+
+import pytest
+import redis
+from celery import Celery
+
+from service.clock import utcnow
+from tasks.broker import oldest_waiting
+from tasks.transport import message_router
+from tests.conftest import Stack
+
+
+@pytest.fixture
+def broker(stack: Stack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(stack.broker_url)
+    yield client
+    client.close()
+
+
+def test_an_empty_queue_has_nothing_waiting(broker: redis.Redis) -> None:
+    assert oldest_waiting(broker, f"sweep-test-{uuid.uuid4().hex[:8]}") is None
+
+
+def test_the_next_message_to_go_tells_when_the_oldest_waiting_one_was_sent(
+    stack: Stack, broker: redis.Redis
+) -> None:
+    queue = f"sweep-test-{uuid.uuid4().hex[:8]}"
+    app = Celery("sweep-test", broker=stack.broker_url, set_as_current=False)
+    app.conf.task_routes = (message_router(stack.broker_url, queue),)
+    first_sent = time.time()
+    app.send_task("flowbeat.test.first", ignore_result=True)
+    time.sleep(0.05)
+    second_sent = time.time()
+    app.send_task("flowbeat.test.second", ignore_result=True)
+    try:
+        oldest = oldest_waiting(broker, queue)
+        assert oldest is not None
+        assert oldest.tzinfo is UTC
+        assert abs(oldest.timestamp() - first_sent) < 0.05
+        broker.rpop(queue)
+        after_one_left = oldest_waiting(broker, queue)
+        assert after_one_left is not None and after_one_left > oldest
+        assert abs(after_one_left.timestamp() - second_sent) < 0.05
+    finally:
+        broker.delete(queue)
+        app.close()
+
+
+def test_a_message_without_a_readable_send_time_counts_as_sent_now(broker: redis.Redis) -> None:
+    queue = f"sweep-test-{uuid.uuid4().hex[:8]}"
+    broker.lpush(queue, b"not json")
+    try:
+        before = utcnow()
+        oldest = oldest_waiting(broker, queue)
+        assert oldest is not None and before <= oldest <= utcnow() + timedelta(seconds=1)
+    finally:
+        broker.delete(queue)
