@@ -10,7 +10,7 @@ LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
-.PHONY: setup lock demo test lint unit chaos bench bench-fanout bench-memory clean
+.PHONY: setup lock demo test lint unit chaos bench bench-fanout bench-memory bench-soak clean
 
 $(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ bench-fanout: setup
 
 bench-memory: setup
 	$(BIN)/python -m bench.worker_memory --steps 100000
+
+# An hour at 28 jobs/s (100,000 jobs): samples, summary and plot go to bench/soak/.
+bench-soak: setup
+	$(BIN)/python -m bench.soak --minutes 62 --out bench/soak
 
 clean:
 	if [ -x $(BIN)/flowbeat ]; then FLOWBEAT_DATA_DIR=.flowbeat $(BIN)/flowbeat stop; fi

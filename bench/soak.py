@@ -61,6 +61,12 @@ TABLES = (
     "schedule_fires",
 )
 LATENCY_POLL_S = 2.0
+MEMORY_GROWTH_MAX = 0.05
+"""The issue's bound: memory after warm-up flat within 5 %."""
+TABLE_GROWTH_MAX = 0.05
+P99_DRIFT_MAX = 1.5
+"""p99 of the last ten minutes against the first: a shared 2-core VM swings more than 25 %
+within minutes, so 'stable' is judged at half again, not at the noise floor."""
 
 
 def profile(name: str, fan_out: bool) -> str:
@@ -182,13 +188,29 @@ def summarize(samples: list[dict[str, Any]], minutes: float) -> dict[str, Any]:
     last_p99 = [
         s["latency_p99_ms"] for s in samples if s["t_s"] >= end - edge and s["latency_p99_ms"]
     ]
+    table_growth = (
+        _mean([sum(s["table_bytes"].values()) for s in last])
+        / _mean([sum(s["table_bytes"].values()) for s in warm])
+    ) - 1
+    keys_warm = max(s["redis_keys"] for s in warm)
+    keys_last = max(s["redis_keys"] for s in last)
+    p99_first, p99_last = _mean(first_p99), _mean(last_p99)
+    verdicts = {
+        "memory_flat": all(g <= MEMORY_GROWTH_MAX for g in growth.values()),
+        "tables_bounded": table_growth <= TABLE_GROWTH_MAX,
+        "redis_keys_flat": keys_last <= keys_warm,
+        "p99_stable": p99_last <= P99_DRIFT_MAX * p99_first,
+    }
     return {
+        "verdicts": verdicts,
         "memory_growth_after_warmup": growth,
+        "table_growth_after_warmup": table_growth,
+        "redis_keys_warm_last_max": (keys_warm, keys_last),
         "table_bytes_first": samples[0]["table_bytes"],
         "table_bytes_last": samples[-1]["table_bytes"],
         "rows_first_last": (samples[0]["rows"], samples[-1]["rows"]),
         "redis_keys_first_last": (samples[0]["redis_keys"], samples[-1]["redis_keys"]),
-        "latency_p99_ms_first_last": (_mean(first_p99), _mean(last_p99)),
+        "latency_p99_ms_first_last": (p99_first, p99_last),
         "window_s": edge,
         "jobs_sent": samples[-1]["jobs_sent"],
     }
@@ -291,7 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=int, default=200, help="runs kept per pipeline")
     parser.add_argument("--sample-s", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=Path("bench/soak"))
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="summarize and plot the samples.json already in --out, without running",
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        return report(args.out)
     signal.signal(signal.SIGTERM, on_sigterm)
     before = calibrate()
     samples = run(args)
@@ -299,15 +328,26 @@ def main(argv: list[str] | None = None) -> int:
     if len(samples) < 3:
         log("too few samples to summarize")
         return 1
-    summary = {
-        **summarize(samples, args.minutes),
-        "calibration": {"before": before, "after": after},
-    }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "samples.json").write_text(json.dumps({"samples": samples, **summary}, indent=1))
-    plot(samples, args.out)
+    (args.out / "samples.json").write_text(
+        json.dumps({"samples": samples, "minutes": args.minutes, "calibration": [before, after]})
+    )
+    return report(args.out)
+
+
+def report(out: Path) -> int:
+    """Summary and plot from the saved samples, so a run's verdicts can be read again (or
+    judged by changed rules) without another hour of load. Exit 1 when a verdict fails."""
+    saved = json.loads((out / "samples.json").read_text())
+    samples = saved["samples"]
+    summary = {
+        **summarize(samples, saved.get("minutes", samples[-1]["t_s"] / 60)),
+        "calibration": saved.get("calibration"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(samples, out)
     print(json.dumps(summary, indent=2))
-    return 0
+    return 0 if all(summary["verdicts"].values()) else 1
 
 
 if __name__ == "__main__":
