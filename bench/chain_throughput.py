@@ -767,9 +767,14 @@ def mark_disturbed(rounds: list[Round]) -> None:
         return
     best = min(min(r.before["loop_ms"], r.after["loop_ms"]) for r in rounds)
     for r in rounds:
-        slowest = max(r.before["loop_ms"], r.after["loop_ms"])
-        busy = max(r.before["background_cores"], r.after["background_cores"])
-        r.disturbed = slowest > DISTURBED_SLOWDOWN * best or busy > BUSY_CORES_DISTURBED
+        r.disturbed = disturbed(r.before, r.after, best)
+
+
+def disturbed(before: dict[str, float], after: dict[str, float], best_loop_ms: float) -> bool:
+    """One round's calibrations against the fastest loop of its run (``mark_disturbed``)."""
+    slowest = max(before["loop_ms"], after["loop_ms"])
+    busy = max(before["background_cores"], after["background_cores"])
+    return slowest > DISTURBED_SLOWDOWN * best_loop_ms or busy > BUSY_CORES_DISTURBED
 
 
 def median_round(rounds: list[Round]) -> Round | None:
