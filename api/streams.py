@@ -219,7 +219,11 @@ def _news(runtime: Runtime, scope: Scope, job_ids: set[uuid.UUID]) -> list[Event
 async def all_jobs_stream(
     runtime: Runtime, listener: EventListener, scope: Scope, framing: Framing, keepalive_s: float
 ) -> AsyncIterator[str]:
-    """Every event in scope from ``since`` on, then live ones, until the client leaves."""
+    """Every event in scope from ``since`` on, then live ones, until the client leaves.
+
+    Every job's news wakes this stream, mostly news it may not read (another owner's, another
+    pipeline's), so the keep-alive is due by the time since the stream last wrote, not since
+    it last woke: on a busy system a quiet stream would otherwise send nothing at all."""
     follower = Follower(listener, None)
     try:
         yield framing.opening
@@ -228,10 +232,14 @@ async def all_jobs_stream(
             events, full = await run_in_threadpool(_replay, runtime, scope)
             for event in events:
                 yield framing.event(event, event.at.isoformat())
+        clock = asyncio.get_running_loop().time
+        wrote_at = clock()
         while True:
-            woken = await follower.wait(keepalive_s)
+            left = keepalive_s - (clock() - wrote_at)
+            woken = await follower.wait(left) if left > 0 else None
             if woken is None:
                 yield framing.keepalive
+                wrote_at = clock()
                 continue
             news, everything = woken
             if everything:
@@ -240,5 +248,7 @@ async def all_jobs_stream(
                 events = await run_in_threadpool(_news, runtime, scope, news)
             for event in events:
                 yield framing.event(event, event.at.isoformat())
+            if events:
+                wrote_at = clock()
     finally:
         follower.close()

@@ -1,0 +1,59 @@
+"""The all-jobs stream on a busy system: woken by every job's news, quiet for its own key."""
+
+import asyncio
+import threading
+import uuid
+from datetime import UTC, datetime
+
+import psycopg
+from sqlalchemy import make_url
+
+from api.streams import Framing, Scope, all_jobs_stream
+from service.constants import EVENTS_CHANNEL
+from service.listener import EventListener
+from service.runtime import Runtime
+
+KEEPALIVE_S = 0.3
+LISTEN_S = 1.5
+NOTIFY_EVERY_S = 0.05
+
+
+def _notify_until(conninfo: str, stop: threading.Event) -> None:
+    """Another owner's jobs making news, faster than the keep-alive interval."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        while not stop.wait(NOTIFY_EVERY_S):
+            conn.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, str(uuid.uuid4())))
+
+
+async def _read(runtime: Runtime, listener: EventListener) -> list[str]:
+    scope = Scope(owner=f"quiet-{uuid.uuid4().hex[:6]}", pipeline=None, since=datetime.now(UTC))
+    stream = all_jobs_stream(runtime, listener, scope, Framing(sse=False), KEEPALIVE_S)
+    frames: list[str] = []
+
+    async def collect() -> None:
+        async for frame in stream:
+            frames.append(frame)
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(LISTEN_S)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return frames
+
+
+def test_a_quiet_stream_keeps_alive_while_other_owners_jobs_wake_it(runtime: Runtime) -> None:
+    url = runtime.settings.require_database_url()
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+    listener = EventListener(url).start()
+    stop = threading.Event()
+    noise = threading.Thread(target=_notify_until, args=(conninfo, stop), daemon=True)
+    noise.start()
+    try:
+        frames = asyncio.run(_read(runtime, listener))
+    finally:
+        stop.set()
+        noise.join(timeout=5)
+        listener.stop()
+    keepalives = [frame for frame in frames if frame == Framing(sse=False).keepalive]
+    assert len(keepalives) >= int(LISTEN_S / KEEPALIVE_S) - 2, frames
+    assert len(keepalives) == len([f for f in frames if f]), "no event of another owner"
