@@ -32,7 +32,8 @@ _listener_lock = threading.Lock()
 
 
 def listener_of(app: FastAPI) -> EventListener:
-    """The app's one listener, started by the first stream that needs it."""
+    """The app's one listener, started by the first stream that needs it. Starting waits up to
+    ten seconds for the first LISTEN, so callers on the event loop run it in the thread pool."""
     with _listener_lock:
         listener: EventListener | None = getattr(app.state, "events_listener", None)
         if listener is None:

@@ -90,7 +90,12 @@ async def stream_job_events(
     await run_in_threadpool(session.close)
     framing = _framing(accept)
     stream = job_stream(
-        runtime, listener_of(request.app), key, start, framing, settings.event_keepalive_s
+        runtime,
+        await run_in_threadpool(listener_of, request.app),
+        key,
+        start,
+        framing,
+        settings.event_keepalive_s,
     )
     return StreamingResponse(stream, media_type=SSE if framing.sse else NDJSON, headers=_HEADERS)
 
@@ -115,7 +120,11 @@ async def stream_events(
     framing = _framing(accept)
     scope = Scope(owner=visible_to(principal), pipeline=pipeline or None, since=start)
     stream = all_jobs_stream(
-        runtime, listener_of(request.app), scope, framing, settings.event_keepalive_s
+        runtime,
+        await run_in_threadpool(listener_of, request.app),
+        scope,
+        framing,
+        settings.event_keepalive_s,
     )
     return StreamingResponse(stream, media_type=SSE if framing.sse else NDJSON, headers=_HEADERS)
 

@@ -82,7 +82,8 @@ async def create_job(
     )
     if body.mode == "async" or job.status in JOB_FINAL:
         return _envelope(job, status_code)
-    await wait_until_final(runtime, listener_of(request.app), job.id, body.wait_s)
+    listener = await run_in_threadpool(listener_of, request.app)
+    await wait_until_final(runtime, listener, job.id, body.wait_s)
     job = await run_in_threadpool(_read, session, job.id)
     return _envelope(job, 200 if job.status in JOB_FINAL else 202)
 
