@@ -6,6 +6,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -180,16 +181,19 @@ def _stdio_env(cluster: Cluster, key: str | None) -> dict[str, str]:
 
 
 def test_flowbeat_mcp_serves_the_same_tools_over_stdio_as_its_key(
-    cluster: Cluster, client: StackClient, shared_worker: Proc
+    cluster: Cluster, client: StackClient, shared_worker: Proc, tmp_path: Path
 ) -> None:
     writer, reader = _key(client, "write"), _key(client, "read")
     name = f"mcp-{uuid.uuid4().hex[:6]}"
+    imports = tmp_path / "imports"
+    imports.mkdir()
+    (tmp_path / "outside.yaml").write_text(PROFILE.format(name=name), encoding="utf-8")
 
     def server(key: str) -> StdioServerParameters:
         return StdioServerParameters(
             command=sys.executable,
             args=["-m", "service.cli", "mcp"],
-            env=_stdio_env(cluster, key),
+            env={**_stdio_env(cluster, key), "FLOWBEAT_IMPORT_DIR": str(imports)},
             cwd=str(ROOT),
         )
 
@@ -200,6 +204,8 @@ def test_flowbeat_mcp_serves_the_same_tools_over_stdio_as_its_key(
             assert (await _finished(mcp, job["id"]))["status"] == "succeeded"
         async with McpClient(server(reader)) as mcp:
             assert "forbidden" in await _refusal(mcp, "delete_pipeline", name=name)
+            outside = await _refusal(mcp, "load_pipeline", source="file:../outside.yaml")
+            assert "import_path_refused" in outside
 
     _run(session)
 
