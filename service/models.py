@@ -396,13 +396,15 @@ class HookDeliveryRow(Base):
 
 class PipelineTriggerRow(Base):
     """``downstream`` (a saved pipeline of ``owner``) starts when ``owner``'s job of
-    ``upstream`` succeeds: the ``on.succeeded`` of its current version."""
+    ``upstream`` succeeds (``kind`` succeeded) or succeeds with new items (``kind`` new_items):
+    the ``on`` of its current version."""
 
     __tablename__ = "pipeline_triggers"
 
     owner: Mapped[str] = mapped_column(String(128), primary_key=True)
     upstream: Mapped[str] = mapped_column(String(64), primary_key=True)
     downstream: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), server_default="succeeded")
 
 
 class DependencyQueueRow(Base):
