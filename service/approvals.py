@@ -230,7 +230,7 @@ def escalation_notice(session: Session, job_id: uuid.UUID, step_id: str) -> Noti
         "reject_at": approval.due_at.isoformat(),
     }
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return Notice(url=spec.escalate_to, body=body)
+    return Notice(url=spec.escalate_to, body=body, delivery_id=f"escalation-{job_id}-{step_id}")
 
 
 def send_escalation(

@@ -73,6 +73,12 @@ HOOK_TOLERANCE_S: Final = 300
 HOOK_DELIVERIES_KEPT_S: Final = 3600
 """Delivery ids are kept this long: well past the tolerance, after which a replay is stale."""
 TRIGGER_DEPENDENCY: Final = "dependency"
+TRIGGER_ON_SUCCEEDED: Final = "succeeded"
+TRIGGER_ON_NEW_ITEMS: Final = "new_items"
+TRIGGERS_LOCK: Final = "flowbeat:pipeline-triggers"
+"""Hashed with an owner into the advisory lock a save holds while it checks for cycles."""
+DEPENDENCY_NEW_ITEMS_MAX: Final = 1000
+"""New items of the upstream run a downstream job gets as ``trigger.new_items``, at most."""
 DEPENDENCY_BATCH: Final = 100
 """Queued successes one pass turns into downstream jobs; the rest wait for the next pass."""
 LLM_HTTP_ATTEMPTS: Final = 3

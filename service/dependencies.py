@@ -1,5 +1,6 @@
 """Dependency triggers: a saved pipeline with ``on: {succeeded: [other]}`` runs once for each
-success of its owner's ``other`` jobs.
+success of its owner's ``other`` jobs; with ``on: {new_items: [other]}``, once for each success
+that found result items its previous successful run did not have (``service.diffs``).
 
 Saving a pipeline records its triggers (``service.triggers``). A success is queued by the
 database in the transaction that records it (migration 0015), and ``fire_dependents`` turns
@@ -18,7 +19,13 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from service.constants import DEPENDENCY_BATCH, TRIGGER_DEPENDENCY
+from service.constants import (
+    DEPENDENCY_BATCH,
+    DEPENDENCY_NEW_ITEMS_MAX,
+    TRIGGER_DEPENDENCY,
+    TRIGGER_ON_NEW_ITEMS,
+)
+from service.diffs import DiffKind, diff_page
 from service.errors import FlowbeatError
 from service.jobs import JobRequest, submit_job
 from service.models import DependencyFireRow, DependencyQueueRow, JobRow, PipelineTriggerRow
@@ -58,14 +65,17 @@ def _fire(
     profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> list[JobRow]:
-    waiting = session.scalars(
-        select(PipelineTriggerRow.downstream).where(
+    waiting = session.execute(
+        select(PipelineTriggerRow.downstream, PipelineTriggerRow.kind).where(
             PipelineTriggerRow.owner == upstream.owner,
             PipelineTriggerRow.upstream == upstream.pipeline,
         )
     ).all()
+    has_new = bool(upstream.new_count)
     started = []
-    for downstream in waiting:
+    for downstream, kind in waiting:
+        if kind == TRIGGER_ON_NEW_ITEMS and not has_new:
+            continue
         fenced = session.execute(
             pg_insert(DependencyFireRow)
             .values(upstream_job_id=upstream.id, downstream=downstream)
@@ -107,7 +117,7 @@ def _start(
             "%s did not start after job %s: %s %s", downstream, upstream.id, exc.code, exc.message
         )
         return None
-    data = trigger_data(upstream.id, upstream.result)
+    data = trigger_data(upstream.id, upstream.result, _new_items(session, upstream))
     session.execute(update(JobRow).where(JobRow.id == job.id).values(trigger_data=data))
     job.trigger_data = data
     session.execute(
@@ -121,5 +131,11 @@ def _start(
     return job
 
 
-def trigger_data(upstream_id: uuid.UUID, result: Any) -> dict[str, Any]:
-    return {"job_id": str(upstream_id), "result": result}
+def _new_items(session: Session, upstream: JobRow) -> list[Any]:
+    if not upstream.new_count:
+        return []
+    return diff_page(session, upstream, DiffKind.NEW, limit=DEPENDENCY_NEW_ITEMS_MAX).items
+
+
+def trigger_data(upstream_id: uuid.UUID, result: Any, new_items: list[Any]) -> dict[str, Any]:
+    return {"job_id": str(upstream_id), "result": result, "new_items": new_items}

@@ -35,7 +35,7 @@ _ROOTS: dict[str, Root] = {
 }
 
 INPUT_ROOTS = frozenset({"params", "steps", "item", "approval", "loop", "trigger"})
-TRIGGER_NAMES = frozenset({"job_id", "result"})
+TRIGGER_NAMES = frozenset({"job_id", "result", "new_items"})
 LOOP_NAMES = frozenset({"round", "previous"})
 """What a step's inputs may reference; ``output`` exists only where a caller allows it."""
 
@@ -140,7 +140,10 @@ def parse_ref(expression: str, roots: frozenset[str] = INPUT_ROOTS) -> Ref:
         return _loop_ref(expression, segs)
     if root == "trigger":
         if segs[0] not in TRIGGER_NAMES:
-            raise _malformed(expression, "trigger references are trigger.job_id or trigger.result")
+            raise _malformed(
+                expression,
+                "trigger references are trigger.job_id, trigger.result or trigger.new_items",
+            )
         return Ref("trigger", segs[0], segs[1:])
     if len(segs) < 2 or segs[1] != "output":
         raise _malformed(expression, "step references take the form steps.ID.output[.path]")

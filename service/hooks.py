@@ -1,15 +1,17 @@
 """Webhook triggers: a signed delivery to ``POST /v1/hooks/{name}`` starts a job.
 
-A delivery is signed as flowbeat signs its own notices (``service.notices.sign``), in Stripe's
-and GitHub's manner: HMAC-SHA256 over ``<timestamp>.<raw body>`` with the hook's secret,
-compared in constant time, the timestamp within ``HOOK_TOLERANCE_S`` of now, so a captured
-delivery cannot be sent again later. Within that window, the delivery id is the fence: it is
-stored with the job in one transaction, and a delivery id seen before gets the first job back.
-Every refusal happens before anything is written.
+A delivery is signed as flowbeat signs its own notices (``service.notices.sign``), in the
+Standard Webhooks manner: HMAC-SHA256 over ``<delivery id>.<timestamp>.<raw body>`` with the
+hook's secret, compared in constant time, the timestamp within ``HOOK_TOLERANCE_S`` of now, so a
+captured delivery can neither be sent again later nor under another delivery id. Within that
+window two fences hold, both stored with the job in one transaction: the delivery id (a sender's
+retry gets the first job back) and the signature's digest (one signed message never makes two
+jobs, whatever it claims to be). Every refusal happens before anything is written.
 """
 
 import hmac
 import json
+import re
 import secrets
 import uuid
 from collections.abc import Collection, Mapping
@@ -39,6 +41,9 @@ from service.notices import sign
 
 SECRET_PREFIX = "whsec_"
 MIN_SECRET_CHARS = 24
+DELIVERY_ID_PATTERN = r"[A-Za-z0-9_:-]{1,128}"
+"""No dot: the signed content splits at its first two dots into one id, one timestamp."""
+TIMESTAMP_PATTERN = r"[0-9]{1,12}"
 
 
 @dataclass(frozen=True)
@@ -122,10 +127,17 @@ def delete_hook(session: Session, name: str) -> None:
     session.flush()
 
 
+@dataclass(frozen=True)
+class Verified:
+    delivery_id: str
+    digest: str
+    """The signature's hex digest: the fence for one signed message."""
+
+
 def verify_signature(
     secret: str, headers: Mapping[str, str | None], body: bytes, now: datetime
-) -> str:
-    """Check a delivery's signature and age; returns its delivery id."""
+) -> Verified:
+    """Check a delivery's signature and age."""
     timestamp = headers.get("timestamp")
     signature = headers.get("signature")
     delivery = headers.get("delivery")
@@ -134,22 +146,24 @@ def verify_signature(
             "a delivery needs X-Flowbeat-Timestamp, X-Flowbeat-Signature and X-Flowbeat-Delivery",
             {},
         )
-    if len(delivery) > 128:
-        raise HookSignatureInvalid("X-Flowbeat-Delivery is longer than 128 characters", {})
-    expected = sign(secret.encode(), timestamp, body)
+    if not re.fullmatch(DELIVERY_ID_PATTERN, delivery):
+        raise HookSignatureInvalid(
+            "X-Flowbeat-Delivery is 1 to 128 letters, digits, '_', ':' or '-'", {}
+        )
+    if not re.fullmatch(TIMESTAMP_PATTERN, timestamp):
+        raise HookSignatureInvalid("X-Flowbeat-Timestamp is not a Unix time", {})
+    expected = sign(secret.encode(), delivery, timestamp, body)
     if not hmac.compare_digest(expected.encode(), signature.encode()):
-        raise HookSignatureInvalid("the signature does not match the body and timestamp", {})
-    try:
-        sent = int(timestamp)
-    except ValueError:
-        raise HookSignatureInvalid("X-Flowbeat-Timestamp is not a Unix time", {}) from None
-    age = now.timestamp() - sent
+        raise HookSignatureInvalid(
+            "the signature does not match the delivery id, timestamp and body", {}
+        )
+    age = now.timestamp() - int(timestamp)
     if abs(age) > HOOK_TOLERANCE_S:
         raise HookTimestampStale(
             f"the delivery was signed {age:.0f} s from now; the tolerance is {HOOK_TOLERANCE_S} s",
             {"tolerance_s": HOOK_TOLERANCE_S},
         )
-    return delivery
+    return Verified(delivery, expected.removeprefix("sha256="))
 
 
 @dataclass(frozen=True)
@@ -168,9 +182,13 @@ def accept_delivery(
     profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> Accepted:
-    """Verify a delivery and store its job, or return the job its delivery id already made."""
+    """Verify a delivery and store its job, or return the job its delivery id already made.
+
+    A signed message already fenced under another delivery id, or whose job is gone, is
+    ``HookDeliverySeen``."""
     hook = get_hook(session, name)
-    delivery_id = verify_signature(hook.secret, headers, body, now)
+    verified = verify_signature(hook.secret, headers, body, now)
+    delivery_id = verified.delivery_id
     if not hook.enabled:
         raise HookNotFound(f"hook {name!r} is disabled", {"hook": name})
     seen = _delivered(session, hook.id, delivery_id)
@@ -179,7 +197,7 @@ def accept_delivery(
     params = _params(hook, body)
     inserted = session.execute(
         insert(HookDeliveryRow)
-        .values(hook_id=hook.id, delivery_id=delivery_id)
+        .values(hook_id=hook.id, delivery_id=delivery_id, signature=verified.digest)
         .on_conflict_do_nothing()
         .returning(HookDeliveryRow.delivery_id)
     ).first()
@@ -187,7 +205,7 @@ def accept_delivery(
         seen = _delivered(session, hook.id, delivery_id)
         if seen is None:
             raise HookDeliverySeen(
-                f"delivery {delivery_id!r} was accepted before; its job is gone",
+                f"delivery {delivery_id!r} or its signed message was accepted before",
                 {"hook": name, "delivery": delivery_id},
             )
         return Accepted(seen, False)

@@ -373,15 +373,21 @@ class HookRow(Base):
 
 
 class HookDeliveryRow(Base):
-    """A delivery a hook accepted: its id fences a replay, which gets the first job back."""
+    """A delivery a hook accepted: its id fences a replay, which gets the first job back, and
+    its signature's digest fences the signed message itself."""
 
     __tablename__ = "hook_deliveries"
-    __table_args__ = (Index(None, "received_at"),)
+    __table_args__ = (
+        Index(None, "received_at"),
+        Index(None, "hook_id", "signature", unique=True),
+    )
 
     hook_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("hooks.id", ondelete="CASCADE"), primary_key=True
     )
     delivery_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    signature: Mapped[str | None] = mapped_column(String(64))
+    """The hex HMAC digest; null on deliveries accepted before it was signed (migration 0016)."""
     job_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
     )
@@ -390,13 +396,15 @@ class HookDeliveryRow(Base):
 
 class PipelineTriggerRow(Base):
     """``downstream`` (a saved pipeline of ``owner``) starts when ``owner``'s job of
-    ``upstream`` succeeds: the ``on.succeeded`` of its current version."""
+    ``upstream`` succeeds (``kind`` succeeded) or succeeds with new items (``kind`` new_items):
+    the ``on`` of its current version."""
 
     __tablename__ = "pipeline_triggers"
 
     owner: Mapped[str] = mapped_column(String(128), primary_key=True)
     upstream: Mapped[str] = mapped_column(String(64), primary_key=True)
     downstream: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), server_default="succeeded")
 
 
 class DependencyQueueRow(Base):

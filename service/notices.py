@@ -28,6 +28,7 @@ from service.settings import Settings
 QUEUED_KEY = "flowbeat.notices"
 SIGNATURE_HEADER = "X-Flowbeat-Signature"
 TIMESTAMP_HEADER = "X-Flowbeat-Timestamp"
+DELIVERY_HEADER = "X-Flowbeat-Delivery"
 MAX_URL_LENGTH = 2048
 
 
@@ -72,16 +73,19 @@ def take_queued(session: Session) -> list[uuid.UUID]:
     return queued
 
 
-def sign(secret: bytes, timestamp: str, body: bytes) -> str:
-    """HMAC-SHA256 over ``<timestamp>.<body>``: a replayed body with a new timestamp fails."""
-    digest = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-    return f"sha256={digest}"
+def sign(secret: bytes, delivery_id: str, timestamp: str, body: bytes) -> str:
+    """HMAC-SHA256 over ``<delivery id>.<timestamp>.<body>``, the Standard Webhooks content: a
+    captured delivery sent again under a new timestamp or a new delivery id fails."""
+    signed = b".".join((delivery_id.encode(), timestamp.encode(), body))
+    return f"sha256={hmac.new(secret, signed, hashlib.sha256).hexdigest()}"
 
 
 @dataclass(frozen=True)
 class Notice:
     url: str
     body: bytes
+    delivery_id: str
+    """The same for every attempt at one notice, so a receiver can drop a second copy."""
 
 
 def build_notice(session: Session, job_id: uuid.UUID, items_max: int) -> Notice | None:
@@ -102,7 +106,7 @@ def build_notice(session: Session, job_id: uuid.UUID, items_max: int) -> Notice 
         "more_new_items": first.next_cursor is not None,
     }
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return Notice(url=job.notify_url, body=body)
+    return Notice(url=job.notify_url, body=body, delivery_id=f"new_items-{job.id}")
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,9 @@ def deliver(notice: Notice, secret: bytes, timestamp: str, policy: EgressPolicy)
     may succeed later, a refused URL or address never will."""
     headers = {
         "Content-Type": "application/json",
+        DELIVERY_HEADER: notice.delivery_id,
         TIMESTAMP_HEADER: timestamp,
-        SIGNATURE_HEADER: sign(secret, timestamp, notice.body),
+        SIGNATURE_HEADER: sign(secret, notice.delivery_id, timestamp, notice.body),
     }
     try:
         with guarded_client(policy, follow_redirects=False) as client:

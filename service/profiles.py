@@ -29,16 +29,18 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from service import dag
 from service.conditions import Condition, parse_condition
-from service.constants import SHIPPED_DIR
+from service.constants import SHIPPED_DIR, TRIGGER_ON_NEW_ITEMS, TRIGGER_ON_SUCCEEDED
 from service.cron import ScheduleSpec, normalize
 from service.errors import (
     ExpressionError,
@@ -365,14 +367,38 @@ class ResultSpec(BaseModel):
         return value
 
 
+PipelineNames = list[Annotated[str, StringConstraints(pattern=NAME_PATTERN)]]
+
+
 class OnSpec(BaseModel):
-    """Dependency triggers: a job of this pipeline starts when a job of one of these succeeds."""
+    """Dependency triggers: a job of this pipeline starts when a job of one of ``succeeded``
+    succeeds, or when a job of one of ``new_items`` succeeds with new result items."""
 
     model_config = ConfigDict(extra="forbid")
 
-    succeeded: list[Annotated[str, StringConstraints(pattern=NAME_PATTERN)]] = Field(
-        min_length=1, max_length=20
-    )
+    succeeded: PipelineNames = Field(default_factory=list, max_length=20)
+    new_items: PipelineNames = Field(default_factory=list, max_length=20)
+
+    @model_validator(mode="after")
+    def _one_kind_per_upstream(self) -> "OnSpec":
+        if not self.succeeded and not self.new_items:
+            raise ValueError("on needs succeeded or new_items")
+        both = sorted(set(self.succeeded) & set(self.new_items))
+        if both:
+            raise ValueError(f"{both[0]!r} is in both succeeded and new_items")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_kinds(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An empty kind is left out, so a profile saved before ``new_items`` existed keeps its
+        stored form and content hash."""
+        dumped: dict[str, Any] = handler(self)
+        return {kind: names for kind, names in dumped.items() if names}
+
+    def upstream(self) -> dict[str, str]:
+        """Upstream pipeline -> the kind of trigger (``succeeded``, ``new_items``)."""
+        kinds = {name: TRIGGER_ON_SUCCEEDED for name in self.succeeded}
+        return kinds | {name: TRIGGER_ON_NEW_ITEMS for name in self.new_items}
 
 
 class LoopSpec(BaseModel):
@@ -624,7 +650,7 @@ def _until_errors(
 
 
 def _trigger_errors(profile: Profile) -> list[ErrorEntry]:
-    if profile.on is not None and profile.name in profile.on.succeeded:
+    if profile.on is not None and profile.name in profile.on.upstream():
         return [_error("trigger_cycle", "a pipeline cannot start on its own success", "on")]
     return []
 
@@ -712,6 +738,7 @@ def _reference_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[E
             for ref in refs:
                 if ref.root == "trigger" and profile.on is None:
                     needs_on = "trigger.* is only defined in a pipeline with on: {succeeded: [...]}"
+                    needs_on += " or on: {new_items: [...]}"
                     errors.append(_error("bad_reference", needs_on, field, step.id))
                     continue
                 problem = _ref_problem(
@@ -900,6 +927,12 @@ def find_profile(
     if profile.name != name:
         message = f"profile name {profile.name!r} does not match file name {name!r}"
         _raise_invalid(str(path), [_error("name_mismatch", message, "name")])
+    if profile.on is not None:
+        message = (
+            "on: is recorded when a pipeline is saved (flowbeat pipelines save FILE), for its "
+            "owner; a profile file serves every owner and cannot carry triggers"
+        )
+        _raise_invalid(str(path), [_error("on_in_file", message, "on")])
     return profile
 
 

@@ -1,6 +1,7 @@
 """How much history is kept: the newest ``runs_kept_per_pipeline`` finished jobs of each
-owner's pipeline, whether its jobs come from a schedule, the API, a trigger or the CLI, and the
-fire records a schedule still needs as its fence.
+owner's pipeline, whether its jobs come from a schedule, the API, a trigger or the CLI, the
+fire records a schedule still needs as its fence, and the dependency fences of upstream jobs that
+still exist (a rerun can make one succeed again; a deleted one never will).
 
 Steps, checkpoints, result items and rounds go with a job through their foreign keys, its
 event log through the trigger of migration 0011. Open jobs are never deleted.
@@ -8,11 +9,11 @@ event log through the trigger of migration 0011. Open jobs are never deleted.
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, delete, func, select
+from sqlalchemy import and_, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from service.constants import FIRE_RECORDS_KEPT_S, RETENTION_BATCH_ROWS, SWEEP_ADVISORY_LOCK_ID
-from service.models import JobRow, ScheduleFireRow, ScheduleRow
+from service.models import DependencyFireRow, JobRow, ScheduleFireRow, ScheduleRow
 from service.states import JOB_FINAL
 
 FINAL_STATUSES = tuple(status.value for status in JOB_FINAL)
@@ -77,5 +78,20 @@ def prune_fires(session: Session, now: datetime, *, batch: int = RETENTION_BATCH
     )
     deleted = session.scalars(
         delete(ScheduleFireRow).where(ScheduleFireRow.id.in_(doomed)).returning(ScheduleFireRow.id)
+    )
+    return len(deleted.all())
+
+
+def prune_dependency_fires(session: Session, *, batch: int = RETENTION_BATCH_ROWS) -> int:
+    """Delete the fences of upstream jobs that are gone."""
+    doomed = (
+        select(DependencyFireRow.upstream_job_id, DependencyFireRow.downstream)
+        .where(~select(JobRow.id).where(JobRow.id == DependencyFireRow.upstream_job_id).exists())
+        .limit(batch)
+    )
+    deleted = session.execute(
+        delete(DependencyFireRow)
+        .where(tuple_(DependencyFireRow.upstream_job_id, DependencyFireRow.downstream).in_(doomed))
+        .returning(DependencyFireRow.upstream_job_id)
     )
     return len(deleted.all())

@@ -11,7 +11,7 @@ from service.hooks import prune_deliveries
 from service.metrics import SWEEPER_REPUBLISHED
 from service.notices import requeue_lost_notices
 from service.plan import JobPlan
-from service.retention import prune_all, prune_fires
+from service.retention import prune_all, prune_dependency_fires, prune_fires
 from tasks import runtime
 from tasks.app import app
 from tasks.broker import read_broker
@@ -51,6 +51,7 @@ def sweep() -> dict[str, int]:
         pruned = prune_all(session, keep=settings.runs_kept_per_pipeline)
         pruned_fires = prune_fires(session, utcnow())
         prune_deliveries(session, utcnow())
+        prune_dependency_fires(session)
     if sent or report.timed_out or lost_notices:
         log.warning(
             "sweep: broker_lost=%s republished=%d timed_out=%d notices=%d",

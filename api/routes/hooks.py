@@ -15,9 +15,10 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, require
 from api.errors import ApiError
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
+from api.throttle import check_hook_rate
 from service.auth import Principal
 from service.clock import utcnow
-from service.errors import FlowbeatError
+from service.errors import FlowbeatError, HookNotFound
 from service.hooks import (
     HookSpec,
     accept_delivery,
@@ -149,7 +150,20 @@ def remove_hook(name: str, _: Admin, session: SessionDep) -> Response:
     "/{name}",
     status_code=202,
     response_model=JobEnvelope,
-    responses={200: {"model": JobEnvelope}, **_ERRORS},
+    responses={
+        200: {"model": JobEnvelope, "description": "the job this delivery id started before"},
+        409: {
+            "model": ErrorEnvelope,
+            "description": "hook_delivery_seen: this signed message was accepted before under "
+            "another delivery id, or its delivery's job is gone",
+        },
+        429: {
+            "model": ErrorEnvelope,
+            "description": "rate_limited: too many deliveries to this hook, signed or not; "
+            "Retry-After says when to come back",
+        },
+        **_ERRORS,
+    },
     openapi_extra={
         "security": [],
         "requestBody": {
@@ -170,15 +184,16 @@ async def deliver(
     x_flowbeat_delivery: Annotated[str | None, Header()] = None,
 ) -> Response:
     """A signed delivery: 202 with the job it started, or 200 with the job its delivery id
-    started before. Signature: ``sha256=`` HMAC-SHA256 of ``<timestamp>.<raw body>``."""
-    body = await request.body()
+    started before. Signature: ``sha256=`` hex HMAC-SHA256 of
+    ``<X-Flowbeat-Delivery>.<X-Flowbeat-Timestamp>.<raw body>`` with the hook's secret.
+    Deliveries to one hook share the per-key rate limit's rate and burst."""
     headers = {
         "timestamp": x_flowbeat_timestamp,
         "signature": x_flowbeat_signature,
         "delivery": x_flowbeat_delivery,
     }
 
-    def accept() -> tuple[JobPublic, int]:
+    def accept(body: bytes) -> tuple[JobPublic, int]:
         accepted = accept_delivery(
             session,
             name,
@@ -197,7 +212,10 @@ async def deliver(
         return JobPublic.of(new_job_view(job, profile)), 202
 
     try:
-        job, status_code = await run_in_threadpool(accept)
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise HookNotFound(f"no hook {name!r}", {"hook": name})
+        await check_hook_rate(settings, name)
+        job, status_code = await run_in_threadpool(accept, await request.body())
     except FlowbeatError as exc:
         WEBHOOK_DELIVERIES.labels(exc.code).inc()
         raise

@@ -3,17 +3,18 @@
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.models import HookDeliveryRow, JobRow
-from service.notices import sign
+from service.models import HookDeliveryRow, HookRow, JobRow
 from service.runtime import Runtime
-from tests.api.conftest import MAX_BODY, KeyFactory
+from service.settings import Settings
+from tests.api.conftest import MAX_BODY, KeyFactory, _client
+from tests.support.webhook import signed_headers
 
 MAPPING = {"who": "${{ payload.repository.name }}", "count": 2}
 
@@ -45,13 +46,7 @@ def _deliver(
     raw: bytes | None = None,
 ) -> Any:
     body = raw if raw is not None else json.dumps(payload).encode()
-    timestamp = str(int(at if at is not None else time.time()))
-    headers = {
-        "Content-Type": "application/json",
-        "X-Flowbeat-Timestamp": timestamp,
-        "X-Flowbeat-Signature": sign(secret.encode(), timestamp, body),
-        "X-Flowbeat-Delivery": delivery or uuid.uuid4().hex,
-    }
+    headers = signed_headers(secret, delivery or uuid.uuid4().hex, body, at=at)
     return client.post(f"/v1/hooks/{name}", content=body, headers=headers)
 
 
@@ -92,6 +87,72 @@ def test_a_replayed_delivery_gets_the_first_job_back(
     assert again.status_code == 200
     assert again.json()["job"]["id"] == first.json()["job"]["id"]
     assert stored() == before
+
+
+def test_a_captured_delivery_sent_under_a_new_delivery_id_is_refused(
+    client: TestClient, make_key: KeyFactory, stored: Callable[[], tuple[int, int]]
+) -> None:
+    name, secret = _hook(client, make_key)
+    body = json.dumps({"repository": {"name": "captured"}}).encode()
+    captured = signed_headers(secret, "original", body)
+    assert client.post(f"/v1/hooks/{name}", content=body, headers=captured).status_code == 202
+    before = stored()
+
+    forged = client.post(
+        f"/v1/hooks/{name}", content=body, headers={**captured, "X-Flowbeat-Delivery": "forged"}
+    )
+
+    assert forged.status_code == 401
+    assert forged.json()["error"]["code"] == "hook_signature_invalid"
+    assert stored() == before
+
+
+def test_a_signed_message_already_fenced_under_another_id_makes_no_second_job(
+    client: TestClient,
+    make_key: KeyFactory,
+    runtime: Runtime,
+    stored: Callable[[], tuple[int, int]],
+) -> None:
+    name, secret = _hook(client, make_key)
+    body = json.dumps({"repository": {"name": "fenced"}}).encode()
+    headers = signed_headers(secret, "d-1", body)
+    with runtime.sessions() as session, session.begin():
+        hook_id = session.scalar(select(HookRow.id).where(HookRow.name == name))
+        digest = headers["X-Flowbeat-Signature"].removeprefix("sha256=")
+        session.add(HookDeliveryRow(hook_id=hook_id, delivery_id="other", signature=digest))
+    before = stored()
+
+    answer = client.post(f"/v1/hooks/{name}", content=body, headers=headers)
+
+    assert answer.status_code == 409
+    assert answer.json()["error"]["code"] == "hook_delivery_seen"
+    assert stored() == before
+
+
+@pytest.fixture
+def limited(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
+    strict = settings.model_copy(update={"rate_limit_per_s": 0.1, "rate_limit_burst": 3})
+    with _client(strict, runtime) as client:
+        yield client
+
+
+def test_a_flood_of_forged_deliveries_is_rate_limited_per_hook(
+    limited: TestClient, make_key: KeyFactory, stored: Callable[[], tuple[int, int]]
+) -> None:
+    name, secret = _hook(limited, make_key)
+    other, other_secret = _hook(limited, make_key)
+    payload = {"repository": {"name": "flood"}}
+    before = stored()
+
+    forged = [_deliver(limited, name, "whsec_" + "f" * 30, payload) for _ in range(3)]
+    refused = _deliver(limited, name, secret, payload)
+
+    assert [answer.status_code for answer in forged] == [401, 401, 401]
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert stored() == before
+    assert _deliver(limited, other, other_secret, payload).status_code == 202
 
 
 @pytest.mark.parametrize(

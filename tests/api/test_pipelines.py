@@ -363,3 +363,19 @@ def test_imports_are_disabled_by_default(client: TestClient, writer: Headers) ->
     path = client.post("/v1/pipelines/import", json={"path": "p.yaml"}, headers=writer)
     _error(url, 403, "imports_disabled")
     _error(path, 403, "imports_disabled")
+
+
+def test_a_save_that_would_close_a_trigger_cycle_is_422_and_stores_nothing(
+    client: TestClient, writer: Headers, pipelines_count: Callable[[], int]
+) -> None:
+    first, second = unique_name(), unique_name()
+    trigger = "name: {name}\non: {{succeeded: [{up}]}}\n" + STEPS
+    saved = put(client, writer, first, trigger.format(name=first, up=second))
+    assert saved.status_code in (200, 201), saved.text
+    before = pipelines_count()
+
+    closing = put(client, writer, second, trigger.format(name=second, up=first))
+
+    error = _error(closing, 422, "trigger_cycle")
+    assert error["details"]["cycle"] == [second, first, second]
+    assert pipelines_count() == before

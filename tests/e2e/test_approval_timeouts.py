@@ -6,7 +6,6 @@ import uuid
 from service.db import unit_of_work
 from service.events import notice_events
 from service.models import ApprovalRow
-from service.notices import sign
 from tests.e2e.conftest import Client, Cluster, wait_for
 from tests.e2e.test_approvals import gated
 from tests.support.webhook import WebhookServer
@@ -64,8 +63,8 @@ def test_an_escalated_gate_sends_a_signed_notice_then_rejects(
         str(job_id),
         "ship",
     )
-    timestamp = notice.headers["X-Flowbeat-Timestamp"]
-    assert notice.headers["X-Flowbeat-Signature"] == sign(SECRET.encode(), timestamp, notice.body)
+    assert notice.signed_with(SECRET)
+    assert notice.headers["X-Flowbeat-Delivery"] == f"escalation-{job_id}-ship"
     kinds = _events(client, job_id)
     assert kinds.index("awaiting_approval") < kinds.index("approval_escalated")
     assert kinds.index("approval_escalated") < kinds.index("approval_decided")

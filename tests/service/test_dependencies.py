@@ -2,6 +2,7 @@
 success of its owner's upstream jobs, reading the upstream result as ``${{ trigger.result }}``."""
 
 import uuid
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -10,12 +11,20 @@ from service.db import unit_of_work
 from service.dependencies import fire_dependents
 from service.errors import ProfileInvalid, TriggerCycle
 from service.jobs import JobRequest, submit_job
-from service.models import DependencyQueueRow, JobRow, PipelineRow, PipelineTriggerRow
+from service.models import (
+    DependencyFireRow,
+    DependencyQueueRow,
+    JobRow,
+    PipelineRow,
+    PipelineTriggerRow,
+)
 from service.pipelines import delete_pipeline, save_pipeline
-from service.profiles import load_profile_text
+from service.profiles import find_profile, load_profile_text
+from service.retention import prune_dependency_fires
 from service.runner import run_step
 from service.runtime import Runtime
 from service.steps import StepKey
+from tests.support.runs import run_items
 
 UP = "name: up\nsteps:\n  - {id: a, action: noop, with: {found: [1, 2]}}\n"
 DOWN = """\
@@ -65,11 +74,78 @@ def _fire(rt: Runtime) -> list[JobRow]:
         )
 
 
-def _downstream(rt: Runtime, owner: str) -> list[JobRow]:
+def _downstream(rt: Runtime, owner: str, pipeline: str = "down") -> list[JobRow]:
     with unit_of_work(rt.sessions) as session:
         return list(
-            session.scalars(select(JobRow).where(JobRow.owner == owner, JobRow.pipeline == "down"))
+            session.scalars(
+                select(JobRow)
+                .where(JobRow.owner == owner, JobRow.pipeline == pipeline)
+                .order_by(JobRow.created_at)
+            )
         )
+
+
+ON_NEW = """\
+name: fresh
+on:
+  new_items: [papers]
+steps:
+  - id: b
+    action: noop
+    with: {papers: "${{ trigger.new_items }}"}
+"""
+
+
+def test_a_new_items_trigger_fires_only_on_runs_with_new_items_and_gets_them(
+    runtime: Runtime,
+) -> None:
+    owner = _owner()
+    _save(runtime, owner, ON_NEW)
+    first = run_items(runtime, [{"id": "a"}], owner=owner, pipeline="papers")
+    _fire(runtime)
+    run_items(runtime, [{"id": "a"}], owner=owner, pipeline="papers")
+    _fire(runtime)
+    third = run_items(runtime, [{"id": "a"}, {"id": "b"}], owner=owner, pipeline="papers")
+    _fire(runtime)
+
+    jobs = _downstream(runtime, owner, "fresh")
+    assert [job.parent_job_id for job in jobs] == [first.id, third.id]
+    assert [job.trigger_data["new_items"] for job in jobs if job.trigger_data] == [
+        [{"id": "a"}],
+        [{"id": "b"}],
+    ]
+
+
+def test_the_fence_of_a_pruned_upstream_job_is_pruned(runtime: Runtime) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, DOWN)
+    kept, gone = _succeed_up(runtime, owner), _succeed_up(runtime, owner)
+    _fire(runtime)
+    with unit_of_work(runtime.sessions) as session:
+        session.delete(session.get(JobRow, gone))
+
+    with unit_of_work(runtime.sessions) as session:
+        prune_dependency_fires(session)
+
+    with unit_of_work(runtime.sessions) as session:
+        fenced = set(
+            session.scalars(
+                select(DependencyFireRow.upstream_job_id).where(
+                    DependencyFireRow.upstream_job_id.in_([kept, gone])
+                )
+            )
+        )
+    assert fenced == {kept}
+
+
+def test_a_profile_file_with_on_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "down.yaml").write_text(DOWN, encoding="utf-8")
+
+    with pytest.raises(ProfileInvalid) as info:
+        find_profile(tmp_path, "down")
+
+    assert info.value.details["errors"][0]["code"] == "on_in_file"
 
 
 def test_a_success_starts_each_waiting_pipeline_once_with_the_upstream_result(
@@ -153,6 +229,9 @@ def test_a_save_that_closes_a_cycle_is_refused_and_stores_nothing(runtime: Runti
     ("text", "code"),
     [
         ("name: self\non: {succeeded: [self]}\nsteps: [{id: s, action: noop}]\n", "trigger_cycle"),
+        ("name: self\non: {new_items: [self]}\nsteps: [{id: s, action: noop}]\n", "trigger_cycle"),
+        ("name: x\non: {succeeded: [a], new_items: [a]}\nsteps: [{id: s, action: noop}]\n", None),
+        ("name: x\non: {}\nsteps: [{id: s, action: noop}]\n", None),
         (
             "name: lost\nsteps: [{id: s, action: noop, with: {x: '${{ trigger.result }}'}}]\n",
             "bad_reference",
@@ -164,10 +243,13 @@ def test_a_save_that_closes_a_cycle_is_refused_and_stores_nothing(runtime: Runti
         ),
     ],
 )
-def test_profiles_that_cannot_be_triggered_as_written_are_refused(text: str, code: str) -> None:
+def test_profiles_that_cannot_be_triggered_as_written_are_refused(
+    text: str, code: str | None
+) -> None:
     with pytest.raises(ProfileInvalid) as info:
         load_profile_text(text, source="p.yaml")
-    assert info.value.details["errors"][0]["code"] == code
+    if code is not None:
+        assert info.value.details["errors"][0]["code"] == code
 
 
 def test_on_is_read_as_a_key_although_yaml_1_1_calls_it_true() -> None:

@@ -449,7 +449,7 @@ def test_a_literature_client_follows_the_same_policy() -> None:
 
 
 def test_a_notice_to_a_refused_address_fails_for_good(port: int, hits: list[str]) -> None:
-    notice = Notice(url=f"http://127.0.0.1:{port}/hook", body=b"{}")
+    notice = Notice(url=f"http://127.0.0.1:{port}/hook", body=b"{}", delivery_id="d-1")
     delivery = deliver(notice, b"secret", "1", HTTP_ONLY)
 
     assert (delivery.ok, delivery.retryable) == (False, False)

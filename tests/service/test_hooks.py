@@ -1,4 +1,5 @@
-"""Webhook signatures: HMAC-SHA256 over ``<timestamp>.<body>``, within five minutes of now."""
+"""Webhook signatures: HMAC-SHA256 over ``<delivery id>.<timestamp>.<body>``, within five
+minutes of now."""
 
 from datetime import UTC, datetime
 
@@ -6,7 +7,7 @@ import pytest
 
 from service.errors import FlowbeatError
 from service.hooks import verify_signature
-from service.notices import sign
+from tests.support.webhook import signature
 
 SECRET = "whsec_" + "s" * 30
 BODY = b'{"repository": {"name": "flowbeat"}}'
@@ -15,7 +16,7 @@ T = str(int(NOW.timestamp()))
 
 
 def _headers(**given: str | None) -> dict[str, str | None]:
-    good = {"timestamp": T, "signature": sign(SECRET.encode(), T, BODY), "delivery": "d-1"}
+    good = {"timestamp": T, "signature": signature(SECRET, "d-1", T, BODY), "delivery": "d-1"}
     return {**good, **given}
 
 
@@ -25,12 +26,21 @@ def _headers(**given: str | None) -> dict[str, str | None]:
         pytest.param(_headers(), BODY, None, id="good"),
         pytest.param(_headers(signature="sha256=00"), BODY, "hook_signature_invalid", id="bad-hex"),
         pytest.param(
-            _headers(signature=sign(b"another-secret-of-enough-length", T, BODY)),
+            _headers(signature=signature("another-secret-of-enough-length", "d-1", T, BODY)),
             BODY,
             "hook_signature_invalid",
             id="wrong-secret",
         ),
         pytest.param(_headers(), BODY + b" ", "hook_signature_invalid", id="body-changed"),
+        pytest.param(
+            _headers(delivery="d-2"), BODY, "hook_signature_invalid", id="delivery-id-changed"
+        ),
+        pytest.param(
+            _headers(delivery="d.1", signature=signature(SECRET, "d.1", T, BODY)),
+            BODY,
+            "hook_signature_invalid",
+            id="dot-in-delivery-id",
+        ),
         pytest.param(_headers(signature=None), BODY, "hook_signature_invalid", id="no-signature"),
         pytest.param(_headers(timestamp=None), BODY, "hook_signature_invalid", id="no-timestamp"),
         pytest.param(_headers(delivery=None), BODY, "hook_signature_invalid", id="no-delivery"),
@@ -38,7 +48,7 @@ def _headers(**given: str | None) -> dict[str, str | None]:
             _headers(delivery="d" * 129), BODY, "hook_signature_invalid", id="long-delivery"
         ),
         pytest.param(
-            _headers(timestamp="soon", signature=sign(SECRET.encode(), "soon", BODY)),
+            _headers(timestamp="soon", signature=signature(SECRET, "d-1", "soon", BODY)),
             BODY,
             "hook_signature_invalid",
             id="not-a-time",
@@ -46,7 +56,7 @@ def _headers(**given: str | None) -> dict[str, str | None]:
         pytest.param(
             _headers(
                 timestamp=str(int(NOW.timestamp()) - 301),
-                signature=sign(SECRET.encode(), str(int(NOW.timestamp()) - 301), BODY),
+                signature=signature(SECRET, "d-1", str(int(NOW.timestamp()) - 301), BODY),
             ),
             BODY,
             "hook_timestamp_stale",
@@ -55,7 +65,7 @@ def _headers(**given: str | None) -> dict[str, str | None]:
         pytest.param(
             _headers(
                 timestamp=str(int(NOW.timestamp()) + 301),
-                signature=sign(SECRET.encode(), str(int(NOW.timestamp()) + 301), BODY),
+                signature=signature(SECRET, "d-1", str(int(NOW.timestamp()) + 301), BODY),
             ),
             BODY,
             "hook_timestamp_stale",
@@ -67,7 +77,9 @@ def test_a_delivery_is_accepted_only_signed_with_the_secret_and_fresh(
     headers: dict[str, str | None], body: bytes, code: str | None
 ) -> None:
     if code is None:
-        assert verify_signature(SECRET, headers, body, NOW) == "d-1"
+        verified = verify_signature(SECRET, headers, body, NOW)
+        assert verified.delivery_id == "d-1"
+        assert verified.digest == signature(SECRET, "d-1", T, BODY).removeprefix("sha256=")
         return
     with pytest.raises(FlowbeatError) as info:
         verify_signature(SECRET, headers, body, NOW)

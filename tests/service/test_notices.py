@@ -1,7 +1,5 @@
 """Notices: a signed webhook for runs with new items, retried with backoff, outcome recorded."""
 
-import hashlib
-import hmac
 import json
 import uuid
 from datetime import timedelta
@@ -35,11 +33,7 @@ def _settings(rt: Runtime, **overrides: object) -> Settings:
 
 
 def _verified(got: Received) -> dict[str, object]:
-    timestamp = got.headers["X-Flowbeat-Timestamp"]
-    expected = hmac.new(
-        SECRET.encode(), timestamp.encode() + b"." + got.body, hashlib.sha256
-    ).hexdigest()
-    assert got.headers["X-Flowbeat-Signature"] == f"sha256={expected}"
+    assert got.signed_with(SECRET)
     payload: dict[str, object] = json.loads(got.body)
     return payload
 
@@ -68,6 +62,7 @@ def test_a_notice_is_signed_and_retried_after_a_503(runtime: Runtime) -> None:
 
     assert first == 0.5 and second is None
     assert len(hook.received) == 2
+    assert {got.headers["X-Flowbeat-Delivery"] for got in hook.received} == {f"new_items-{job.id}"}
     payload = _verified(hook.received[1])
     assert payload == {
         "job_id": str(job.id),
@@ -165,9 +160,10 @@ def test_without_a_secret_nothing_is_sent_and_the_failure_is_recorded(runtime: R
     assert kind == "notify_failed" and "FLOWBEAT_WEBHOOK_SECRET" in str(data["detail"])
 
 
-def test_the_signature_covers_the_timestamp() -> None:
-    assert sign(b"k", "1", b"{}") != sign(b"k", "2", b"{}")
-    assert sign(b"k", "1", b"{}").startswith("sha256=")
+def test_the_signature_covers_the_delivery_id_and_the_timestamp() -> None:
+    assert sign(b"k", "d-1", "1", b"{}") != sign(b"k", "d-1", "2", b"{}")
+    assert sign(b"k", "d-1", "1", b"{}") != sign(b"k", "d-2", "1", b"{}")
+    assert sign(b"k", "d-1", "1", b"{}").startswith("sha256=")
 
 
 @pytest.mark.parametrize(

@@ -1,15 +1,47 @@
-"""A local webhook receiver that answers with scripted statuses and records what it got."""
+"""A local webhook receiver that answers with scripted statuses and records what it got, and
+the signature scheme written out again, independently of ``service.notices.sign``."""
 
+import hashlib
+import hmac
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+
+
+def signature(secret: str, delivery: str, timestamp: str, body: bytes) -> str:
+    """``sha256=`` hex HMAC-SHA256 of ``<delivery id>.<timestamp>.<body>``."""
+    signed = delivery.encode() + b"." + timestamp.encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def signed_headers(
+    secret: str, delivery: str, body: bytes, *, at: float | None = None
+) -> dict[str, str]:
+    """The headers of a delivery to ``POST /v1/hooks/{name}``."""
+    timestamp = str(int(time.time() if at is None else at))
+    return {
+        "Content-Type": "application/json",
+        "X-Flowbeat-Delivery": delivery,
+        "X-Flowbeat-Timestamp": timestamp,
+        "X-Flowbeat-Signature": signature(secret, delivery, timestamp, body),
+    }
 
 
 @dataclass
 class Received:
     headers: dict[str, str]
     body: bytes
+
+    def signed_with(self, secret: str) -> bool:
+        expected = signature(
+            secret,
+            self.headers["X-Flowbeat-Delivery"],
+            self.headers["X-Flowbeat-Timestamp"],
+            self.body,
+        )
+        return self.headers["X-Flowbeat-Signature"] == expected
 
 
 @dataclass
