@@ -586,10 +586,12 @@ def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now
 
 @dataclass(frozen=True)
 class Failed:
-    """A recorded failure: whether it ended the job, and the children it made ready."""
+    """A failure: whether it ended the job, the children it made ready, and whether it was
+    recorded at all (a worker that lost its lease records nothing)."""
 
     job_over: bool
     ready: JobPlan
+    recorded: bool = True
 
 
 def fail_step(
@@ -607,7 +609,7 @@ def fail_step(
     """
     row = _lock_step(session, key)
     if not holds_lease(row, lease):
-        return Failed(False, JobPlan(key.job_id))
+        return Failed(False, JobPlan(key.job_id), recorded=False)
     return _record_failure(session, row, key, error, retry_delay_s, now)
 
 
