@@ -229,8 +229,8 @@ def _run_claim(
             )
     if done.written and key.shard != SHARD_NONE:
         metrics.FANOUT_ITEMS.labels(claim.action).inc()
-    if done.written and succeeds_job:
-        metrics.job_finished(None, claim.profile.name, JobStatus.SUCCEEDED)
+    if done.succeeded_trigger is not None:
+        metrics.job_finished(None, claim.profile.name, done.succeeded_trigger, JobStatus.SUCCEEDED)
     if done.written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, key.job_id, now)

@@ -254,3 +254,19 @@ def test_a_fan_out_item_is_counted_once_however_many_attempts_it_took(
 def _fanout_items(action: str) -> float:
     value = registry().get_sample_value("flowbeat_fanout_items_total", {"action": action})
     return value or 0.0
+
+
+def test_a_job_its_sink_succeeds_is_counted_finished_by_pipeline_and_trigger(
+    runtime: Runtime,
+) -> None:
+    profile = {"name": "solo", "steps": [{"id": "only", "action": "noop"}]}
+    key = StepKey(submitted(runtime, profile, {}), "only")
+    series = {"pipeline": "solo", "trigger": "api", "status": "succeeded"}
+    before = registry().get_sample_value("flowbeat_jobs_finished_total", series) or 0.0
+
+    run_step(runtime, key, task_id=uuid.uuid4().hex)
+
+    with runtime.sessions() as session:
+        job = session.get(JobRow, key.job_id)
+        assert job is not None and job.status == "succeeded"
+    assert registry().get_sample_value("flowbeat_jobs_finished_total", series) == before + 1
