@@ -5,8 +5,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from api.deps import text_parameters
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.mcp import McpDeps
@@ -60,7 +61,12 @@ def create_app(
             if bind is not None:
                 bind.dispose()
 
-    app = FastAPI(title="flowbeat", version=VERSION, lifespan=lifespan)
+    app = FastAPI(
+        title="flowbeat",
+        version=VERSION,
+        lifespan=lifespan,
+        dependencies=[Depends(text_parameters)],
+    )
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.celery_app = celery_app

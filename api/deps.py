@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.errors import ApiError
 from api.throttle import check_rate
 from service.auth import SCOPES, KeyCache, Principal
 from service.errors import Unauthorized
@@ -48,6 +49,14 @@ async def get_session(runtime: Annotated[Runtime, Depends(get_runtime)]) -> Asyn
             await run_in_threadpool(session.close)
         else:
             session.close()
+
+
+async def text_parameters(request: Request) -> None:
+    """A NUL character is text no PostgreSQL column can hold or be compared with: in a path or
+    query parameter it is an invalid parameter, refused before any route reads it."""
+    for name, value in [*request.path_params.items(), *request.query_params.multi_items()]:
+        if "\x00" in value:
+            raise ApiError("invalid_query", f"{name} holds a NUL character", {"param": name})
 
 
 async def bearer_token(request: Request) -> str:

@@ -424,7 +424,7 @@ def cancel_job(
     job.status = JobStatus.CANCELLED
     job.finished_at = now
     job.error = {"code": "cancelled", "message": "cancelled on request", "details": {}}
-    metrics.job_finished(session, job.pipeline, job.status)
+    metrics.job_finished(session, job.pipeline, job.trigger, job.status)
     close_open_steps(session, job_id, StepStatus.CANCELLED, now)
     profile = job_profile(job)
     if profile.on_cancel == "compensate":

@@ -43,8 +43,8 @@ JOBS_SUBMITTED = Counter(
 )
 JOBS_FINISHED = Counter(
     "flowbeat_jobs_finished_total",
-    "Jobs that reached a final status (succeeded, failed, cancelled), by pipeline.",
-    ["pipeline", "status"],
+    "Jobs that reached a final status (succeeded, failed, cancelled), by pipeline and trigger.",
+    ["pipeline", "trigger", "status"],
 )
 STEP_SECONDS = Histogram(
     "flowbeat_step_duration_seconds",
@@ -119,12 +119,12 @@ def after_commit(session: Session, count: Callable[[], None]) -> None:
     event.listen(session, "after_commit", lambda _: count(), once=True)
 
 
-def job_finished(session: Session | None, pipeline: str, status: str) -> None:
-    """A job of ``pipeline`` reached ``status``: counted at the commit when a session is given,
-    at once otherwise (the caller's statement has committed)."""
+def job_finished(session: Session | None, pipeline: str, trigger: str, status: str) -> None:
+    """A job of ``pipeline`` started by ``trigger`` reached ``status``: counted at the commit
+    when a session is given, at once otherwise (the caller's statement has committed)."""
 
     def count() -> None:
-        JOBS_FINISHED.labels(pipeline, status).inc()
+        JOBS_FINISHED.labels(pipeline, trigger, status).inc()
 
     if session is None:
         count()

@@ -227,8 +227,10 @@ def _run_claim(
                 profile=claim.profile,
                 succeeds_job=succeeds_job,
             )
-    if done.written and succeeds_job:
-        metrics.job_finished(None, claim.profile.name, JobStatus.SUCCEEDED)
+    if done.written and key.shard != SHARD_NONE:
+        metrics.FANOUT_ITEMS.labels(claim.action).inc()
+    if done.succeeded_trigger is not None:
+        metrics.job_finished(None, claim.profile.name, done.succeeded_trigger, JobStatus.SUCCEEDED)
     if done.written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, key.job_id, now)
@@ -243,8 +245,6 @@ def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseExcepti
         outcome = _call_action(rt, claim, timeout_errors)
     result = "error" if isinstance(outcome, _Failure) else "ok"
     metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
-    if key.shard != SHARD_NONE:
-        metrics.FANOUT_ITEMS.labels(claim.action).inc()
     return outcome
 
 
@@ -295,6 +295,8 @@ def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> JobPlan:
         failed = fail_step(
             session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow()
         )
+    if delay is None and failed.recorded and claim.key.shard != SHARD_NONE:
+        metrics.FANOUT_ITEMS.labels(claim.action).inc()
     if delay is not None:
         metrics.STEP_RETRIES.labels(claim.action).inc()
         raise RetryLater(delay, f"attempt {attempt} failed: {error['message']}")

@@ -66,7 +66,7 @@ def settle_job(session: Session, job_id: uuid.UUID, now: datetime) -> None:
     profile = job_profile(job)
     job.finished_at = now
     _settle(session, job, profile, statuses)
-    metrics.job_finished(session, job.pipeline, job.status)
+    metrics.job_finished(session, job.pipeline, job.trigger, job.status)
 
 
 def _settle(session: Session, job: JobRow, profile: Profile, statuses: dict[str, str]) -> None:

@@ -82,10 +82,12 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Completion:
-    """A checkpointed attempt: whether it was written, and the children it made ready."""
+    """A checkpointed attempt: whether it was written, the children it made ready, and the
+    trigger of the job it succeeded, if it did."""
 
     written: bool
     ready: JobPlan
+    succeeded_trigger: str | None = None
 
 
 @dataclass(frozen=True)
@@ -505,7 +507,7 @@ _COMPLETE = (
         RETURNING step_id, waiting_on
     )
     SELECT EXISTS (SELECT 1 FROM saved),
-           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0)"""
+           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text"""
 )
 """The checkpoint, and the step counted off its children in the same statement, so a
 redelivered message that finds the step settled cannot count it twice."""
@@ -519,8 +521,9 @@ _COMPLETE_AND_SUCCEED_JOB = (
                SELECT 1 FROM step_runs
                 WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
                   AND status NOT IN ('succeeded', 'reused', 'skipped'))
+        RETURNING trigger
     )
-    SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[]"""
+    SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], (SELECT trigger FROM succeeded)"""
 )
 
 
@@ -556,8 +559,8 @@ def complete_step(
     statement = _COMPLETE_AND_SUCCEED_JOB if succeeds_job else _COMPLETE
     row = conn.execute(statement, params).fetchone()
     assert row is not None
-    written, ready = row
-    return Completion(written, steps_plan(profile, key.job_id, ready))
+    written, ready, succeeded_trigger = row
+    return Completion(written, steps_plan(profile, key.job_id, ready), succeeded_trigger)
 
 
 _RELEASE = """
@@ -586,10 +589,12 @@ def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now
 
 @dataclass(frozen=True)
 class Failed:
-    """A recorded failure: whether it ended the job, and the children it made ready."""
+    """A failure: whether it ended the job, the children it made ready, and whether it was
+    recorded at all (a worker that lost its lease records nothing)."""
 
     job_over: bool
     ready: JobPlan
+    recorded: bool = True
 
 
 def fail_step(
@@ -607,7 +612,7 @@ def fail_step(
     """
     row = _lock_step(session, key)
     if not holds_lease(row, lease):
-        return Failed(False, JobPlan(key.job_id))
+        return Failed(False, JobPlan(key.job_id), recorded=False)
     return _record_failure(session, row, key, error, retry_delay_s, now)
 
 
@@ -652,7 +657,7 @@ def _fail_job(
     where = f"step {key.step_id!r}" + (f" item {key.shard}" if key.shard != SHARD_NONE else "")
     job.status = JobStatus.FAILED
     job.finished_at = now
-    metrics.job_finished(session, job.pipeline, job.status)
+    metrics.job_finished(session, job.pipeline, job.trigger, job.status)
     job.error = {
         "code": error.get("code", "step_failed"),
         "message": f"{where} failed: {error.get('message', '')}",

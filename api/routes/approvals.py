@@ -1,19 +1,19 @@
 """Approval gates: what waits for a decision, and the decisions. A decision commits before the
 step it lets run is sent; with the broker away it is kept, and the sweeper sends the step."""
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, Writer
 from api.errors import ApiError
+from api.openapi import errors
 from api.routes.jobs import parse_job_id, visible_to
 from api.schemas import (
     ApprovalList,
     ApprovalPublic,
     DecisionCreate,
     DecisionEnvelope,
-    ErrorEnvelope,
     JobPublic,
 )
 from service.approvals import decide, list_approvals
@@ -26,9 +26,14 @@ from tasks.dispatch import publish_or_defer
 
 router = APIRouter(prefix="/v1", tags=["approvals"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 422, 503)
-}
+_DECIDED = errors(
+    {
+        404: "job_not_found",
+        409: "not_awaiting_approval, already_decided",
+        422: "validation_error",
+        503: "database_unavailable, broker_unavailable",
+    }
+)
 APPROVAL_STATUSES = frozenset(status.value for status in ApprovalStatus)
 
 
@@ -64,7 +69,7 @@ def _decide(
 
 
 @router.post(
-    "/jobs/{job_id}/steps/{step_id}/approve", response_model=DecisionEnvelope, responses=_ERRORS
+    "/jobs/{job_id}/steps/{step_id}/approve", response_model=DecisionEnvelope, responses=_DECIDED
 )
 def approve(
     job_id: str,
@@ -80,7 +85,7 @@ def approve(
 
 
 @router.post(
-    "/jobs/{job_id}/steps/{step_id}/reject", response_model=DecisionEnvelope, responses=_ERRORS
+    "/jobs/{job_id}/steps/{step_id}/reject", response_model=DecisionEnvelope, responses=_DECIDED
 )
 def reject(
     job_id: str,
@@ -95,7 +100,7 @@ def reject(
     return _decide(False, job_id, step_id, body, principal, session, runtime, celery_app)
 
 
-@router.get("/approvals", response_model=ApprovalList, responses=_ERRORS)
+@router.get("/approvals", response_model=ApprovalList, responses=errors({400: "invalid_query"}))
 def approvals(
     principal: Reader,
     session: SessionDep,

@@ -10,8 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep
 from api.errors import ApiError
+from api.openapi import errors
 from api.routes.jobs import parse_job_id, visible_to
-from api.schemas import ErrorEnvelope, EventPublic
+from api.schemas import EventPublic
 from api.streams import (
     NDJSON,
     SSE,
@@ -40,7 +41,6 @@ _STREAM: dict[int | str, dict[str, Any]] = {
             NDJSON: {"schema": EventPublic.model_json_schema()},
         },
     },
-    **{status: {"model": ErrorEnvelope} for status in (401, 403, 404, 422)},
 }
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -63,7 +63,11 @@ def _resume_point(last_event_id: str | None, after: int | None) -> int:
     return max(seq, after or 0)
 
 
-@router.get("/v1/jobs/{job_id}/events", response_class=StreamingResponse, responses=_STREAM)
+@router.get(
+    "/v1/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={**_STREAM, **errors({400: "invalid_query", 404: "job_not_found"})},
+)
 async def stream_job_events(
     request: Request,
     job_id: str,
@@ -100,7 +104,11 @@ async def stream_job_events(
     return StreamingResponse(stream, media_type=SSE if framing.sse else NDJSON, headers=_HEADERS)
 
 
-@router.get("/v1/events", response_class=StreamingResponse, responses=_STREAM)
+@router.get(
+    "/v1/events",
+    response_class=StreamingResponse,
+    responses={**_STREAM, **errors({400: "invalid_query"})},
+)
 async def stream_events(
     request: Request,
     principal: Reader,

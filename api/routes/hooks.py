@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, require
 from api.errors import ApiError
+from api.openapi import RETRY_AFTER, errors, read_by_route
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
 from api.throttle import check_hook_rate
 from service.auth import Principal
@@ -38,9 +39,7 @@ from tasks.dispatch import publish_new_job
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"])
 Admin = Annotated[Principal, Depends(require("admin"))]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope} for status in (401, 403, 404, 413, 422, 503)
-}
+_NOT_FOUND = errors({404: "hook_not_found"})
 
 
 class HookPut(BaseModel):
@@ -103,7 +102,18 @@ def _name(name: str) -> str:
 
 
 @router.put(
-    "/{name}", response_model=HookEnvelope, responses={201: {"model": HookEnvelope}, **_ERRORS}
+    "/{name}",
+    response_model=HookEnvelope,
+    responses={
+        201: {"model": HookEnvelope},
+        **errors(
+            {
+                400: "invalid_query: not a hook name",
+                404: "pipeline_not_found",
+                422: "validation_error, hook_invalid, params_invalid, profile_invalid",
+            }
+        ),
+    },
 )
 def save_hook(
     name: str,
@@ -129,17 +139,17 @@ def save_hook(
     return HookEnvelope(hook=HookPublic.of(saved.hook), secret=saved.secret)
 
 
-@router.get("", response_model=HookList, responses=_ERRORS)
+@router.get("", response_model=HookList)
 def hooks(_: Admin, session: SessionDep) -> HookList:
     return HookList(hooks=[HookPublic.of(row) for row in list_hooks(session)])
 
 
-@router.get("/{name}", response_model=HookEnvelope, responses=_ERRORS)
+@router.get("/{name}", response_model=HookEnvelope, responses=_NOT_FOUND)
 def read_hook(name: str, _: Admin, session: SessionDep) -> HookEnvelope:
     return HookEnvelope(hook=HookPublic.of(get_hook(session, name)))
 
 
-@router.delete("/{name}", status_code=204, responses=_ERRORS)
+@router.delete("/{name}", status_code=204, responses=_NOT_FOUND)
 def remove_hook(name: str, _: Admin, session: SessionDep) -> Response:
     delete_hook(session, name)
     session.commit()
@@ -152,24 +162,26 @@ def remove_hook(name: str, _: Admin, session: SessionDep) -> Response:
     response_model=JobEnvelope,
     responses={
         200: {"model": JobEnvelope, "description": "the job this delivery id started before"},
-        409: {
-            "model": ErrorEnvelope,
-            "description": "hook_delivery_seen: this signed message was accepted before under "
-            "another delivery id, or its delivery's job is gone",
-        },
+        **errors(
+            {
+                401: "hook_signature_invalid, hook_timestamp_stale",
+                404: "hook_not_found, pipeline_not_found",
+                409: "hook_delivery_seen",
+                422: "hook_payload_invalid, params_invalid",
+                503: "database_unavailable, broker_unavailable",
+            }
+        ),
         429: {
             "model": ErrorEnvelope,
-            "description": "rate_limited: too many deliveries to this hook, signed or not; "
-            "Retry-After says when to come back",
+            "description": "rate_limited",
+            "headers": {"Retry-After": RETRY_AFTER},
         },
-        **_ERRORS,
     },
     openapi_extra={
         "security": [],
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"type": "object"}}},
-        },
+        **read_by_route(
+            {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+        ),
     },
 )
 async def deliver(

@@ -3,7 +3,7 @@ worker can never receive a message for a job that PostgreSQL does not hold yet."
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -13,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.errors import ApiError
-from api.schemas import ErrorEnvelope, JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
+from api.openapi import errors
+from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
 from api.streams import listener_of, wait_until_final
 from api.submit import accept_job
 from service.auth import Principal
@@ -40,9 +41,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JOB_STATUSES = frozenset(status.value for status in JobStatus)
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 422, 503)
-}
+NOT_FOUND = errors({404: "job_not_found"})
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
@@ -62,7 +61,19 @@ def visible_to(principal: Principal) -> str | None:
     "",
     status_code=202,
     response_model=JobEnvelope,
-    responses={200: {"model": JobEnvelope}, **_ERRORS},
+    responses={
+        200: {"model": JobEnvelope},
+        **errors(
+            {
+                404: "pipeline_not_found",
+                409: "idempotency_conflict",
+                422: "validation_error, params_invalid, profile_invalid, notify_url_invalid, "
+                "egress_refused",
+                429: "open_jobs_limit: the owner has FLOWBEAT_MAX_OPEN_JOBS_PER_OWNER open jobs",
+                503: "database_unavailable, broker_unavailable",
+            }
+        ),
+    },
 )
 async def create_job(
     request: Request,
@@ -99,7 +110,7 @@ def _envelope(job: JobPublic, status_code: int) -> Response:
     return Response(body, status_code=status_code, media_type="application/json")
 
 
-@router.get("/{job_id}", response_model=JobEnvelope, responses=_ERRORS)
+@router.get("/{job_id}", response_model=JobEnvelope, responses=NOT_FOUND)
 def read_job(job_id: str, principal: Reader, session: SessionDep) -> JobEnvelope:
     job = get_job(session, parse_job_id(job_id), owner=visible_to(principal))
     return JobEnvelope(job=JobPublic.of(job_view(session, job)))
@@ -117,7 +128,11 @@ def _statuses(raw: list[str]) -> list[str]:
     return list(dict.fromkeys(statuses))
 
 
-@router.get("", response_model=JobList, responses=_ERRORS)
+@router.get(
+    "",
+    response_model=JobList,
+    responses=errors({400: "invalid_query, invalid_cursor"}),
+)
 def search_jobs(
     principal: Reader,
     session: SessionDep,
@@ -143,7 +158,11 @@ def search_jobs(
     )
 
 
-@router.post("/{job_id}/cancel", response_model=JobEnvelope, responses=_ERRORS)
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobEnvelope,
+    responses=errors({404: "job_not_found", 409: "job_conflict: the job is already finished"}),
+)
 def cancel(
     job_id: str,
     principal: Writer,
@@ -171,7 +190,19 @@ def cancel(
     return envelope
 
 
-@router.post("/{job_id}/rerun", status_code=202, response_model=JobEnvelope, responses=_ERRORS)
+@router.post(
+    "/{job_id}/rerun",
+    status_code=202,
+    response_model=JobEnvelope,
+    responses=errors(
+        {
+            400: "unknown_step",
+            404: "job_not_found",
+            409: "job_conflict, pipeline_version_gone",
+            422: "validation_error, rerun_invalid, params_invalid",
+        }
+    ),
+)
 def rerun(
     job_id: str,
     body: RerunCreate,

@@ -59,7 +59,16 @@ def install_metrics(app: FastAPI, runtime: Runtime) -> None:
     app.state.metrics = registry
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus' text exposition format",
+            "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+        }
+    },
+)
 def metrics(request: Request, _: Reader) -> Response:
     registry: CollectorRegistry = request.app.state.metrics
     return Response(exposition([registry]), media_type=CONTENT_TYPE_LATEST)

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
-from api.schemas import ErrorEnvelope, UtcDatetime
+from api.openapi import errors, read_by_route
+from api.schemas import UtcDatetime
 from service.auth import Principal
 from service.errors import ImportRequestInvalid, UnsupportedMediaType
 from service.imports import fetch_url, import_policy, read_import_file
@@ -34,10 +35,17 @@ BODY_MEDIA_TYPES = frozenset(
 )
 OWNER_QUERY = Query(max_length=128, description="another owner's pipeline (admin, or shared)")
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope}
-    for status in (400, 401, 403, 404, 409, 413, 415, 422, 502, 503, 504)
-}
+_SAVE_REFUSED = "profile_invalid, pipeline_name_mismatch, unknown_action, trigger_cycle"
+_BAD_NAME = "profile_invalid: not a pipeline name"
+_NOT_FOUND = errors({404: "pipeline_not_found", 422: _BAD_NAME})
+_CHANGE_ERRORS = errors(
+    {
+        404: "pipeline_not_found",
+        409: "pipeline_read_only: a shipped profile is read-only",
+        422: _BAD_NAME,
+    }
+)
+_SHARE_ERRORS = {**_CHANGE_ERRORS, **errors({422: "profile_invalid, invalid_share"})}
 
 
 class PipelinePublic(BaseModel):
@@ -140,7 +148,7 @@ def _saved(outcome: SaveOutcome, response: Response) -> PipelineEnvelope:
     return PipelineEnvelope(pipeline=_detail(outcome.view), created_version=outcome.created_version)
 
 
-@router.get("", response_model=PipelineList, responses=_ERRORS)
+@router.get("", response_model=PipelineList)
 def index(
     principal: Reader,
     session: SessionDep,
@@ -161,7 +169,22 @@ def index(
     "/import",
     status_code=201,
     response_model=PipelineEnvelope,
-    responses={200: {"model": PipelineEnvelope}, **_ERRORS},
+    responses={
+        200: {"model": PipelineEnvelope},
+        **errors(
+            {
+                403: "imports_disabled, import_host_not_allowed, import_address_refused, "
+                "import_redirect_refused, import_path_refused",
+                404: "import_not_found",
+                409: "pipeline_read_only",
+                413: "import_too_large",
+                415: "import_content_type_refused",
+                422: f"import_request_invalid, import_scheme_refused, {_SAVE_REFUSED}",
+                502: "import_fetch_failed",
+                504: "import_timeout",
+            }
+        ),
+    },
 )
 def import_pipeline(
     body: ImportRequest,
@@ -194,8 +217,8 @@ def import_pipeline(
     return _saved(outcome, response)
 
 
-PROFILE_BODY: dict[str, Any] = {
-    "requestBody": {
+PROFILE_BODY = read_by_route(
+    {
         "required": True,
         "description": "a profile; its name must be the one in the URL",
         "content": {
@@ -204,14 +227,23 @@ PROFILE_BODY: dict[str, Any] = {
         }
         | {"application/json": {"schema": {"type": "object"}}},
     }
-}
+)
 
 
 @router.put(
     "/{name}",
     status_code=201,
     response_model=PipelineEnvelope,
-    responses={200: {"model": PipelineEnvelope}, **_ERRORS},
+    responses={
+        200: {"model": PipelineEnvelope},
+        **errors(
+            {
+                409: "pipeline_read_only",
+                415: "unsupported_media_type",
+                422: _SAVE_REFUSED,
+            }
+        ),
+    },
     openapi_extra=PROFILE_BODY,
 )
 def save(
@@ -236,7 +268,7 @@ def save(
     return _saved(outcome, response)
 
 
-@router.get("/{name}", response_model=PipelineEnvelope, responses=_ERRORS)
+@router.get("/{name}", response_model=PipelineEnvelope, responses=_NOT_FOUND)
 def read(
     name: str,
     principal: Reader,
@@ -257,7 +289,7 @@ def read(
     return PipelineEnvelope(pipeline=_detail(view))
 
 
-@router.get("/{name}/versions", response_model=VersionList, responses=_ERRORS)
+@router.get("/{name}/versions", response_model=VersionList, responses=_NOT_FOUND)
 def versions(
     name: str,
     principal: Reader,
@@ -272,7 +304,7 @@ def versions(
     )
 
 
-@router.delete("/{name}", response_model=Deleted, responses=_ERRORS)
+@router.delete("/{name}", response_model=Deleted, responses=_CHANGE_ERRORS)
 def remove(
     name: str,
     principal: Writer,
@@ -320,7 +352,11 @@ def _share(
     return Shares(name=name, shared_with=grantees)
 
 
-@router.put("/{name}/shares/{grantee}", response_model=Shares, responses=_ERRORS)
+@router.put(
+    "/{name}/shares/{grantee}",
+    response_model=Shares,
+    responses=_SHARE_ERRORS,
+)
 def share(
     name: str,
     grantee: str,
@@ -341,7 +377,11 @@ def share(
     )
 
 
-@router.delete("/{name}/shares/{grantee}", response_model=Shares, responses=_ERRORS)
+@router.delete(
+    "/{name}/shares/{grantee}",
+    response_model=Shares,
+    responses=_SHARE_ERRORS,
+)
 def unshare(
     name: str,
     grantee: str,

@@ -7,7 +7,8 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 
 from api.deps import Reader, SessionDep
-from api.schemas import ErrorEnvelope, UtcDatetime
+from api.openapi import errors
+from api.schemas import UtcDatetime
 from service.auth import Principal
 from service.constants import (
     DIFF_PAGE_DEFAULT_LIMIT,
@@ -22,10 +23,6 @@ from service.models import JobRow
 from service.profiles import NAME_PATTERN
 
 router = APIRouter(tags=["runs"])
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 503)
-}
 
 
 class RunPublic(BaseModel):
@@ -80,7 +77,11 @@ def _visible_to(principal: Principal) -> str | None:
     return None if principal.has("admin") else principal.owner
 
 
-@router.get("/v1/pipelines/{name}/runs", response_model=RunList, responses=_ERRORS)
+@router.get(
+    "/v1/pipelines/{name}/runs",
+    response_model=RunList,
+    responses=errors({400: "invalid_query, invalid_cursor"}),
+)
 def pipeline_runs(
     name: Annotated[str, Path(pattern=NAME_PATTERN)],
     principal: Reader,
@@ -95,7 +96,17 @@ def pipeline_runs(
     return RunList(runs=[RunPublic.of(job) for job in jobs], next_cursor=next_cursor)
 
 
-@router.get("/v1/jobs/{job_id}/diff", response_model=DiffPublic, responses=_ERRORS)
+@router.get(
+    "/v1/jobs/{job_id}/diff",
+    response_model=DiffPublic,
+    responses=errors(
+        {
+            400: "invalid_query, invalid_cursor",
+            404: "job_not_found",
+            409: "no_result_items: the job stored no result items to compare",
+        }
+    ),
+)
 def job_diff(
     job_id: str,
     principal: Reader,

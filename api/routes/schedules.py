@@ -10,7 +10,8 @@ from pydantic import BaseModel
 
 from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.errors import ApiError
-from api.schemas import ErrorEnvelope, UtcDatetime
+from api.openapi import errors
+from api.schemas import UtcDatetime
 from service.auth import Principal
 from service.clock import utcnow
 from service.cron import ScheduleSpec
@@ -26,9 +27,7 @@ from service.schedules import (
 
 router = APIRouter(prefix="/v1", tags=["schedules"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 422, 503)
-}
+_NOT_FOUND = errors({404: "schedule_not_found"})
 
 
 class SchedulePublic(BaseModel):
@@ -94,7 +93,18 @@ def _visible_to(principal: Principal) -> str | None:
     return None if principal.has("admin") else principal.owner
 
 
-@router.put("/pipelines/{name}/schedule", response_model=ScheduleEnvelope, responses=_ERRORS)
+@router.put(
+    "/pipelines/{name}/schedule",
+    response_model=ScheduleEnvelope,
+    responses=errors(
+        {
+            404: "pipeline_not_found",
+            409: "schedule_limit_reached",
+            422: "validation_error, cron_invalid, interval_invalid, timezone_unknown, "
+            "schedule_too_frequent, params_invalid, profile_invalid",
+        }
+    ),
+)
 def save_schedule(
     name: str,
     principal: Writer,
@@ -126,20 +136,20 @@ def save_schedule(
     return envelope
 
 
-@router.get("/pipelines/{name}/schedule", response_model=ScheduleEnvelope, responses=_ERRORS)
+@router.get("/pipelines/{name}/schedule", response_model=ScheduleEnvelope, responses=_NOT_FOUND)
 def read_schedule(name: str, principal: Reader, session: SessionDep) -> ScheduleEnvelope:
     row = get_schedule(session, owner=principal.owner, pipeline=name)
     return ScheduleEnvelope(schedule=SchedulePublic.of(summarize(session, [row])[0]))
 
 
-@router.delete("/pipelines/{name}/schedule", status_code=204, responses=_ERRORS)
+@router.delete("/pipelines/{name}/schedule", status_code=204, responses=_NOT_FOUND)
 def remove_schedule(name: str, principal: Writer, session: SessionDep) -> Response:
     delete_schedule(session, owner=principal.owner, pipeline=name)
     session.commit()
     return Response(status_code=204)
 
 
-@router.get("/schedules", response_model=ScheduleList, responses=_ERRORS)
+@router.get("/schedules", response_model=ScheduleList)
 def all_schedules(principal: Reader, session: SessionDep) -> ScheduleList:
     """With next and last fire, the last run's status and how many runs it started."""
     summaries = list_schedules(session, owner=_visible_to(principal))

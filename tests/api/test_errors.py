@@ -68,13 +68,14 @@ def test_a_body_sent_without_a_json_content_type_is_refused_saying_so(
     assert "application/x-www-form-urlencoded" in error["message"]
 
 
-def test_a_nul_character_the_database_cannot_take_is_a_422_not_a_500(
+def test_a_nul_character_in_a_parameter_is_an_invalid_parameter_not_a_500(
     client: TestClient, make_key: KeyFactory
 ) -> None:
-    """Found by the fuzzer: PostgreSQL refuses NUL in text, and the query never ran."""
-    answer = client.get(
-        "/v1/pipelines?tag=%00", headers={"Authorization": f"Bearer {make_key('read')}"}
-    )
+    """Found by the fuzzer: PostgreSQL refuses NUL in text, so no query is sent with one."""
+    reader = {"Authorization": f"Bearer {make_key('read')}"}
 
-    assert answer.status_code == 422
-    assert answer.json()["error"]["code"] == "validation_error"
+    for url in ("/v1/pipelines?tag=%00", "/v1/pipelines/gr%00eet", "/v1/jobs/%00"):
+        answer = client.get(url, headers=reader)
+
+        assert answer.status_code == 400, url
+        assert answer.json()["error"]["code"] == "invalid_query"

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from service.metrics import registry
 from service.models import HookDeliveryRow, HookRow, JobRow
 from service.runtime import Runtime
 from service.settings import Settings
@@ -79,6 +80,7 @@ def test_a_replayed_delivery_gets_the_first_job_back(
 ) -> None:
     name, secret = _hook(client, make_key)
     payload = {"repository": {"name": "once"}}
+    counted = {outcome: _deliveries(outcome) for outcome in ("accepted", "replayed")}
     first = _deliver(client, name, secret, payload, delivery="same")
     before = stored()
 
@@ -87,6 +89,15 @@ def test_a_replayed_delivery_gets_the_first_job_back(
     assert again.status_code == 200
     assert again.json()["job"]["id"] == first.json()["job"]["id"]
     assert stored() == before
+    assert {outcome: _deliveries(outcome) - n for outcome, n in counted.items()} == {
+        "accepted": 1,
+        "replayed": 1,
+    }
+
+
+def _deliveries(outcome: str) -> float:
+    series = {"outcome": outcome}
+    return registry().get_sample_value("flowbeat_webhook_deliveries_total", series) or 0.0
 
 
 def test_a_captured_delivery_sent_under_a_new_delivery_id_is_refused(

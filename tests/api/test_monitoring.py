@@ -8,7 +8,9 @@ from typing import Any
 
 import yaml
 from fastapi.testclient import TestClient
+from prometheus_client import Counter, Histogram
 
+from service import metrics
 from tests.api.conftest import KeyFactory
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -60,3 +62,41 @@ def test_every_alert_names_a_severity_and_a_summary() -> None:
     for rule in rules:
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"]
+
+
+GROUPING = re.compile(r"\bby \(([^)]*)\)")
+MATCHER = re.compile(r"([a-z_]+)\s*(?:=~|!~|!=|=)")
+HISTOGRAM_LABELS = {"le"}
+GAUGE_LABELS = {"flowbeat_jobs": {"status"}, "flowbeat_open_steps": {"status"}}
+
+
+def _labels_of(name: str) -> set[str]:
+    """The labels ``service.metrics`` declares for a family, or the API's scrape-time gauges'."""
+    for metric in vars(metrics).values():
+        if isinstance(metric, Counter | Histogram):
+            family = metric._name.removesuffix("_total")
+            if name.removesuffix("_total").removesuffix("_bucket").removesuffix("_count") == family:
+                extra = HISTOGRAM_LABELS if isinstance(metric, Histogram) else set()
+                return set(metric._labelnames) | extra
+    return GAUGE_LABELS.get(name, {"queue"} if name == "flowbeat_queue_depth" else set())
+
+
+def test_every_label_a_query_groups_or_filters_by_is_one_its_metrics_carry() -> None:
+    """A label the metric does not have matches nothing: a panel or an alert would stay empty."""
+    queries = _dashboard_queries() + [str(rule["expr"]) for rule in _alert_rules()]
+    for query in queries:
+        carried = set.union(*(_labels_of(name) for name in METRIC.findall(query)))
+        used = {
+            label.strip()
+            for grouping in GROUPING.findall(query)
+            for label in grouping.split(",")
+            if label.strip()
+        } | set(MATCHER.findall(query))
+        assert used <= carried, (query, sorted(used - carried))
+
+
+def test_jobs_finished_are_shown_by_pipeline_trigger_and_status() -> None:
+    assert any(
+        "flowbeat_jobs_finished_total" in query and "by (pipeline, trigger, status)" in query
+        for query in _dashboard_queries()
+    )

@@ -64,7 +64,7 @@ def test_a_worker_exports_its_pool_processes_counts_behind_a_token(
     assert client.wait_final(job_id).job.status == "succeeded"
 
     assert httpx.get(url, timeout=5).status_code == 401
-    finished = 'flowbeat_jobs_finished_total{pipeline="flaky",status="succeeded"}'
+    finished = 'flowbeat_jobs_finished_total{pipeline="flaky",status="succeeded",trigger="api"}'
     text = wait_for(lambda: _scraped(url, finished), 10, finished)
     assert _value(text, 'flowbeat_step_retries_total{action="fail"}') == 1
     assert _value(text, 'flowbeat_step_duration_seconds_count{action="fail",outcome="error"}') == 1

@@ -11,6 +11,7 @@ from service.clock import utcnow
 from service.db import unit_of_work
 from service.errors import NotifyUrlInvalid
 from service.events import notice_events
+from service.metrics import registry
 from service.notices import (
     record_event,
     requeue_lost_notices,
@@ -43,8 +44,24 @@ def _events(rt: Runtime, job_id: uuid.UUID) -> list[tuple[str, dict[str, object]
         return [(event.kind, event.data) for event in notice_events(session, job_id)]
 
 
+def _deliveries() -> dict[str, float]:
+    """``flowbeat_notice_deliveries_total`` of notices, by outcome."""
+    return {
+        outcome: registry().get_sample_value(
+            "flowbeat_notice_deliveries_total", {"kind": "notice", "outcome": outcome}
+        )
+        or 0.0
+        for outcome in ("delivered", "retried", "gave_up")
+    }
+
+
+def _moved(before: dict[str, float]) -> dict[str, float]:
+    return {outcome: value - before[outcome] for outcome, value in _deliveries().items()}
+
+
 def test_a_notice_is_signed_and_retried_after_a_503(runtime: Runtime) -> None:
     owner = f"notices-{uuid.uuid4().hex[:8]}"
+    counted = _deliveries()
     with WebhookServer([503, 200]) as hook:
         run_items(runtime, [{"id": "a"}], owner=owner, pipeline="n", diff_mode=True)
         job = run_items(
@@ -73,6 +90,7 @@ def test_a_notice_is_signed_and_retried_after_a_503(runtime: Runtime) -> None:
         "more_new_items": True,
     }
     assert [kind for kind, _ in _events(runtime, job.id)] == ["new_items", "notified"]
+    assert _moved(counted) == {"delivered": 1, "retried": 1, "gave_up": 0}
 
 
 def test_backoff_doubles_and_the_notice_is_given_up_after_the_last_attempt(
@@ -88,6 +106,7 @@ def test_backoff_doubles_and_the_notice_is_given_up_after_the_last_attempt(
             notify_url=hook.url,
         )
         settings = _settings(runtime, notify_max_attempts=3)
+        counted = _deliveries()
         delays = [
             send_notice(runtime.sessions, settings, job.id, attempt=n, now_s=1000.0)
             for n in (1, 2, 3)
@@ -97,6 +116,7 @@ def test_backoff_doubles_and_the_notice_is_given_up_after_the_last_attempt(
     assert len(hook.received) == 3
     kinds = _events(runtime, job.id)
     assert kinds[-1] == ("notify_failed", {"attempts": 3, "detail": "503"})
+    assert _moved(counted) == {"delivered": 0, "retried": 2, "gave_up": 1}
 
 
 def test_a_4xx_answer_is_not_retried(runtime: Runtime) -> None:

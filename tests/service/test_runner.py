@@ -13,8 +13,9 @@ from sqlalchemy.exc import OperationalError
 
 from service.clock import utcnow
 from service.db import DirectConnections, ping, unit_of_work
-from service.errors import StopChain
+from service.errors import RetryLater, StopChain
 from service.jobs import cancel_job
+from service.metrics import registry
 from service.models import CheckpointRow, JobRow, StepRunRow
 from service.plan import JobPlan
 from service.runner import run_finish_fanout, run_lane, run_step
@@ -223,3 +224,49 @@ def test_a_shard_whose_checkpoint_connection_was_dropped_gives_its_lease_back(
     assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60) is False
 
     assert shards_done(runtime, key) == ITEMS
+
+
+def test_a_fan_out_item_is_counted_once_however_many_attempts_it_took(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    """Every item fails its first attempt and succeeds its second: three items, six attempts."""
+    profile = fan_profile()
+    step = profile["steps"][0]
+    step["action"] = "fail"
+    step["with"] = {"succeed_on_attempt": 2}
+    step["retry"] = {"attempts": 2, "backoff_s": 0, "jitter": 0}
+    key = StepKey(submitted(runtime, profile, {"items": [1, 2, 3]}), "each")
+    leftovers.append(key.job_id)
+    assert isinstance(run_step(runtime, key, task_id=uuid.uuid4().hex), FannedOut)
+    before = _fanout_items("fail")
+
+    lane_on = True
+    while lane_on:
+        try:
+            lane_on = run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60)
+        except RetryLater:
+            lane_on = True
+
+    assert shards_done(runtime, key) == 3
+    assert _fanout_items("fail") - before == 3
+
+
+def _fanout_items(action: str) -> float:
+    value = registry().get_sample_value("flowbeat_fanout_items_total", {"action": action})
+    return value or 0.0
+
+
+def test_a_job_its_sink_succeeds_is_counted_finished_by_pipeline_and_trigger(
+    runtime: Runtime,
+) -> None:
+    profile = {"name": "solo", "steps": [{"id": "only", "action": "noop"}]}
+    key = StepKey(submitted(runtime, profile, {}), "only")
+    series = {"pipeline": "solo", "trigger": "api", "status": "succeeded"}
+    before = registry().get_sample_value("flowbeat_jobs_finished_total", series) or 0.0
+
+    run_step(runtime, key, task_id=uuid.uuid4().hex)
+
+    with runtime.sessions() as session:
+        job = session.get(JobRow, key.job_id)
+        assert job is not None and job.status == "succeeded"
+    assert registry().get_sample_value("flowbeat_jobs_finished_total", series) == before + 1
