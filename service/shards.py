@@ -114,7 +114,8 @@ def fan_out(
 
 def _items(session: Session, job: JobRow, step_id: str, for_each: ForEach) -> list[Any]:
     outputs = step_outputs(session, job.id, referenced_steps(for_each.items))
-    items = resolve(for_each.items, ExprContext(params=job.params, outputs=outputs))
+    context = ExprContext(params=job.params, outputs=outputs, trigger=job.trigger_data or {})
+    items = resolve(for_each.items, context)
     if not isinstance(items, list):
         raise ExpressionError(
             f"for_each.items of step {step_id!r} is not a list",

@@ -3,10 +3,12 @@ success of its owner's upstream jobs, reading the upstream result as ``${{ trigg
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
 
+from service.clock import utcnow
 from service.db import unit_of_work
 from service.dependencies import fire_dependents
 from service.errors import ProfileInvalid, TriggerCycle
@@ -17,13 +19,15 @@ from service.models import (
     JobRow,
     PipelineRow,
     PipelineTriggerRow,
+    StepRunRow,
 )
 from service.pipelines import delete_pipeline, save_pipeline
 from service.profiles import find_profile, load_profile_text
 from service.retention import prune_dependency_fires
 from service.runner import run_step
 from service.runtime import Runtime
-from service.steps import StepKey
+from service.shards import FannedOut, fan_out
+from service.steps import FanOutDue, StepKey, claim_step
 from tests.support.runs import run_items
 
 UP = "name: up\nsteps:\n  - {id: a, action: noop, with: {found: [1, 2]}}\n"
@@ -114,6 +118,49 @@ def test_a_new_items_trigger_fires_only_on_runs_with_new_items_and_gets_them(
         [{"id": "a"}],
         [{"id": "b"}],
     ]
+
+
+FAN_NEW = """\
+name: each-fresh
+on:
+  new_items: [papers]
+steps:
+  - id: each
+    action: noop
+    for_each: {items: "${{ trigger.new_items }}"}
+    with: {paper: "${{ item }}"}
+"""
+
+
+def _fanned_items(rt: Runtime, job_id: uuid.UUID) -> list[Any]:
+    """The items the claim of the job's for_each step fanned out into shards, in order."""
+    with unit_of_work(rt.sessions) as session:
+        now = utcnow()
+        due = claim_step(
+            session, StepKey(job_id, "each"), task_id=uuid.uuid4().hex, lease_s=30, now=now
+        )
+        assert isinstance(due, FanOutDue)
+        assert isinstance(fan_out(session, due, now, max_items=100), FannedOut)
+        return list(
+            session.scalars(
+                select(StepRunRow.item)
+                .where(StepRunRow.job_id == job_id, StepRunRow.shard >= 0)
+                .order_by(StepRunRow.shard)
+            )
+        )
+
+
+def test_a_for_each_over_the_new_items_fans_out_over_just_those(runtime: Runtime) -> None:
+    owner = _owner()
+    _save(runtime, owner, FAN_NEW)
+    run_items(runtime, [{"id": "a"}], owner=owner, pipeline="papers")
+    _fire(runtime)
+    run_items(runtime, [{"id": "a"}, {"id": "b"}, {"id": "c"}], owner=owner, pipeline="papers")
+    _fire(runtime)
+
+    first, second = _downstream(runtime, owner, "each-fresh")
+    assert _fanned_items(runtime, first.id) == [{"id": "a"}]
+    assert _fanned_items(runtime, second.id) == [{"id": "b"}, {"id": "c"}]
 
 
 def test_the_fence_of_a_pruned_upstream_job_is_pruned(runtime: Runtime) -> None:
