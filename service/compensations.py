@@ -151,7 +151,8 @@ def claim_next(
 def _inputs(session: Session, job: JobRow, step_id: str, spec: CompensateSpec) -> dict[str, Any]:
     steps = {ref.name for ref in parse_refs(spec.with_) if ref.root == "steps" and ref.name}
     outputs = step_outputs(session, job.id, steps)
-    resolved: dict[str, Any] = resolve(spec.with_, ExprContext(params=job.params, outputs=outputs))
+    context = ExprContext(params=job.params, outputs=outputs, trigger=job.trigger_data or {})
+    resolved: dict[str, Any] = resolve(spec.with_, context)
     return resolved
 
 

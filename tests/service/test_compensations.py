@@ -333,3 +333,20 @@ def test_the_sweeper_finds_compensations_no_message_is_running(runtime: Runtime)
             .values(status="compensated")
         )
     assert waiting not in found(LEASE_S + 1)
+
+
+def test_a_compensation_of_a_triggered_job_reads_the_trigger(runtime: Runtime) -> None:
+    upstream = uuid.uuid4()
+    undo = {"action": "drill.undo", "with": {"name": "${{ trigger.job_id }}"}}
+    job_id = submitted(runtime, saga(undo_transform=undo, on={"succeeded": ["upstream"]}), {})
+    with unit_of_work(runtime.sessions) as session:
+        job = session.get(JobRow, job_id)
+        assert job is not None
+        job.trigger_data = {"job_id": str(upstream), "result": None, "new_items": []}
+    _run(runtime, job_id, "extract", "transform", "load")
+
+    assert run_compensation(runtime, job_id, "transform") == Due("extract", 40)
+
+    transform = _rows(runtime, job_id)[0]
+    assert transform.status == "compensated", transform.error
+    assert _undone(job_id) == [str(upstream)]
