@@ -5,6 +5,8 @@ kombu wraps its connection pool in a new ``redis.Redis`` for every message it se
 redis-py fills a table of some 170 response callbacks each time: about a fifth of the CPU of a
 publish, paid by the API on every job and by workers on every step of a chain. One client per
 pool is enough, since a ``redis.Redis`` is thread-safe and holds no connection of its own.
+
+The same channel also keeps a worker alive when Redis goes away: see ``Channel``.
 """
 
 import time
@@ -13,11 +15,24 @@ from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from service.constants import HEADER_SENT_AT
 
 
 class Channel(kombu_redis.Channel):
+    """When the broker connection breaks, Celery's consumer detaches it from its transport
+    (``Connection.collect``), then closes it, ignoring connection errors only. When Redis
+    vanished while the steps channel waited on BRPOP, that channel's close fails on the dead
+    socket during the detaching, and the transport's own sweep over its channels can stop at
+    another that fails first (the remote-control one), so the channel is still open at the
+    second close. It then restores its unacknowledged messages through a pool rebuilt from the
+    detached transport, and kombu fails with an ``AttributeError`` (kombu issues #582, #970):
+    the worker stops for good ("Unrecoverable error") and no step runs again. Here that restore
+    fails as the lost connection it is, which the consumer survives; Redis keeps those messages
+    until their visibility timeout or, restarted empty, lost them with everything the sweeper
+    sends again."""
+
     _shared_client: Any = None
     _shared_for: Any = None
 
@@ -26,6 +41,9 @@ class Channel(kombu_redis.Channel):
         if client:
             yield client
             return
+        transport = self.connection
+        if self._pool is None and (transport is None or transport.client is None):
+            raise RedisConnectionError("the broker connection was closed")
         pool = self.pool
         if self._shared_for is not pool:
             shared = self._create_client()  # type: ignore[no-untyped-call]

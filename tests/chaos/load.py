@@ -4,9 +4,12 @@ of them, read from PostgreSQL."""
 import http.client
 import json
 import threading
+import time
 import uuid
+from collections.abc import Sequence
+from datetime import datetime
 
-from tests.e2e.conftest import Client
+from tests.e2e.conftest import FINAL, Client, Proc
 
 RATE_PER_S = 8
 
@@ -67,6 +70,61 @@ def finished(client: Client, job_ids: list[uuid.UUID]) -> Finished:
             select(JobRow.id, JobRow.status, JobRow.finished_at).where(JobRow.id.in_(job_ids))
         )
         return {i: (s, f.timestamp() if f else None) for i, s, f in rows}
+
+
+def await_settled(
+    client: Client, job_ids: list[uuid.UUID], timeout_s: float, procs: Sequence[Proc] = ()
+) -> Finished:
+    """Wait for every job to reach a final state; on timeout, fail naming each unfinished job
+    with its dispatch time and the state of each of its steps, which is what tells a lost
+    message from a slow queue, and the end of the log of any of ``procs`` that exited."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = finished(client, job_ids)
+        if all(status in FINAL for status, _ in done.values()):
+            return done
+        if time.monotonic() > deadline:
+            open_jobs = [job for job, (status, _) in done.items() if status not in FINAL]
+            exited = [
+                f"{proc.log.name} exited with {proc.popen.returncode}:\n{proc.output()[-3000:]}"
+                for proc in procs
+                if proc.popen.poll() is not None
+            ]
+            raise AssertionError(
+                f"timed out after {timeout_s}s waiting for every accepted job to finish; "
+                f"{len(open_jobs)} of {len(job_ids)} still open:\n{describe(client, open_jobs)}"
+                + "".join(f"\n{text}" for text in exited)
+            )
+        time.sleep(0.2)
+
+
+def describe(client: Client, job_ids: list[uuid.UUID]) -> str:
+    """One line per job: status, creation and last dispatch, then each step's row."""
+    from sqlalchemy import select
+
+    from service.db import unit_of_work
+    from service.models import JobRow, StepRunRow
+
+    def at(moment: datetime | None) -> str:
+        return moment.strftime("%H:%M:%S.%f")[:-3] if moment else "-"
+
+    lines = []
+    with unit_of_work(client.rt.sessions) as session:
+        jobs = session.scalars(select(JobRow).where(JobRow.id.in_(job_ids)).order_by(JobRow.id))
+        for job in jobs:
+            steps = session.scalars(
+                select(StepRunRow).where(StepRunRow.job_id == job.id).order_by(StepRunRow.id)
+            )
+            rows = ", ".join(
+                f"{s.step_id}={s.status}#{s.attempts} started {at(s.started_at)} "
+                f"finished {at(s.finished_at)} lease {at(s.lease_until)}"
+                for s in steps
+            )
+            lines.append(
+                f"{job.id} {job.status} created {at(job.created_at)} "
+                f"dispatched {at(job.dispatched_at)}: {rows}"
+            )
+    return "\n".join(lines)
 
 
 def first_finish_after(done: Finished, moments: list[float]) -> list[float]:

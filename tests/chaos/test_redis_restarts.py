@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.executions import examine, executions
-from tests.chaos.load import Poster, finished, first_finish_after, write_key
+from tests.chaos.load import Poster, await_settled, first_finish_after, write_key
 from tests.chaos.results import record, scaled
-from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
+from tests.e2e.conftest import Client, Cluster, wait_for
 
 RESTARTS = scaled(ci=3, full=20)
 RATE_PER_S = 8
@@ -80,8 +80,8 @@ def test_redis_restarted_empty_under_load_loses_no_accepted_job(
     cluster.env["DRILL_REDIS_URL"] = cluster.stack.broker_url.rsplit("/", 1)[0] + "/0"
     settings = {"broker_url": f"redis://127.0.0.1:{private_redis.port}/0", **QUICK}
     base = cluster.api(**settings)
-    cluster.beat(**settings)
-    cluster.worker(concurrency=2, **settings)
+    beat = cluster.beat(**settings)
+    worker = cluster.worker(concurrency=2, **settings)
     restarts = []
     with Poster(base, write_key(client)) as poster:
         for _ in range(RESTARTS):
@@ -89,12 +89,7 @@ def test_redis_restarted_empty_under_load_loses_no_accepted_job(
             restarts.append(private_redis.restart())
         time.sleep(2.0)
     accepted = poster.accepted
-
-    def settled() -> bool:
-        return all(s in FINAL for s, _ in finished(client, accepted).values())
-
-    wait_for(settled, scaled(ci=90, full=600), "every accepted job to finish")
-    done = finished(client, accepted)
+    done = await_settled(client, accepted, scaled(ci=90, full=600), [worker, beat])
     lost = [job for job, (status, _) in done.items() if status != "succeeded"]
     findings = examine(executions(client.counters, accepted), {})
     recovery = first_finish_after(done, restarts)

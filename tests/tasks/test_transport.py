@@ -1,14 +1,21 @@
-"""The broker transport publishes through one client per pool instead of one per message."""
+"""The broker transport publishes through one client per pool instead of one per message, and
+a worker's connection torn down after Redis vanished fails only as a lost connection."""
 
+import contextlib
+import time
 import uuid
+from typing import Any
 
 import redis
 from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
+from sqlalchemy import make_url
 
 from service.constants import QUEUE_STEPS
 from service.settings import Settings
 from tasks.transport import Transport, message_router, transport_for
 from tests.conftest import Stack
+from tests.support.tcpproxy import TcpProxy
 
 
 def test_a_plain_redis_broker_gets_the_shared_client_transport() -> None:
@@ -102,3 +109,56 @@ def test_a_message_sent_without_declaring_reaches_a_queue_whose_bindings_were_fl
     finally:
         client.delete(queue)
         client.close()
+
+
+def test_a_connection_torn_down_after_redis_vanished_mid_wait_fails_only_as_a_lost_connection(
+    stack: Stack,
+) -> None:
+    """As a worker holds it: a step's message taken and not yet acknowledged, the steps
+    channel waiting on BRPOP, a second channel on a fan-out queue as remote control has. Redis
+    goes away; Celery's consumer then collects the connection and closes it, ignoring only
+    connection and channel errors: anything else stops the worker for good."""
+    broker = make_url(stack.broker_url)
+    name = f"transport-test-{uuid.uuid4().hex[:8]}"
+    taken: list[Any] = []
+    with TcpProxy(broker.host or "127.0.0.1", broker.port or 6379) as proxy:
+        through = f"redis://127.0.0.1:{proxy.port}/{broker.database}"
+        conn: Any = Connection(through, transport=transport_for(through))  # type: ignore[no-untyped-call]
+        steps = _queue(name, "direct")
+        conn.Producer(serializer="json").publish(
+            {"step": "a"}, exchange=steps.exchange, routing_key=name, declare=[steps]
+        )
+        conn.Consumer(
+            queues=[steps], callbacks=[lambda _, message: taken.append(message)]
+        ).consume()
+        control = _queue(f"{name}.control", "fanout", auto_delete=True)
+        conn.Consumer(queues=[control], channel=conn.channel(), no_ack=True).consume()
+        deadline = time.monotonic() + 10
+        while not taken and time.monotonic() < deadline:
+            _drain(conn)
+        assert taken, "the message never arrived"
+        _drain(conn)
+        assert conn.default_channel._in_poll, "the steps channel is not waiting on BRPOP"
+
+        proxy.cut()
+        conn.collect()
+        with contextlib.suppress(*conn.connection_errors, *conn.channel_errors):
+            conn.close()
+
+    client = redis.Redis.from_url(stack.broker_url)
+    try:
+        client.hdel("unacked", taken[0].delivery_tag)
+        client.zrem("unacked_index", taken[0].delivery_tag)
+        client.delete(name, f"_kombu.binding.{name}", f"_kombu.binding.{name}.control")
+    finally:
+        client.close()
+
+
+def _queue(name: str, kind: str, **options: Any) -> Any:
+    exchange = Exchange(name, type=kind)  # type: ignore[no-untyped-call]  # kombu is unannotated
+    return Queue(name, exchange, routing_key=name, **options)  # type: ignore[no-untyped-call]
+
+
+def _drain(conn: Any) -> None:
+    with contextlib.suppress(TimeoutError):
+        conn.drain_events(timeout=0.2)
