@@ -2,6 +2,8 @@
 steps queue is. Importing it builds no Celery app."""
 
 import json
+import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import redis
@@ -10,13 +12,41 @@ from service.clock import utcnow
 from service.constants import BROKER_EPOCH_KEY, HEADER_SENT_AT, QUEUE_STEPS
 
 
-def read_broker(broker_url: str) -> tuple[bool, datetime | None]:
-    """Whether the broker lost what it held (a marker key vanishes when Redis restarts without
-    persistence or is flushed), and when the oldest step message still waiting was sent."""
+@dataclass(frozen=True)
+class BrokerState:
+    lost: bool
+    """The marker key was gone: Redis restarted without persistence or was flushed."""
+    oldest_waiting: datetime | None
+    """When the oldest step message still waiting was sent."""
+    epoch: str
+    """The marker this pass set when ``lost``, for ``forget_loss`` to take back."""
+
+
+_DELETE_IF_OURS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def read_broker(broker_url: str) -> BrokerState:
+    """The marker key is set again by the pass that finds it gone, so the next pass does not
+    see the same loss twice; a pass that fails before it has sent every open job again takes
+    its marker back with ``forget_loss``."""
+    client = redis.Redis.from_url(broker_url)
+    epoch = f"{utcnow().isoformat()} {uuid.uuid4().hex}"
+    try:
+        lost = bool(client.set(BROKER_EPOCH_KEY, epoch, nx=True))
+        return BrokerState(lost, oldest_waiting(client, QUEUE_STEPS), epoch)
+    finally:
+        client.close()
+
+
+def forget_loss(broker_url: str, epoch: str) -> None:
+    """Delete the marker only if it is still the one ``epoch`` set: a later restart's loss,
+    marked by another pass, is not this pass's to forget."""
     client = redis.Redis.from_url(broker_url)
     try:
-        lost = bool(client.set(BROKER_EPOCH_KEY, utcnow().isoformat(), nx=True))
-        return lost, oldest_waiting(client, QUEUE_STEPS)
+        client.eval(_DELETE_IF_OURS, 1, BROKER_EPOCH_KEY, epoch)
     finally:
         client.close()
 

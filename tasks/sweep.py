@@ -12,9 +12,10 @@ from service.metrics import SWEEPER_REPUBLISHED
 from service.notices import requeue_lost_notices
 from service.plan import JobPlan
 from service.retention import prune_all, prune_dependency_fires, prune_fires
+from service.runtime import Runtime
 from tasks import runtime
 from tasks.app import app
-from tasks.broker import read_broker
+from tasks.broker import BrokerState, forget_loss, read_broker
 from tasks.dispatch import dispatch_job, publish_or_defer
 from tasks.notices import send_notice
 
@@ -23,23 +24,19 @@ log = logging.getLogger(__name__)
 
 @app.task(name=TASK_SWEEP, ignore_result=True)
 def sweep() -> dict[str, int]:
+    """A pass that found the broker emptied and fails before it has sent every open job again
+    (PostgreSQL away, a publish refused) takes its marker back, so the next pass finds the
+    loss again instead of leaving those jobs to stall detection, minutes later."""
     rt = runtime.get()
     settings = rt.settings
-    lost, waiting_since = read_broker(settings.require_broker_url())
-    with unit_of_work(rt.sessions) as session:
-        report = sweeper.sweep(
-            session,
-            now=utcnow(),
-            broker_lost=lost,
-            stall_after_s=settings.stall_after_s,
-            dispatch_grace_s=settings.dispatch_grace_s,
-            oldest_waiting=waiting_since,
-        )
-    sent = 0
-    for job_id in sorted(report.redispatch):
-        if dispatch_job(app, rt, job_id):
-            sent += 1
-            SWEEPER_REPUBLISHED.labels(report.causes.get(job_id, "other")).inc()
+    broker = read_broker(settings.require_broker_url())
+    lost = broker.lost
+    try:
+        report, sent = _republish(rt, broker)
+    except Exception:
+        if lost:
+            forget_loss(settings.require_broker_url(), broker.epoch)
+        raise
     for job_id in sorted(report.compensate):
         sent += publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
     resend_before = utcnow() - timedelta(seconds=settings.notify_resend_after_s)
@@ -67,3 +64,22 @@ def sweep() -> dict[str, int]:
         "pruned_jobs": pruned,
         "pruned_fires": pruned_fires,
     }
+
+
+def _republish(rt: Runtime, broker: BrokerState) -> tuple[sweeper.SweepReport, int]:
+    settings = rt.settings
+    with unit_of_work(rt.sessions) as session:
+        report = sweeper.sweep(
+            session,
+            now=utcnow(),
+            broker_lost=broker.lost,
+            stall_after_s=settings.stall_after_s,
+            dispatch_grace_s=settings.dispatch_grace_s,
+            oldest_waiting=broker.oldest_waiting,
+        )
+    sent = 0
+    for job_id in sorted(report.redispatch):
+        if dispatch_job(app, rt, job_id):
+            sent += 1
+            SWEEPER_REPUBLISHED.labels(report.causes.get(job_id, "other")).inc()
+    return report, sent

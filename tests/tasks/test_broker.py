@@ -10,7 +10,8 @@ import redis
 from celery import Celery
 
 from service.clock import utcnow
-from tasks.broker import oldest_waiting
+from service.constants import BROKER_EPOCH_KEY
+from tasks.broker import forget_loss, oldest_waiting, read_broker
 from tasks.transport import message_router
 from tests.conftest import Stack
 
@@ -60,3 +61,21 @@ def test_a_message_without_a_readable_send_time_counts_as_sent_now(broker: redis
         assert oldest is not None and before <= oldest <= utcnow() + timedelta(seconds=1)
     finally:
         broker.delete(queue)
+
+
+def test_a_loss_is_seen_once_unless_the_pass_that_saw_it_takes_it_back(stack: Stack) -> None:
+    broker = redis.Redis.from_url(stack.broker_url)
+    try:
+        broker.delete(BROKER_EPOCH_KEY)
+        first = read_broker(stack.broker_url)
+        assert first.lost
+        assert not read_broker(stack.broker_url).lost
+
+        forget_loss(stack.broker_url, first.epoch)
+
+        again = read_broker(stack.broker_url)
+        assert again.lost
+        forget_loss(stack.broker_url, first.epoch)
+        assert not read_broker(stack.broker_url).lost, "another pass's marker stays"
+    finally:
+        broker.close()
