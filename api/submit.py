@@ -4,12 +4,14 @@ The job is committed before its first message is published, so a worker never re
 message for a job that PostgreSQL does not hold yet.
 """
 
+import logging
 import re
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
 from api.schemas import JobCreate, JobPublic
+from service import logs
 from service.auth import Principal
 from service.db import autocommit
 from service.egress import check_notify_url
@@ -24,6 +26,8 @@ from tasks.dispatch import publish_new_job
 
 if TYPE_CHECKING:
     from celery import Celery
+
+log = logging.getLogger(__name__)
 
 
 def _pipeline(body: JobCreate, known_actions: frozenset[str]) -> str | dict[str, Any]:
@@ -69,8 +73,11 @@ def accept_job(
         known_actions=known_actions,
     )
     session.commit()
-    if not created:
-        return JobPublic.of(job_view(session, job)), 200
-    profile = job_profile(job)
-    publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
+    with logs.bound(job_id=str(job.id)):
+        if not created:
+            log.info("job %s seen before (idempotency key), not submitted again", job.id)
+            return JobPublic.of(job_view(session, job)), 200
+        profile = job_profile(job)
+        publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
+        log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
     return JobPublic.of(new_job_view(job, profile)), 202

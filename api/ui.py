@@ -77,6 +77,11 @@ async def _principal(request: Request, session: SessionDep) -> Principal:
 Viewer = Annotated[Principal, Depends(_principal)]
 
 
+def _same_site(request: Request, origin: str | None) -> None:
+    if origin is not None and urlsplit(origin).netloc != request.url.netloc:
+        raise CsrfInvalid("cross-site request refused", {"origin": origin})
+
+
 async def _checked_post(
     request: Request,
     viewer: Viewer,
@@ -84,8 +89,7 @@ async def _checked_post(
     origin: Annotated[str | None, Header()] = None,
 ) -> Principal:
     """The cookie's principal, for a form POST with the token of its key from a page of ours."""
-    if origin is not None and urlsplit(origin).netloc != request.url.netloc:
-        raise CsrfInvalid("cross-site request refused", {"origin": origin})
+    _same_site(request, origin)
     expected = csrf_token(request.cookies.get(COOKIE, ""))
     if not hmac.compare_digest(csrf.encode(), expected.encode()):
         raise CsrfInvalid("missing or invalid CSRF token", {"field": "csrf"})
@@ -139,7 +143,11 @@ async def login(
     session: SessionDep,
     key: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = "/ui/jobs",
+    origin: Annotated[str | None, Header()] = None,
 ) -> Response:
+    """Another site's page could log a person in under the attacker's key (login CSRF), so
+    the login form is refused from another origin like the buttons are."""
+    _same_site(request, origin)
     keys: KeyCache = request.app.state.keys
     try:
         principal = await run_in_threadpool(keys.authenticate, session, key.strip())

@@ -1,9 +1,10 @@
 """Log lines an operator can search: one JSON object a line, with the job, step and attempt
 of the work the line is about, or plain text on a terminal.
 
-The ids live in context variables that the step runner sets around each attempt, so every
-line logged while it runs (the engine's, an action's, a library's) carries them without being
-passed down.
+The ids live in context variables: a worker binds the job and step for the whole task (Celery's
+own lines about it included), the step runner binds them too and the attempt from its claim to
+its settlement, so every line logged meanwhile (the engine's, an action's, a library's)
+carries them without being passed down.
 """
 
 import contextlib
@@ -26,16 +27,34 @@ _CONTEXT: dict[str, contextvars.ContextVar[Any]] = {
 _HANDLER_NAME = "flowbeat"
 
 
+Bound = list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]]
+
+
+def bind(**ids: str | int | None) -> Bound:
+    """Lines logged from here carry these ids until ``unbind``; a None leaves its id as it is.
+
+    A pair of calls rather than a ``with`` block, for Celery's task_prerun and task_postrun
+    signals, between which Celery logs its own lines about the task."""
+    return [
+        (_CONTEXT[name], _CONTEXT[name].set(value))
+        for name, value in ids.items()
+        if value is not None
+    ]
+
+
+def unbind(bound: Bound) -> None:
+    for var, token in reversed(bound):
+        var.reset(token)
+
+
 @contextlib.contextmanager
-def work_context(job_id: str, step_id: str, attempt: int) -> Iterator[None]:
+def bound(**ids: str | int | None) -> Iterator[None]:
     """Lines logged inside carry these ids."""
-    job, step, tried = JOB_ID.set(job_id), STEP_ID.set(step_id), ATTEMPT.set(attempt)
+    tokens = bind(**ids)
     try:
         yield
     finally:
-        ATTEMPT.reset(tried)
-        STEP_ID.reset(step)
-        JOB_ID.reset(job)
+        unbind(tokens)
 
 
 class JsonFormatter(logging.Formatter):

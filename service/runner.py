@@ -114,24 +114,25 @@ def run_step(
     timeout_errors: tuple[type[BaseException], ...] = (),
 ) -> FannedOut | JobPlan:
     """Run a step once. A for_each step returns its shards for the caller to fan out."""
-    now, lease_s = utcnow(), rt.settings.lease_s
-    with rt.claims.connect() as conn:
-        fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
-    claim: Claimed | FannedOut | Unresolvable | Skipped | Completion | None
-    if fast is None:
-        with unit_of_work(rt.sessions) as session:
-            held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
-            claim = _fanned_out(session, held, now, rt.settings.max_fanout_items)
-    else:
-        with _released_if_cut_short(rt, key, fast.lease):
-            claim = ready_claim(key, fast)
-            if claim is None:
-                with unit_of_work(rt.sessions) as session:
-                    due = use_fast_claim(session, key, fast, now)
-                    claim = _fanned_out(session, due, now, rt.settings.max_fanout_items)
-    if isinstance(claim, FannedOut):
-        return claim
-    return _run_claim(rt, key, claim, timeout_errors)
+    with logs.bound(job_id=str(key.job_id), step_id=key.step_id):
+        now, lease_s = utcnow(), rt.settings.lease_s
+        with rt.claims.connect() as conn:
+            fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
+        claim: Claimed | FannedOut | Unresolvable | Skipped | Completion | None
+        if fast is None:
+            with unit_of_work(rt.sessions) as session:
+                held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
+                claim = _fanned_out(session, held, now, rt.settings.max_fanout_items)
+        else:
+            with _released_if_cut_short(rt, key, fast.lease):
+                claim = ready_claim(key, fast)
+                if claim is None:
+                    with unit_of_work(rt.sessions) as session:
+                        due = use_fast_claim(session, key, fast, now)
+                        claim = _fanned_out(session, due, now, rt.settings.max_fanout_items)
+        if isinstance(claim, FannedOut):
+            return claim
+        return _run_claim(rt, key, claim, timeout_errors)
 
 
 def _fanned_out(
@@ -159,31 +160,32 @@ def run_lane(
     ``False`` once no shard is left to take. Short shards share one message, so a fan-out of
     thousands does not pay a message, an ack and a task replacement for every item.
     """
-    started = time.monotonic()
-    params: dict[str, Any] | None = None
-    while True:
-        now = utcnow()
-        with rt.claims.connect() as conn:
-            fast = fast_shard_claim(
-                conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
-            )
-        claim: Claimed | Unresolvable | None
-        if fast is None:
-            with unit_of_work(rt.sessions) as session:
-                claim = claim_next_shard(
-                    session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
+    with logs.bound(job_id=str(parent.job_id), step_id=parent.step_id):
+        started = time.monotonic()
+        params: dict[str, Any] | None = None
+        while True:
+            now = utcnow()
+            with rt.claims.connect() as conn:
+                fast = fast_shard_claim(
+                    conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
                 )
-        else:
-            with _released_if_cut_short(rt, fast.key, fast.lease):
-                if params is None:
-                    with rt.claims.connect() as conn:
-                        params = job_params(conn, parent.job_id)
-                claim = _shard_work(rt, fast, params, now)
-        if claim is None:
-            return False
-        _run_claim(rt, parent, claim, timeout_errors)
-        if time.monotonic() - started >= slice_s:
-            return True
+            claim: Claimed | Unresolvable | None
+            if fast is None:
+                with unit_of_work(rt.sessions) as session:
+                    claim = claim_next_shard(
+                        session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
+                    )
+            else:
+                with _released_if_cut_short(rt, fast.key, fast.lease):
+                    if params is None:
+                        with rt.claims.connect() as conn:
+                            params = job_params(conn, parent.job_id)
+                    claim = _shard_work(rt, fast, params, now)
+            if claim is None:
+                return False
+            _run_claim(rt, parent, claim, timeout_errors)
+            if time.monotonic() - started >= slice_s:
+                return True
 
 
 def _shard_work(
@@ -207,6 +209,14 @@ def _run_claim(
         return JobPlan(asked.job_id)
     if not isinstance(claim, Claimed):
         return claim.ready
+    with logs.bound(attempt=claim.lease.attempt):
+        return _settled(rt, claim, timeout_errors)
+
+
+def _settled(
+    rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]
+) -> JobPlan:
+    """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round."""
     key = claim.key
     with _released_if_cut_short(rt, key, claim.lease):
         outcome = _attempt(rt, claim, timeout_errors)
@@ -238,11 +248,9 @@ def _run_claim(
 
 
 def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]) -> Any:
-    """The attempt's outcome, timed by action, with its ids on every line logged meanwhile."""
-    key = claim.key
+    """The attempt's outcome, timed by action."""
     started = time.monotonic()
-    with logs.work_context(str(key.job_id), key.step_id, claim.lease.attempt):
-        outcome = _call_action(rt, claim, timeout_errors)
+    outcome = _call_action(rt, claim, timeout_errors)
     result = "error" if isinstance(outcome, _Failure) else "ok"
     metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
     return outcome
@@ -311,33 +319,39 @@ def run_compensation(
 ) -> Due | None:
     """Run the compensation ``step_id`` of an ended job if it is the next one; returns the
     one to send a message for next, if any."""
-    with unit_of_work(rt.sessions) as session:
-        job = session.get(JobRow, job_id)
-        if job is None:
-            return None
-        profile = job_profile(job)
-        claim = claim_next(session, job, profile, step_id, rt.settings.lease_s, utcnow())
-    if isinstance(claim, Busy):
-        raise RetryLater(claim.retry_in_s, "the next compensation is held by a live lease")
-    if not isinstance(claim, CompensationClaim):
-        return claim
-    try:
-        failure = _undo(rt, claim, timeout_errors)
-    except BaseException:
+    with logs.bound(job_id=str(job_id), step_id=step_id):
         with unit_of_work(rt.sessions) as session:
-            release(session, claim, utcnow())
-        raise
-    policy, error = claim.spec.retry, None if failure is None else failure.error
-    delay = None
-    if failure is not None and failure.retryable and claim.attempt < policy.attempts:
-        blocked = {failure.error["code"], failure.error["details"].get("type")}
-        delay = None if blocked & set(policy.non_retryable) else policy.delay_s(claim.attempt)
-    with unit_of_work(rt.sessions) as session:
-        record_outcome(session, claim, error, delay, utcnow())
-    if delay is not None and error is not None:
-        raise RetryLater(delay, f"compensation of {claim.step_id} failed: {error['message']}")
-    with unit_of_work(rt.sessions) as session:
-        return next_due(session, job_id, profile)
+            job = session.get(JobRow, job_id)
+            if job is None:
+                return None
+            profile = job_profile(job)
+            claim = claim_next(session, job, profile, step_id, rt.settings.lease_s, utcnow())
+        if isinstance(claim, Busy):
+            raise RetryLater(claim.retry_in_s, "the next compensation is held by a live lease")
+        if not isinstance(claim, CompensationClaim):
+            return claim
+        with logs.bound(step_id=claim.step_id, attempt=claim.attempt):
+            try:
+                failure = _undo(rt, claim, timeout_errors)
+            except BaseException:
+                with unit_of_work(rt.sessions) as session:
+                    release(session, claim, utcnow())
+                raise
+            policy, error = claim.spec.retry, None if failure is None else failure.error
+            delay = None
+            if failure is not None and failure.retryable and claim.attempt < policy.attempts:
+                blocked = {failure.error["code"], failure.error["details"].get("type")}
+                delay = (
+                    None if blocked & set(policy.non_retryable) else policy.delay_s(claim.attempt)
+                )
+            with unit_of_work(rt.sessions) as session:
+                record_outcome(session, claim, error, delay, utcnow())
+            if delay is not None and error is not None:
+                raise RetryLater(
+                    delay, f"compensation of {claim.step_id} failed: {error['message']}"
+                )
+            with unit_of_work(rt.sessions) as session:
+                return next_due(session, job_id, profile)
 
 
 def _undo(
@@ -370,5 +384,8 @@ def _undo(
 
 
 def run_finish_fanout(rt: Runtime, key: StepKey) -> JobPlan:
-    with unit_of_work(rt.sessions) as session:
+    with (
+        logs.bound(job_id=str(key.job_id), step_id=key.step_id),
+        unit_of_work(rt.sessions) as session,
+    ):
         return finish_fanout(session, key, utcnow())

@@ -71,6 +71,11 @@ class Settings(BaseSettings):
 
     webhook_secret: SecretStr | None = None
     flower_basic_auth: SecretStr | None = None
+    forwarded_allow_ips: str | None = None
+    """Comma-separated addresses or networks (``*``: any) of the proxies whose
+    ``X-Forwarded-Proto`` and ``-For`` ``flowbeat api`` believes: behind a proxy that terminates
+    TLS, the login cookie is Secure only if the API learns the request came over https. None:
+    uvicorn's own default, loopback only."""
     flower_url: str | None = None
     """Where people reach Flower; the dashboard links each step's task there when set."""
     mcp_key: SecretStr | None = None

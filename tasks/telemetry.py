@@ -7,11 +7,20 @@ worker's pool processes are summed through prometheus-client's multiprocess file
 ``flowbeat worker`` prepares.
 """
 
+import inspect
 import logging
 import os
 from typing import Any
 
-from celery.signals import beat_init, setup_logging, worker_init, worker_process_shutdown
+from celery import Task
+from celery.signals import (
+    beat_init,
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_shutdown,
+)
 
 from service import logs, metrics
 from service.errors import MetricsTokenRequired
@@ -24,6 +33,31 @@ log = logging.getLogger(__name__)
 def _logging(loglevel: Any = None, **_: Any) -> None:
     settings = get_settings()
     logs.configure(settings.log_format, settings.log_level)
+
+
+_BOUND: dict[str, logs.Bound] = {}
+"""The ids bound for each task running in this process, by task id, until its postrun."""
+
+
+@task_prerun.connect
+def _bind_task(
+    task_id: str, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any], **_: Any
+) -> None:
+    """The task's job and step on every line until it ends, Celery's "succeeded in" or
+    "retry" line about it included (logged before task_postrun)."""
+    try:
+        given = inspect.signature(task.run).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return
+    job_id, step_id = given.get("job_id"), given.get("step_id")
+    _BOUND[task_id] = logs.bind(
+        job_id=str(job_id) if job_id else None, step_id=str(step_id) if step_id else None
+    )
+
+
+@task_postrun.connect
+def _unbind_task(task_id: str, **_: Any) -> None:
+    logs.unbind(_BOUND.pop(task_id, []))
 
 
 def _serve(port: int, role: str) -> None:

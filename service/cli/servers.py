@@ -36,10 +36,18 @@ def migrate() -> None:
 @cli.command()
 def api(host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve the REST API."""
-    load_settings()
+    settings = load_settings()
     import uvicorn
 
-    uvicorn.run("api.app:app_from_env", factory=True, host=host, port=port, log_config=None)
+    uvicorn.run(
+        "api.app:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        log_config=None,
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+    )
 
 
 @cli.command()

@@ -1,4 +1,6 @@
+import io
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -8,6 +10,7 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
+from service import logs
 from service.db import unit_of_work
 from service.models import JobRow
 from service.runtime import Runtime
@@ -262,3 +265,24 @@ def test_broker_down_keeps_the_job(
 def test_unknown_route_and_method(client: TestClient, writer: Headers) -> None:
     _error(client.get("/v1/nothing", headers=writer), 404, "not_found")
     _error(client.delete("/v1/jobs", headers=writer), 405, "method_not_allowed")
+
+
+def test_the_submission_log_line_names_the_job(client: TestClient, make_key: KeyFactory) -> None:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    out = io.StringIO()
+    logs.configure("json", "INFO", out)
+    try:
+        response = client.post(
+            "/v1/jobs",
+            json={"pipeline": "greet", "params": {"who": "ada"}},
+            headers={"Authorization": f"Bearer {make_key('write')}"},
+        )
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+    job_id = response.json()["job"]["id"]
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    [submitted] = [line for line in lines if line["message"].startswith("job submitted")]
+    assert submitted["job_id"] == job_id and submitted["logger"] == "api.submit"

@@ -2,14 +2,18 @@
 that show what the API shows, and buttons that need the page's CSRF token and the key's scope."""
 
 import re
+import uuid
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
+from service.runner import run_step
 from service.runtime import Runtime
 from service.settings import Settings
+from service.steps import StepKey
 from tests.api.conftest import KeyFactory, _client
+from tests.api.test_approvals import _parked_job
 
 
 @pytest.fixture
@@ -46,6 +50,19 @@ def test_a_page_without_a_key_sends_the_person_to_log_in(ui: TestClient) -> None
     assert answer.status_code == 303
     assert answer.headers["location"] == "/ui/login?next=/ui/jobs%3Fstatus%3Dfailed"
     assert ui.get("/ui/login").status_code == 200
+
+
+def test_a_login_posted_from_another_site_is_refused_and_no_cookie_is_set(
+    ui: TestClient, make_key: KeyFactory
+) -> None:
+    key = make_key("read")
+
+    forged = ui.post("/ui/login", data={"key": key}, headers={"Origin": "https://evil.test"})
+    ours = ui.post("/ui/login", data={"key": key}, headers={"Origin": "http://testserver"})
+
+    assert forged.status_code == 403 and "csrf_invalid" in forged.text
+    assert "set-cookie" not in forged.headers
+    assert ours.status_code == 303 and "set-cookie" in ours.headers
 
 
 def test_a_wrong_key_is_refused_and_no_cookie_is_set(ui: TestClient) -> None:
@@ -128,6 +145,101 @@ def test_cancel_with_the_token_cancels_and_returns_to_the_job(
 
     assert answer.status_code == 303 and answer.headers["location"] == f"/ui/jobs/{job_id}"
     assert "cancelled" in ui.get(f"/ui/jobs/{job_id}").text
+
+
+def _approval(ui: TestClient, key: str, job_id: str) -> str:
+    listed = ui.get(
+        "/v1/approvals?status=pending,approved,rejected",
+        headers={"Authorization": f"Bearer {key}"},
+    ).json()["approvals"]
+    return next(str(a["status"]) for a in listed if a["job_id"] == job_id)
+
+
+@pytest.mark.parametrize(
+    ("decision", "decided", "job_status"),
+    [
+        ("approve", "approved", "running"),
+        ("reject", "rejected", "failed"),
+    ],
+)
+def test_a_waiting_step_is_decided_through_its_button(
+    ui: TestClient,
+    make_key: KeyFactory,
+    runtime: Runtime,
+    decision: str,
+    decided: str,
+    job_status: str,
+) -> None:
+    key = make_key("read", "write")
+    job_id = _parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
+    _login(ui, key)
+    page = ui.get(f"/ui/jobs/{job_id}").text
+    action = f"/ui/jobs/{job_id}/steps/gate/{decision}"
+    assert f'action="{action}"' in page
+
+    answer = ui.post(action, data={"csrf": _csrf(page), "comment": "seen on the page"})
+
+    assert answer.status_code == 303 and answer.headers["location"] == f"/ui/jobs/{job_id}"
+    assert _approval(ui, key, job_id) == decided
+    assert f'id="job-status">{job_status}<' in ui.get(f"/ui/jobs/{job_id}").text
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_a_decision_without_the_page_token_or_from_another_site_changes_nothing(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime, decision: str
+) -> None:
+    key = make_key("read", "write")
+    job_id = _parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
+    _login(ui, key)
+    token = _csrf(ui.get(f"/ui/jobs/{job_id}").text)
+    action = f"/ui/jobs/{job_id}/steps/gate/{decision}"
+
+    missing = ui.post(action, data={})
+    forged = ui.post(action, data={"csrf": "0" * 64})
+    cross_site = ui.post(action, data={"csrf": token}, headers={"Origin": "https://evil.test"})
+
+    for answer in (missing, forged, cross_site):
+        assert answer.status_code == 403 and "csrf_invalid" in answer.text
+    assert _approval(ui, key, job_id) == "pending"
+    assert 'id="job-status">awaiting_approval<' in ui.get(f"/ui/jobs/{job_id}").text
+
+
+ROUNDS = 3
+LOOPED = {
+    "name": "looped",
+    "loops": [
+        {
+            "steps": ["try"],
+            "until": "${{ steps.try.output.approved }}",
+            "max_rounds": ROUNDS,
+            "on_exhausted": "continue",
+        }
+    ],
+    "steps": [{"id": "try", "action": "noop", "with": {"approved": False}}],
+}
+
+
+def test_a_step_in_a_loop_shows_its_earlier_rounds(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    key = make_key("read", "write")
+    answer = ui.post(
+        "/v1/jobs", json={"pipeline": LOOPED}, headers={"Authorization": f"Bearer {key}"}
+    )
+    job_id = answer.json()["job"]["id"]
+    for _ in range(ROUNDS):
+        run_step(runtime, StepKey(uuid.UUID(job_id), "try"), task_id=uuid.uuid4().hex)
+    _login(ui, key)
+
+    panel = ui.get(f"/ui/jobs/{job_id}/panel").text
+
+    rounds = re.findall(r'data-round="(\d+)" data-status="(\w+)">(.*?)</li>', panel, re.DOTALL)
+    assert [(number, status) for number, status, _ in rounds] == [
+        ("1", "succeeded"),
+        ("2", "succeeded"),
+    ]
+    assert all("→" in shown for _, _, shown in rounds), "a round without its start and end"
+    assert f"round {ROUNDS}" in panel and 'id="job-status">succeeded<' in panel
 
 
 def test_a_read_key_sees_the_job_but_its_buttons_are_forbidden(

@@ -44,7 +44,7 @@ def test_a_json_line_inside_an_attempt_names_its_job_step_and_attempt(
 ) -> None:
     out = io.StringIO()
     logs.configure("json", "INFO", out)
-    with logs.work_context("job-1", "fetch", 2):
+    with logs.bound(job_id="job-1", step_id="fetch", attempt=2):
         logging.getLogger("actions").info("fetched %d rows", 3)
     logging.getLogger("actions").warning("between attempts")
 
@@ -61,7 +61,7 @@ def test_text_lines_end_with_the_ids_and_configuring_twice_keeps_one_handler(
     out = io.StringIO()
     logs.configure("text", "INFO", out)
     logs.configure("text", "INFO", out)
-    with logs.work_context("job-1", "fetch", 1):
+    with logs.bound(job_id="job-1", step_id="fetch", attempt=1):
         logging.getLogger("actions").info("hello")
 
     [line] = out.getvalue().splitlines()
