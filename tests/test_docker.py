@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,15 @@ def test_the_image_installs_the_locked_dependencies_then_flowbeat_alone() -> Non
     assert build.index("COPY requirements.lock") < lock < build.index("COPY service")
     assert "pip install --no-deps --no-build-isolation ." in build[lock:]
     assert "requirements.lock" not in (DOCKER.parent / ".dockerignore").read_text().split()
+
+
+def test_the_image_copies_every_package_the_wheel_ships() -> None:
+    build = _dockerfile_stages()[0]
+    setup = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = [pattern.rstrip("*") for pattern in setup["packages"]["find"]["include"]]
+    assert "flowbeat_client" in packages
+    for package in packages:
+        assert f"COPY {package} ./{package}" in build, package
 
 
 def test_dockerignore_keeps_secrets_and_caches_out() -> None:

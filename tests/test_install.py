@@ -23,8 +23,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ["service", "tasks", "scheduler", "api", "profiles", "pyproject.toml", "README.md"]
-PACKAGES = ["service", "tasks", "scheduler", "api", "profiles"]
+SOURCES = [
+    "service",
+    "tasks",
+    "scheduler",
+    "api",
+    "profiles",
+    "flowbeat_client",
+    "pyproject.toml",
+    "README.md",
+]
+PACKAGES = ["service", "tasks", "scheduler", "api", "profiles", "flowbeat_client"]
 DEMO_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 60
 
