@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from service.settings import Settings
+
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 FLOWBEAT_SUBCOMMANDS = {"migrate", "api", "worker", "beat", "dev", "run", "jobs", "keys", "flower"}
 FLOWBEAT_SERVICES = {"migrate", "api", "worker", "beat", "flower"}
@@ -153,6 +155,31 @@ def test_configuration_comes_from_environment(services: dict[str, dict[str, Any]
         assert "@postgres:5432/" in env["FLOWBEAT_DATABASE_URL"]
         assert env["FLOWBEAT_BROKER_URL"].endswith("@redis:6379/0")
         assert not any("API_KEY" in key.upper() for key in env), f"{name} bakes in an API key"
+
+
+def test_every_flowbeat_variable_is_a_real_setting(services: dict[str, dict[str, Any]]) -> None:
+    known = {f"FLOWBEAT_{name.upper()}" for name in Settings.model_fields}
+    for name in FLOWBEAT_SERVICES:
+        variables = {key for key in services[name].get("environment", {}) if "FLOWBEAT_" in key}
+        assert variables <= known, (name, sorted(variables - known))
+
+
+def test_prometheus_scrapes_every_replica_of_the_exporters_compose_turns_on(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    scrape = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
+    found = {
+        job["job_name"]: job["dns_sd_configs"][0]
+        for job in scrape["scrape_configs"]
+        if "dns_sd_configs" in job
+    }
+    for service, setting in (("worker", "WORKER"), ("beat", "BEAT")):
+        env = services[service]["environment"]
+        target = found[f"flowbeat-{service}"]
+        assert target["names"] == [service]
+        assert env[f"FLOWBEAT_{setting}_METRICS_PORT"] == str(target["port"])
+        assert env["FLOWBEAT_METRICS_HOST"] == "0.0.0.0"
+        assert env["FLOWBEAT_METRICS_TOKEN"].startswith("${FLOWBEAT_METRICS_TOKEN:?")
 
 
 def _dockerfile_stages() -> list[list[str]]:
