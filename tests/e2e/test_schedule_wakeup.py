@@ -4,10 +4,13 @@ The leader runs with the default lock TTL and a slow sweeper, so between timed t
 sleep ten seconds: any fire of a new schedule much later than its fire time came from that
 sleep."""
 
+import re
+import socket
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -20,6 +23,7 @@ from service.models import JobRow
 from tests.e2e.conftest import Client, Cluster, wait_for
 
 FIRES = 3
+TOKEN = "scrape-" + uuid.uuid4().hex
 ON_TIME = timedelta(seconds=1)
 
 
@@ -44,11 +48,26 @@ def _lags(client: Client, owner: str) -> list[timedelta]:
     return [created - fire for fire, created in rows if fire is not None]
 
 
+def _exported(port: int) -> str:
+    answer = httpx.get(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5
+    )
+    return answer.text
+
+
+def _value(text: str, series: str) -> float:
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, flags=re.M)
+    return float(match.group(1)) if match else 0.0
+
+
 @pytest.mark.timeout(60)
-def test_a_schedule_saved_while_the_leader_sleeps_fires_on_time(
+def test_a_schedule_saved_while_the_leader_sleeps_fires_on_time_and_its_lag_is_exported(
     client: Client, cluster: Cluster, api: TestClient
 ) -> None:
-    cluster.beat(sweep_interval_s="60")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    cluster.beat(sweep_interval_s="60", beat_metrics_port=str(port), metrics_token=TOKEN)
     wait_for(lambda: inspect(client.broker, BEAT_LOCK_KEY).holder, 10, "a leader")
     owner = f"wakeup-{uuid.uuid4().hex[:6]}"
     with unit_of_work(client.rt.sessions) as session:
@@ -64,3 +83,6 @@ def test_a_schedule_saved_while_the_leader_sleeps_fires_on_time(
     lags = wait_for(lambda: len(found := _lags(client, owner)) >= FIRES and found, 20, "fires")
     api.delete("/v1/pipelines/slow/schedule", headers={"Authorization": f"Bearer {key}"})
     assert max(lags) < ON_TIME, f"late fires: {lags}"
+    exported = _exported(port)
+    assert _value(exported, 'flowbeat_beat_leader_changes_total{change="gained"}') == 1
+    assert _value(exported, "flowbeat_beat_fire_lag_seconds_count") >= FIRES

@@ -10,6 +10,7 @@ import pytest
 
 from service.actions import REGISTRY, StepContext, load_plugins
 from service.errors import ActionError
+from service.metrics import registry
 from tests.conftest import Stack
 from tests.service.actions import make_ctx
 from tests.support.llm_server import LlmServer, running
@@ -44,10 +45,17 @@ def chat(ctx: StepContext, **inputs: Any) -> Any:
     return REGISTRY.call("llm.chat", ctx, inputs)
 
 
+def _tokens(kind: str) -> float:
+    """Counted by the provider and the model the step asked for, not the provider's echo."""
+    labels = {"provider": "local", "model": "gpt-4o-mini", "kind": kind}
+    return registry().get_sample_value("flowbeat_llm_tokens_total", labels) or 0.0
+
+
 def test_a_chat_renders_its_templates_and_reports_tokens_and_latency(
     stack: Stack, llm: LlmServer
 ) -> None:
     llm.answer("Two papers look relevant.")
+    before = {kind: _tokens(kind) for kind in ("prompt", "completion")}
     out = chat(
         _ctx(llm),
         system="You triage papers about {{ vars.topic }}.",
@@ -58,6 +66,10 @@ def test_a_chat_renders_its_templates_and_reports_tokens_and_latency(
 
     assert out["text"] == "Two papers look relevant."
     assert out["usage"] == {"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29}
+    assert {kind: _tokens(kind) - n for kind, n in before.items()} == {
+        "prompt": 19,
+        "completion": 10,
+    }
     assert out["model"] == "gpt-4o-mini-2024-07-18" and out["provider"] == "local"
     assert out["latency_ms"] >= 0
     [seen] = llm.requests
