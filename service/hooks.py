@@ -35,7 +35,7 @@ from service.errors import (
     HookTimestampStale,
 )
 from service.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
-from service.jobs import JobRequest, resolve_request, submit_job
+from service.jobs import JobRequest, check_open_jobs, resolve_request, submit_job
 from service.models import HookDeliveryRow, HookRow, JobRow
 from service.notices import sign
 
@@ -181,11 +181,13 @@ def accept_delivery(
     now: datetime,
     profiles_dir: Path | None,
     known_actions: Collection[str],
+    max_open_jobs: int = 0,
 ) -> Accepted:
     """Verify a delivery and store its job, or return the job its delivery id already made.
 
     A signed message already fenced under another delivery id, or whose job is gone, is
-    ``HookDeliverySeen``."""
+    ``HookDeliverySeen``. A new delivery counts against the hook owner's open jobs like a
+    submit of theirs (``OpenJobsLimit``); a sender's retry of one accepted before does not."""
     hook = get_hook(session, name)
     verified = verify_signature(hook.secret, headers, body, now)
     delivery_id = verified.delivery_id
@@ -195,6 +197,7 @@ def accept_delivery(
     if seen is not None:
         return Accepted(seen, False)
     params = _params(hook, body)
+    check_open_jobs(session, hook.owner, max_open_jobs)
     inserted = session.execute(
         insert(HookDeliveryRow)
         .values(hook_id=hook.id, delivery_id=delivery_id, signature=verified.digest)

@@ -173,7 +173,7 @@ def remove_hook(name: str, _: Admin, session: SessionDep) -> Response:
         ),
         429: {
             "model": ErrorEnvelope,
-            "description": "rate_limited",
+            "description": "rate_limited, open_jobs_limit",
             "headers": {"Retry-After": RETRY_AFTER},
         },
     },
@@ -214,6 +214,7 @@ async def deliver(
             now=utcnow(),
             profiles_dir=settings.profiles_dir,
             known_actions=runtime.registry.names(),
+            max_open_jobs=settings.max_open_jobs_per_owner,
         )
         session.commit()
         job = accepted.job

@@ -141,6 +141,31 @@ def test_a_signed_message_already_fenced_under_another_id_makes_no_second_job(
 
 
 @pytest.fixture
+def capped(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
+    with _client(settings.model_copy(update={"max_open_jobs_per_owner": 1}), runtime) as client:
+        yield client
+
+
+def test_a_delivery_counts_against_the_hook_owners_open_jobs(
+    capped: TestClient, make_key: KeyFactory, stored: Callable[[], tuple[int, int]]
+) -> None:
+    name, secret = _hook(capped, make_key)
+    first = _deliver(capped, name, secret, {"repository": {"name": "one"}}, delivery="d-1")
+    assert first.status_code == 202, first.text
+    before = stored()
+
+    refused = _deliver(capped, name, secret, {"repository": {"name": "two"}}, delivery="d-2")
+    retried = _deliver(capped, name, secret, {"repository": {"name": "one"}}, delivery="d-1")
+
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "open_jobs_limit"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert stored() == before
+    assert retried.status_code == 200
+    assert retried.json()["job"]["id"] == first.json()["job"]["id"]
+
+
+@pytest.fixture
 def limited(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     strict = settings.model_copy(update={"rate_limit_per_s": 0.1, "rate_limit_burst": 3})
     with _client(strict, runtime) as client:
