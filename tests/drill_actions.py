@@ -124,12 +124,22 @@ def gate(ctx: StepContext, name: str, hold_s: float = 0.0) -> dict[str, Any]:
 
 
 @action("drill.work")
-def work(ctx: StepContext, hold_s: float = 0.0, value: Any = None) -> dict[str, Any]:
+def work(
+    ctx: StepContext, hold_s: float = 0.0, value: Any = None, round: int | None = None
+) -> dict[str, Any]:
     """Record each execution's start and end (pid, time, attempt) in Redis DB 0, for the chaos
-    suite to find lost, doubled and concurrent runs of a step or item after the fact."""
+    suite to find lost, doubled and concurrent runs of a step or item after the fact, under
+    ``chaos:<job>:<step>:<tail>``: the tail is the item (``-1`` outside a fan-out), ``r<round>``
+    for a step in a loop (which passes its ``round``: each round is a run of its own), or
+    ``undo`` for a compensation."""
     client = _redis()
-    shard = -1 if ctx.shard is None else ctx.shard
-    key = f"chaos:{ctx.job_id}:{ctx.step_id}:{shard}"
+    if ctx.idempotency_key is not None:
+        tail = "undo"
+    elif round is not None:
+        tail = f"r{round}"
+    else:
+        tail = str(-1 if ctx.shard is None else ctx.shard)
+    key = f"chaos:{ctx.job_id}:{ctx.step_id}:{tail}"
 
     def note(event: str) -> None:
         record = {"e": event, "pid": os.getpid(), "t": time.time(), "attempt": ctx.attempt}

@@ -1,27 +1,40 @@
-"""Workers SIGKILLed at random moments while jobs of mixed shapes (chains, fan-outs with a
-join) run on two workers with beat's sweeper: most kills hit one pool process, which the
-worker replaces, the rest a whole worker (its main and pool processes at once, as when its
-container or machine dies), which a fresh worker replaces, as a supervisor would.
+"""Workers SIGKILLed at random moments while jobs of mixed shapes run on two workers with beat's
+sweeper: chains, fan-outs with a join, loops of two rounds followed by a step their condition
+skips, and sagas whose last step fails for good so that the two before it are undone. Most
+kills hit one pool process, which the worker replaces; some hit a worker's main process alone,
+leaving its pool processes orphaned (Celery has the kernel SIGKILL them when their parent dies;
+one that outlived it would finish what it runs under its lease); the rest a whole worker (its
+main and pool processes at once, as when its container or machine dies). A fresh worker
+replaces a killed main process, as a supervisor would.
 
-What must hold: every job succeeds, no step or item runs to the end twice or in two copies
-at once, and every execution a kill cut short starts again within 60 s."""
+What must hold: every job ends as its shape says (a saga failed with both compensations done),
+a step skipped by its condition never runs, no two executions of a step overlap, and the
+checkpoint of every step, item, loop round and compensation is written once: of its executions
+that ran to their end, the last is the checkpointed attempt and every one before it was cut off
+by a kill after it ended (an action's body runs at least once), and none starts after the
+checkpoint, so nothing downstream runs twice. Every execution a kill cut short starts again,
+and every one an orphaned pool process was running ends or starts again, within 60 s."""
 
+import contextlib
 import os
 import random
 import signal
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from tests.chaos.executions import examine, executions
+from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc
 
 JOBS = scaled(ci=40, full=2000)
 KILLS = scaled(ci=8, full=200)
 WORKERS = 2
-WHOLE_WORKER_EVERY = 5
+KILL_CYCLE = ("pool", "pool", "main", "pool", "whole")
 PAUSE_S = (0.2, 0.8)
 QUICK = {
     "lease_s": "4",
@@ -31,84 +44,176 @@ QUICK = {
     "unacked_restore_interval_s": "1",
 }
 RECOVERY_BOUND_S = 60
+ORPHAN_GRACE_S = 3.0
+"""How long an orphaned pool process is watched for dying with its parent."""
+SAGA_UNDONE = 2
 
 
-def _submit_mixed(client: Client, rng: random.Random) -> list[uuid.UUID]:
-    jobs = []
+def _submit_mixed(client: Client, rng: random.Random) -> dict[uuid.UUID, str]:
+    """Each job's id and profile."""
+    jobs = {}
     for _ in range(JOBS):
-        if rng.random() < 0.5:
-            jobs.append(client.submit("chaos-chain", hold_s=rng.choice([0.1, 0.3])))
+        shape = rng.choices(["chain", "fan", "loop", "saga"], weights=[3, 3, 2, 2])[0]
+        if shape == "fan":
+            params: dict[str, object] = {"items": list(range(rng.randint(2, 6)))}
         else:
-            jobs.append(client.submit("chaos-fan", items=list(range(rng.randint(2, 6)))))
+            params = {"hold_s": rng.choice([0.1, 0.3])}
+        jobs[client.submit(f"chaos-{shape}", **params)] = f"chaos-{shape}"
     return jobs
 
 
-def _statuses(client: Client, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+@dataclass
+class Outcome:
+    statuses: dict[uuid.UUID, str]
+    undone: dict[uuid.UUID, list[str]]
+    skipped: dict[uuid.UUID, str]
+
+    def settled(self) -> bool:
+        compensating = any(s in ("pending", "running") for u in self.undone.values() for s in u)
+        return all(s in FINAL for s in self.statuses.values()) and not compensating
+
+
+def _outcome(client: Client, jobs: dict[uuid.UUID, str]) -> Outcome:
     from sqlalchemy import select
 
     from service.db import unit_of_work
-    from service.models import JobRow
+    from service.models import CompensationRow, JobRow, StepRunRow
 
+    ids = list(jobs)
     with unit_of_work(client.rt.sessions) as session:
-        rows = session.execute(select(JobRow.id, JobRow.status).where(JobRow.id.in_(job_ids)))
-        return {job_id: status for job_id, status in rows}
+        statuses = session.execute(select(JobRow.id, JobRow.status).where(JobRow.id.in_(ids)))
+        status_of = {job_id: str(status) for job_id, status in statuses}
+        undone: dict[uuid.UUID, list[str]] = {}
+        rows = select(CompensationRow.job_id, CompensationRow.status)
+        for job_id, status in session.execute(rows.where(CompensationRow.job_id.in_(ids))):
+            undone.setdefault(job_id, []).append(str(status))
+        conditional = select(StepRunRow.job_id, StepRunRow.status).where(
+            StepRunRow.job_id.in_(ids), StepRunRow.step_id == "extra"
+        )
+        skipped = {job_id: str(status) for job_id, status in session.execute(conditional)}
+    return Outcome(status_of, undone, skipped)
 
 
-def _kill_one(
-    cluster: Cluster, workers: list[Proc], rng: random.Random, whole: bool
-) -> tuple[list[int], bool]:
-    """The pids killed, and whether that was a whole worker."""
-    worker = rng.choice([w for w in workers if w.popen.poll() is None])
-    pool = worker.children()
-    if pool and not whole:
-        victim = rng.choice(pool)
-        os.kill(victim, signal.SIGKILL)
-        return [victim], False
-    worker.kill()
-    workers.remove(worker)
-    workers.append(cluster.worker(concurrency=2, **QUICK))
-    return [worker.popen.pid, *pool], True
+def _as_its_shape(outcome: Outcome, job_id: uuid.UUID, profile: str) -> bool:
+    if profile == "chaos-saga":
+        completed = outcome.undone.get(job_id, []) == ["compensated"] * SAGA_UNDONE
+        return outcome.statuses[job_id] == "failed" and completed
+    if profile == "chaos-loop" and outcome.skipped.get(job_id) != "skipped":
+        return False
+    return outcome.statuses[job_id] == "succeeded"
+
+
+def _gone(pid: int) -> bool:
+    """Exited, whether or not its new parent has reaped it yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@dataclass
+class Killer:
+    cluster: Cluster
+    rng: random.Random
+    workers: list[Proc] = field(default_factory=list)
+    killed: dict[int, float] = field(default_factory=dict)
+    """Each pid killed, and by when it was dead."""
+    orphaned: dict[int, float] = field(default_factory=dict)
+    """Pool processes that outlived their killed main process, and when it was killed."""
+    groups: list[int] = field(default_factory=list)
+    made: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KILL_CYCLE, 0))
+
+    def kill(self, kind: str) -> None:
+        worker = self.rng.choice([w for w in self.workers if w.popen.poll() is None])
+        pool = worker.children()
+        kind = kind if pool else "whole"
+        if kind == "pool":
+            victim = self.rng.choice(pool)
+            os.kill(victim, signal.SIGKILL)
+            self.killed[victim] = time.time()
+            self.made[kind] += 1
+            return
+        if kind == "main":
+            self._kill_main(worker, pool)
+        else:
+            worker.kill()
+            self.killed |= dict.fromkeys([worker.popen.pid, *pool], time.time())
+        self.made[kind] += 1
+        self.workers.remove(worker)
+        self.workers.append(self.cluster.worker(concurrency=2, **QUICK))
+
+    def _kill_main(self, worker: Proc, pool: list[int]) -> None:
+        """Only the main process: its pool processes are orphaned. Those that die with it (as
+        Celery has the kernel do) count as killed when seen gone; the others as orphaned."""
+        os.kill(worker.popen.pid, signal.SIGKILL)
+        worker.popen.wait(timeout=10)
+        at = time.time()
+        self.killed[worker.popen.pid] = at
+        self.groups.append(worker.popen.pid)
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        alive = set(pool)
+        while alive and time.monotonic() < deadline:
+            for pid in [pid for pid in alive if _gone(pid)]:
+                self.killed[pid] = time.time()
+                alive.discard(pid)
+            time.sleep(0.05)
+        self.orphaned |= dict.fromkeys(alive, at)
+
+    def reap(self) -> None:
+        """The orphaned pool processes of a killed main process that are still there."""
+        for group in self.groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+
+
+@pytest.fixture
+def killer(cluster: Cluster) -> Iterator[Killer]:
+    made = Killer(cluster, random.Random(int(os.environ.get("FLOWBEAT_CHAOS_SEED", "7"))))
+    yield made
+    made.reap()
 
 
 @pytest.mark.drill
 @pytest.mark.timeout(scaled(ci=240, full=3600))
 def test_random_worker_kills_under_load_lose_and_double_nothing(
-    client: Client, cluster: Cluster
+    client: Client, cluster: Cluster, killer: Killer
 ) -> None:
-    rng = random.Random(int(os.environ.get("FLOWBEAT_CHAOS_SEED", "7")))
     cluster.beat(**QUICK)
-    workers = [cluster.worker(concurrency=2, **QUICK) for _ in range(WORKERS)]
-    job_ids = _submit_mixed(client, rng)
-    killed: dict[int, float] = {}
-    kills = whole_workers = 0
+    killer.workers += [cluster.worker(concurrency=2, **QUICK) for _ in range(WORKERS)]
+    jobs = _submit_mixed(client, killer.rng)
+    kills = 0
 
     deadline = time.monotonic() + scaled(ci=150, full=3000)
-    while time.monotonic() < deadline:
-        statuses = _statuses(client, job_ids)
-        if all(s in FINAL for s in statuses.values()):
-            break
-        time.sleep(rng.uniform(*PAUSE_S))
+    while time.monotonic() < deadline and not _outcome(client, jobs).settled():
+        time.sleep(killer.rng.uniform(*PAUSE_S))
         if kills < KILLS:
-            whole_next = kills % WHOLE_WORKER_EVERY == WHOLE_WORKER_EVERY - 1
-            pids, whole = _kill_one(cluster, workers, rng, whole_next)
-            killed |= dict.fromkeys(pids, time.time())
+            killer.kill(KILL_CYCLE[kills % len(KILL_CYCLE)])
             kills += 1
-            whole_workers += whole
 
-    statuses = _statuses(client, job_ids)
-    lost = [job for job, status in statuses.items() if status != "succeeded"]
-    findings = examine(executions(client.counters, job_ids), killed)
+    outcome = _outcome(client, jobs)
+    lost = [job for job, profile in jobs.items() if not _as_its_shape(outcome, job, profile)]
+    runs = executions(client.counters, jobs)
+    findings = examine(
+        runs, checkpoints(client, list(jobs)), killer.killed, orphaned=killer.orphaned
+    )
+    made = killer.made
     record(
         "workers SIGKILLed under load",
-        f"{kills} SIGKILLs: {kills - whole_workers} pool processes, {whole_workers} whole workers",
-        len(job_ids),
+        f"{kills} SIGKILLs: {made['pool']} pool processes, {made['main']} main processes alone "
+        f"({len(killer.orphaned)} pool processes outlived theirs), {made['whole']} whole workers",
+        len(jobs),
         len(lost),
-        findings.concurrent,
+        findings.doubled,
         findings.recovery_s,
-        findings.completed_twice,
+        findings.reruns,
     )
-    assert not lost, f"{len(lost)} jobs did not succeed: {[statuses[j] for j in lost][:5]}"
+    assert not lost, f"{len(lost)} jobs did not end as their shape says: {lost[:5]}"
     assert findings.concurrent == 0, "a step ran in two copies at once"
+    assert findings.ran_twice == 0, "a step ran to its end again after another one's checkpoint"
+    assert findings.unmatched == 0, "a step ran to its end but its checkpoint is of another run"
+    assert not [key for key in runs if ":extra:" in key], "a step skipped by its condition ran"
     assert findings.unrecovered == 0, "an execution cut short by a kill never ran again"
     assert max(findings.recovery_s, default=0.0) <= RECOVERY_BOUND_S
     assert kills == KILLS, "the jobs finished before every kill was made"
+    assert made["main"] and made["whole"], made
