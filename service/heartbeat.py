@@ -23,11 +23,13 @@ Renew = Callable[[Session, float, datetime], bool]
 """Extends one lease by the given seconds from the given moment; ``False`` once it is lost."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Held:
     renew: Renew
     lost: threading.Event
     since: float
+    kept_at: float
+    """When the lease was last known to hold: claimed, or renewed."""
 
 
 class Heartbeats:
@@ -56,7 +58,8 @@ class Heartbeats:
         """Keep any lease alive through ``renew`` while the block runs."""
         ident = next(self._ids)
         with self._lock:
-            self._held[ident] = _Held(renew, lost, time.monotonic())
+            started = time.monotonic()
+            self._held[ident] = _Held(renew, lost, started, started)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
                 self._thread.start()
@@ -77,10 +80,17 @@ class Heartbeats:
                 self._renew(held)
 
     def _renew(self, held: _Held) -> None:
+        """A renewal that cannot reach PostgreSQL leaves the lease to lapse there; once it
+        would have, another worker may hold the step, so this one is told it lost it rather
+        than go on running the action beside the new holder."""
         try:
             with unit_of_work(self._sessions) as session:
                 kept = held.renew(session, self._lease_s, utcnow())
         except OperationalError:
+            if time.monotonic() - held.kept_at >= self._lease_s:
+                held.lost.set()
             return
         if not kept:
             held.lost.set()
+            return
+        held.kept_at = time.monotonic()

@@ -1,0 +1,35 @@
+"""A lease held by a worker that cannot reach PostgreSQL is given up once it would have lapsed."""
+
+import threading
+import time
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from service.db import make_engine, make_session_factory
+from service.heartbeat import Heartbeats
+from service.runtime import Runtime
+
+LEASE_S = 0.6
+UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/flowbeat?connect_timeout=1"
+
+
+def _kept(session: Session, lease_s: float, now: datetime) -> bool:
+    return session.execute(text("SELECT true")).scalar_one() is True
+
+
+def test_a_lease_that_cannot_be_renewed_is_lost_once_it_would_have_lapsed() -> None:
+    beats = Heartbeats(make_session_factory(make_engine(UNREACHABLE)), LEASE_S)
+    lost = threading.Event()
+    started = time.monotonic()
+    with beats.hold_lease(_kept, lost):
+        assert lost.wait(timeout=10 * LEASE_S)
+    assert time.monotonic() - started >= LEASE_S
+
+
+def test_a_lease_renewed_in_time_is_kept_past_its_length(runtime: Runtime) -> None:
+    beats = Heartbeats(runtime.sessions, LEASE_S)
+    lost = threading.Event()
+    with beats.hold_lease(_kept, lost):
+        assert not lost.wait(timeout=3 * LEASE_S)
