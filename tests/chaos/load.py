@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from tests.e2e.conftest import FINAL, Client, Proc
 
@@ -116,15 +117,20 @@ def describe(client: Client, job_ids: list[uuid.UUID]) -> str:
                 select(StepRunRow).where(StepRunRow.job_id == job.id).order_by(StepRunRow.id)
             )
             rows = ", ".join(
-                f"{s.step_id}={s.status}#{s.attempts} started {at(s.started_at)} "
-                f"finished {at(s.finished_at)} lease {at(s.lease_until)}"
+                f"{s.step_id}{'' if s.shard < 0 else f'[{s.shard}]'}={s.status}#{s.attempts} "
+                f"started {at(s.started_at)} finished {at(s.finished_at)} "
+                f"lease {at(s.lease_until)}{_code(s.error)}"
                 for s in steps
             )
             lines.append(
-                f"{job.id} {job.status} created {at(job.created_at)} "
-                f"dispatched {at(job.dispatched_at)}: {rows}"
+                f"{job.id} {job.pipeline} {job.status}{_code(job.error)} "
+                f"created {at(job.created_at)} dispatched {at(job.dispatched_at)}: {rows}"
             )
     return "\n".join(lines)
+
+
+def _code(error: dict[str, Any] | None) -> str:
+    return f" ({error.get('code')}: {error.get('message')})" if error else ""
 
 
 def first_finish_after(done: Finished, moments: list[float]) -> list[float]:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.executions import checkpoints, examine, executions
+from tests.chaos.load import describe
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc
 
@@ -208,7 +209,9 @@ def test_random_worker_kills_under_load_lose_and_double_nothing(
         findings.recovery_s,
         findings.reruns,
     )
-    assert not lost, f"{len(lost)} jobs did not end as their shape says: {lost[:5]}"
+    assert not lost, f"{len(lost)} jobs did not end as their shape says:\n" + describe(
+        client, lost[:10]
+    )
     assert findings.concurrent == 0, "a step ran in two copies at once"
     assert findings.ran_twice == 0, "a step ran to its end again after another one's checkpoint"
     assert findings.unmatched == 0, "a step ran to its end but its checkpoint is of another run"
