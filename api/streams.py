@@ -75,9 +75,13 @@ class Follower:
         self._woken.set()
 
     async def wait(self, timeout_s: float) -> tuple[set[uuid.UUID], bool] | None:
-        """The jobs with news and whether any job may have news; ``None`` when time is up."""
+        """The jobs with news and whether any job may have news; ``None`` when time is up.
+
+        Not ``asyncio.wait_for``: on Python 3.11 it swallows a cancellation that arrives as the
+        news does (gh-86296), and a stream whose client left would follow the log for ever."""
         try:
-            await asyncio.wait_for(self._woken.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._woken.wait()
         except TimeoutError:
             return None
         self._woken.clear()

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import psycopg
 from sqlalchemy import make_url
 
-from api.streams import Framing, Scope, all_jobs_stream
+from api.streams import Follower, Framing, Scope, all_jobs_stream
 from service.constants import EVENTS_CHANNEL
 from service.listener import EventListener
 from service.runtime import Runtime
@@ -57,3 +57,28 @@ def test_a_quiet_stream_keeps_alive_while_other_owners_jobs_wake_it(runtime: Run
     keepalives = [frame for frame in frames if frame == Framing(sse=False).keepalive]
     assert len(keepalives) >= int(LISTEN_S / KEEPALIVE_S) - 2, frames
     assert len(keepalives) == len([f for f in frames if f]), "no event of another owner"
+
+
+async def _swallowed_cancellations(listener: EventListener) -> list[int]:
+    """Cancel a waiting follower at each point from its news arriving to its waking up."""
+    swallowed = []
+    for hops in range(8):
+        follower = Follower(listener, None)
+        waiting = asyncio.create_task(follower.wait(60))
+        await asyncio.sleep(0)
+        follower._note(uuid.uuid4())
+        for _ in range(hops):
+            await asyncio.sleep(0)
+        if not waiting.done():
+            waiting.cancel()
+            [outcome] = await asyncio.gather(waiting, return_exceptions=True)
+            if not isinstance(outcome, asyncio.CancelledError):
+                swallowed.append(hops)
+        follower.close()
+    return swallowed
+
+
+def test_a_stream_cancelled_as_news_arrives_stops(runtime: Runtime) -> None:
+    """A client that leaves just as its stream is woken must not leave the stream running."""
+    listener = EventListener(runtime.settings.require_database_url())
+    assert asyncio.run(_swallowed_cancellations(listener)) == []
