@@ -54,21 +54,26 @@ class _Printer:
         if int(event.data.get("round", 1)) > 1:
             extra += f" (round {event.data['round']})"
         if status in _STEP_FINAL:
-            extra += self._items(event.job_id, event.step_id)
-            bar = self.bars.pop(event.step_id, None)
-            if bar is not None:
-                self.progress.remove_task(bar)
+            extra += self._settle_bar(event.job_id, event.step_id)
         self._line(f"  {event.step_id:<24} {status}{extra}")
         error = event.data.get("error")
         if isinstance(error, dict):
             self._line(f"    {error.get('code')}: {error.get('message')}")
 
-    def _items(self, job_id: uuid.UUID, step_id: str) -> str:
+    def _settle_bar(self, job_id: uuid.UUID, step_id: str) -> str:
+        """Draw the bar at its final count before it goes: the last progress batch may be
+        folded into the step's own final event, and the bar would vanish short of its end."""
         with unit_of_work(self.sessions) as session:
             view = job_view(session, get_job(session, job_id))
         shards: dict[str, Any] = next(
             (s.shards or {} for s in view.steps if s.step_id == step_id), {}
         )
+        bar = self.bars.pop(step_id, None)
+        if bar is not None:
+            ended = int(shards.get("succeeded", 0)) + int(shards.get("failed", 0))
+            self.progress.update(bar, completed=ended, total=shards.get("total"))
+            self.progress.refresh()
+            self.progress.remove_task(bar)
         if not shards:
             return ""
         return f" ({shards.get('succeeded', 0)}/{shards['total']} items)"
