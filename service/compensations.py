@@ -269,23 +269,32 @@ def unfinished(session: Session, job_id: uuid.UUID) -> bool:
     )
 
 
-def lost(session: Session, now: datetime, grace_s: float) -> set[uuid.UUID]:
-    """Jobs whose next compensation nobody is running: pending past its due time and the
-    grace a message needs to arrive, or running under a lapsed lease. Only the first
-    unfinished one of a job counts, since the ones after it wait for it, not for a message."""
-    before = now - timedelta(seconds=grace_s)
+def lost(session: Session, now: datetime, sent_before: datetime) -> set[uuid.UUID]:
+    """Jobs whose next compensation nobody is running: pending since before ``sent_before``,
+    or running under a lapsed lease. Only the first unfinished one of a job counts, since the
+    ones after it wait for it, not for a message.
+
+    A job sent again at or after ``sent_before`` (the grace a message needs, or the oldest
+    message still queued when that is older) is left to that message: behind a backlog, sending
+    every pass would add a message per waiting compensation at each pass, and the backlog
+    would feed itself."""
     earlier = aliased(CompensationRow)
+    not_resent = or_(JobRow.dispatched_at.is_(None), JobRow.dispatched_at < sent_before)
     return set(
         session.scalars(
-            select(CompensationRow.job_id).where(
+            select(CompensationRow.job_id)
+            .join(JobRow, JobRow.id == CompensationRow.job_id)
+            .where(
                 or_(
                     and_(
                         CompensationRow.status == CompensationStatus.PENDING,
-                        CompensationRow.due_at < before,
+                        CompensationRow.due_at < sent_before,
+                        not_resent,
                     ),
                     and_(
                         CompensationRow.status == CompensationStatus.RUNNING,
                         CompensationRow.lease_until < now,
+                        or_(not_resent, JobRow.dispatched_at <= CompensationRow.lease_until),
                     ),
                 ),
                 ~exists().where(

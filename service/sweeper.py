@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.compensations import lost as lost_compensations
@@ -58,18 +58,24 @@ def sweep(
         report.skipped = True
         return report
     report.timed_out = _fail_timed_out(session, now, report)
-    report.compensate |= lost_compensations(session, now, 0 if broker_lost else dispatch_grace_s)
     if broker_lost:
+        report.compensate |= lost_compensations(session, now, now)
         open_jobs = session.scalars(select(JobRow.id).where(JobRow.status.in_(OPEN_JOB)))
         report.add("broker_lost", set(open_jobs))
         return report
+    sent_before = _still_queued_after(now - timedelta(seconds=dispatch_grace_s), oldest_waiting)
+    report.compensate |= lost_compensations(session, now, sent_before)
     report.add("undispatched", _undispatched(session, now - timedelta(seconds=dispatch_grace_s)))
-    report.add("lease_expired", _expired_leases(session, now))
-    stalled_before = now - timedelta(seconds=stall_after_s)
-    if oldest_waiting is not None:
-        stalled_before = min(stalled_before, oldest_waiting)
+    report.add("lease_expired", _expired_leases(session, now, sent_before))
+    stalled_before = _still_queued_after(now - timedelta(seconds=stall_after_s), oldest_waiting)
     report.add("stalled", _stalled(session, now, stalled_before))
     return report
+
+
+def _still_queued_after(before: datetime, oldest_waiting: datetime | None) -> datetime:
+    """A job last sent at or after the oldest message still queued may be waiting in the
+    queue, however long ago that was."""
+    return before if oldest_waiting is None else min(before, oldest_waiting)
 
 
 def _undispatched(session: Session, before: datetime) -> set[uuid.UUID]:
@@ -84,7 +90,9 @@ def _undispatched(session: Session, before: datetime) -> set[uuid.UUID]:
     )
 
 
-def _expired_leases(session: Session, now: datetime) -> set[uuid.UUID]:
+def _expired_leases(session: Session, now: datetime, sent_before: datetime) -> set[uuid.UUID]:
+    """A job sent again after its step's lease lapsed, at or after ``sent_before``, is left to
+    that message until it has had time to arrive."""
     return set(
         session.scalars(
             select(StepRunRow.job_id)
@@ -93,6 +101,11 @@ def _expired_leases(session: Session, now: datetime) -> set[uuid.UUID]:
                 JobRow.status.in_(OPEN_JOB),
                 StepRunRow.status == StepStatus.RUNNING,
                 StepRunRow.lease_until < now,
+                or_(
+                    JobRow.dispatched_at.is_(None),
+                    JobRow.dispatched_at <= StepRunRow.lease_until,
+                    JobRow.dispatched_at < sent_before,
+                ),
             )
             .distinct()
         )
@@ -125,7 +138,11 @@ def _stalled(session: Session, now: datetime, before: datetime) -> set[uuid.UUID
 
 def _fail_timed_out(session: Session, now: datetime, report: SweepReport) -> int:
     """A step past its timeout whose worker never gave up on it (a hung call, a lost signal).
-    One that fails its job for good sends the job's compensations in this pass."""
+    One that fails its job for good sends the job's compensations in this pass.
+
+    A fan-out step waiting for its items (running with no lease of its own) is not an attempt:
+    its timeout holds each item's attempt, and its items may wait their turn behind
+    ``max_parallel`` or a queue backlog for longer than one attempt may run."""
     rows = session.execute(
         select(StepRunRow, JobRow)
         .join(JobRow, JobRow.id == StepRunRow.job_id)
@@ -133,6 +150,7 @@ def _fail_timed_out(session: Session, now: datetime, report: SweepReport) -> int
             JobRow.status.in_(OPEN_JOB),
             StepRunRow.status == StepStatus.RUNNING,
             StepRunRow.lease_token.is_not(None),
+            StepRunRow.lease_until.is_not(None),
             StepRunRow.started_at < now - timedelta(seconds=STEP_TIMEOUT_GRACE_S),
         )
     )

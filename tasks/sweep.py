@@ -1,6 +1,7 @@
 """The periodic sweeper: re-publish what the broker lost, fail what ran past its timeout."""
 
 import logging
+import uuid
 from datetime import timedelta
 
 from service import sweeper
@@ -8,6 +9,7 @@ from service.clock import utcnow
 from service.constants import TASK_SWEEP
 from service.db import unit_of_work
 from service.hooks import prune_deliveries
+from service.jobs import mark_dispatched
 from service.metrics import SWEEPER_REPUBLISHED
 from service.notices import requeue_lost_notices
 from service.plan import JobPlan
@@ -37,8 +39,7 @@ def sweep() -> dict[str, int]:
         if lost:
             forget_loss(settings.require_broker_url(), broker.epoch)
         raise
-    for job_id in sorted(report.compensate):
-        sent += publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
+    sent += _resend_compensations(rt, sorted(report.compensate))
     resend_before = utcnow() - timedelta(seconds=settings.notify_resend_after_s)
     with unit_of_work(rt.sessions) as session:
         lost_notices = requeue_lost_notices(session, older_than=resend_before)
@@ -64,6 +65,18 @@ def sweep() -> dict[str, int]:
         "pruned_jobs": pruned,
         "pruned_fires": pruned_fires,
     }
+
+
+def _resend_compensations(rt: Runtime, job_ids: list[uuid.UUID]) -> int:
+    """Each job sent is marked so, so that the next pass waits for this message to arrive."""
+    sent = [job for job in job_ids if publish_or_defer(app, rt, JobPlan(job, compensate=True))]
+    if sent:
+        now = utcnow()
+        with unit_of_work(rt.sessions) as session:
+            for job_id in sent:
+                mark_dispatched(session, job_id, now)
+        SWEEPER_REPUBLISHED.labels("compensation_lost").inc(len(sent))
+    return len(sent)
 
 
 def _republish(rt: Runtime, broker: BrokerState) -> tuple[sweeper.SweepReport, int]:

@@ -22,7 +22,7 @@ from service.compensations import (
 from service.constants import WAIT_FOR_PEER_MAX_S
 from service.db import unit_of_work
 from service.errors import RetryLater
-from service.jobs import cancel_job, list_jobs
+from service.jobs import cancel_job, list_jobs, mark_dispatched
 from service.models import CompensationRow, JobRow
 from service.plan import JobPlan
 from service.runner import run_compensation, run_step
@@ -320,8 +320,9 @@ def test_the_sweeper_finds_compensations_no_message_is_running(runtime: Runtime)
     _claim(runtime, abandoned, "transform")
 
     def found(after_s: float) -> set[uuid.UUID]:
+        now = utcnow() + timedelta(seconds=after_s)
         with unit_of_work(runtime.sessions) as session:
-            return lost(session, utcnow() + timedelta(seconds=after_s), grace_s=5)
+            return lost(session, now, sent_before=now - timedelta(seconds=5))
 
     assert not {waiting, abandoned} & found(0)
     assert waiting in found(6) and abandoned not in found(6)
@@ -333,6 +334,37 @@ def test_the_sweeper_finds_compensations_no_message_is_running(runtime: Runtime)
             .values(status="compensated")
         )
     assert waiting not in found(LEASE_S + 1)
+
+
+def test_a_compensation_sent_again_is_left_to_its_message_while_that_may_still_be_queued(
+    runtime: Runtime,
+) -> None:
+    """Behind a backlog longer than the grace, sending every pass would feed the backlog."""
+    waiting = _failed_saga(runtime)
+    abandoned = _failed_saga(runtime)
+    _claim(runtime, abandoned, "transform")
+    resent_at = utcnow() + timedelta(seconds=LEASE_S + 10)
+    with unit_of_work(runtime.sessions) as session:
+        for job_id in (waiting, abandoned):
+            mark_dispatched(session, job_id, resent_at)
+
+    def found(after_s: float, oldest_queued_s: float | None = None) -> set[uuid.UUID]:
+        now = resent_at + timedelta(seconds=after_s)
+        queued = None if oldest_queued_s is None else resent_at + timedelta(seconds=oldest_queued_s)
+        with unit_of_work(runtime.sessions) as session:
+            return sweep(
+                session,
+                now=now,
+                broker_lost=False,
+                stall_after_s=600,
+                dispatch_grace_s=5,
+                oldest_waiting=queued,
+            ).compensate
+
+    assert not {waiting, abandoned} & found(1)
+    assert {waiting, abandoned} <= found(6)
+    assert not {waiting, abandoned} & found(300, oldest_queued_s=-1)
+    assert {waiting, abandoned} <= found(300, oldest_queued_s=1)
 
 
 def test_a_compensation_of_a_triggered_job_reads_the_trigger(runtime: Runtime) -> None:

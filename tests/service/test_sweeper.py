@@ -3,15 +3,17 @@
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from service.clock import utcnow
 from service.db import unit_of_work
 from service.jobs import JobRequest, mark_dispatched, submit_job
 from service.models import JobRow, StepRunRow
 from service.runtime import Runtime
-from service.steps import Claimed, StepKey, claim_step, release_lease
+from service.shards import FannedOut, fan_out
+from service.steps import Claimed, FanOutDue, StepKey, claim_step, release_lease
 from service.sweeper import SweepReport, sweep
+from tests.support.fanouts import fan_profile, submitted
 
 STALL_S = 60.0
 GRACE_S = 5.0
@@ -48,9 +50,9 @@ def _sweep(
         )
 
 
-def _dispatched(rt: Runtime, job_id: uuid.UUID) -> None:
+def _dispatched(rt: Runtime, job_id: uuid.UUID, after_s: float = 0.0) -> None:
     with unit_of_work(rt.sessions) as session:
-        mark_dispatched(session, job_id, utcnow())
+        mark_dispatched(session, job_id, utcnow() + timedelta(seconds=after_s))
 
 
 def test_a_job_never_sent_is_sent_after_the_grace_period(runtime: Runtime) -> None:
@@ -91,6 +93,25 @@ def test_a_released_lease_gets_its_job_sent_again_without_waiting_for_it_to_laps
         release_lease(conn, key, claim.lease, utcnow())
 
     assert job_id in _sweep(runtime).redispatch
+
+
+def test_a_job_sent_again_after_its_lease_lapsed_is_left_to_that_message_while_it_may_be_queued(
+    runtime: Runtime,
+) -> None:
+    """Behind a backlog longer than the grace, sending every pass would feed the backlog."""
+    job_id = _submit(runtime)
+    with unit_of_work(runtime.sessions) as session:
+        claim_step(session, StepKey(job_id, "before"), task_id="t", lease_s=2, now=utcnow())
+    _dispatched(runtime, job_id, after_s=3)
+    queued_since = utcnow() + timedelta(seconds=2.5)
+
+    assert job_id not in _sweep(runtime, after_s=4).redispatch
+    assert job_id in _sweep(runtime, after_s=3 + GRACE_S + 1).redispatch
+    assert job_id not in _sweep(runtime, after_s=300, oldest_waiting=queued_since).redispatch
+    assert (
+        job_id
+        in _sweep(runtime, after_s=300, oldest_waiting=utcnow() + timedelta(seconds=4)).redispatch
+    )
 
 
 def test_a_stalled_job_is_sent_again(runtime: Runtime) -> None:
@@ -143,3 +164,32 @@ def test_a_step_past_its_timeout_is_failed_even_while_its_lease_is_renewed(
         job = session.get(JobRow, job_id)
         assert job is not None and job.status == "failed"
         assert job.error is not None and job.error["code"] == "timeout"
+
+
+def test_a_fan_out_waiting_for_its_items_longer_than_its_timeout_is_not_failed_but_an_item_is(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    """The step's timeout holds each item's attempt, not the wait for all of them."""
+    profile = fan_profile()
+    profile["steps"][0]["timeout_s"] = 5
+    job_id = submitted(runtime, profile, {"items": [1, 2, 3]})
+    leftovers.append(job_id)
+    _dispatched(runtime, job_id)
+    long_ago = utcnow() - timedelta(seconds=60)
+    with unit_of_work(runtime.sessions) as session:
+        due = claim_step(session, StepKey(job_id, "each"), task_id="t", lease_s=600, now=long_ago)
+        assert isinstance(due, FanOutDue)
+        assert isinstance(
+            fan_out(session, due, long_ago, max_items=10, max_job_steps=100), FannedOut
+        )
+    with unit_of_work(runtime.sessions) as session:
+        claim_step(session, StepKey(job_id, "each", 0), task_id="t0", lease_s=600, now=long_ago)
+
+    def errors() -> dict[int, str | None]:
+        with unit_of_work(runtime.sessions) as session:
+            rows = session.scalars(select(StepRunRow).where(StepRunRow.job_id == job_id))
+            return {row.shard: (row.error or {}).get("code") for row in rows}
+
+    _sweep(runtime)
+
+    assert errors() == {-1: None, 0: "timeout", 1: None, 2: None}
