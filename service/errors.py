@@ -125,6 +125,12 @@ class FanOutTooLarge(FlowbeatError):
     code = "fanout_too_large"
 
 
+class JobTooLarge(FlowbeatError):
+    """A for_each step would take its job past ``FLOWBEAT_MAX_JOB_STEPS`` step rows."""
+
+    code = "job_too_large"
+
+
 class RateLimited(FlowbeatError):
     """A key sent more requests than ``FLOWBEAT_RATE_LIMIT_PER_S`` allows."""
 

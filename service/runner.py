@@ -36,6 +36,7 @@ from service.loops import complete_round
 from service.models import JobRow
 from service.plan import JobPlan
 from service.runtime import Runtime
+from service.settings import Settings
 from service.settle import settle_job, sink_settles_job
 from service.shards import (
     FannedOut,
@@ -122,14 +123,14 @@ def run_step(
         if fast is None:
             with unit_of_work(rt.sessions) as session:
                 held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
-                claim = _fanned_out(session, held, now, rt.settings.max_fanout_items)
+                claim = _fanned_out(session, held, now, rt.settings)
         else:
             with _released_if_cut_short(rt, key, fast.lease):
                 claim = ready_claim(key, fast)
                 if claim is None:
                     with unit_of_work(rt.sessions) as session:
                         due = use_fast_claim(session, key, fast, now)
-                        claim = _fanned_out(session, due, now, rt.settings.max_fanout_items)
+                        claim = _fanned_out(session, due, now, rt.settings)
         if isinstance(claim, FannedOut):
             return claim
         return _run_claim(rt, key, claim, timeout_errors)
@@ -139,10 +140,11 @@ def _fanned_out(
     session: Session,
     claim: Claimed | FanOutDue | Unresolvable | Skipped | None,
     now: datetime,
-    max_items: int,
+    settings: Settings,
 ) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | None:
     if isinstance(claim, FanOutDue):
-        return fan_out(session, claim, now, max_items=max_items)
+        max_items, max_job_steps = settings.max_fanout_items, settings.max_job_steps
+        return fan_out(session, claim, now, max_items=max_items, max_job_steps=max_job_steps)
     return claim
 
 

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     max_open_jobs_per_owner: int = Field(default=10_000, ge=0)
     """Queued, running and waiting jobs an owner may have before a new one is refused; 0: none."""
     max_fanout_items: int = Field(default=100_000, ge=1)
+    max_job_steps: int = Field(default=200_000, ge=1)
+    """Step rows one job may hold, the items of all its fan-outs included: a profile's 200
+    steps could each fan out ``max_fanout_items`` times over otherwise."""
     http_max_response_bytes: int = 10_000_000
     http_timeout_s: float = 30.0
     egress_allow_http: bool = False

@@ -13,12 +13,12 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from sqlalchemy import and_, or_, select, text
+from sqlalchemy import and_, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.db import driver
-from service.errors import ExpressionError, FanOutTooLarge, RetryLater
+from service.errors import ExpressionError, FanOutTooLarge, JobTooLarge, RetryLater
 from service.expressions import ExprContext, resolve
 from service.loops import settle_succeeded
 from service.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
@@ -70,12 +70,13 @@ item would pass PostgreSQL's limit of 65,535 parameters at a few thousand items.
 
 
 def fan_out(
-    session: Session, due: FanOutDue, now: datetime, *, max_items: int
+    session: Session, due: FanOutDue, now: datetime, *, max_items: int, max_job_steps: int
 ) -> FannedOut | Unresolvable | Completion:
     """Record a held for_each step's shards, one per item, in the transaction that claimed it.
 
     With no items the step succeeds at once with an empty list. Items that do not resolve to a
-    list, or more than ``max_items`` of them, fail the step for good like unresolvable input.
+    list, more than ``max_items`` of them, or enough to take the job past ``max_job_steps``
+    step rows, fail the step for good like unresolvable input.
     """
     job, row, spec = due.job, due.row, due.spec
     assert spec.for_each is not None
@@ -87,7 +88,8 @@ def fan_out(
                 f"step {spec.id!r} fans out over {len(items)} items, the limit is {max_items}",
                 {"items": len(items), "limit": max_items},
             )
-    except (ExpressionError, FanOutTooLarge) as exc:
+        _within_job_limit(session, job.id, spec.id, len(items), max_job_steps)
+    except (ExpressionError, FanOutTooLarge, JobTooLarge) as exc:
         error = {"code": exc.code, "message": exc.message, "details": exc.details}
         failed = _record_failure(session, row, key, error, None, now)
         return Unresolvable(key, failed.job_over, failed.ready)
@@ -110,6 +112,18 @@ def fan_out(
         max_parallel=spec.for_each.max_parallel,
         timeout_s=spec.timeout_s,
     )
+
+
+def _within_job_limit(
+    session: Session, job_id: uuid.UUID, step_id: str, items: int, max_job_steps: int
+) -> None:
+    held = session.scalar(select(func.count()).where(StepRunRow.job_id == job_id)) or 0
+    if held + items > max_job_steps:
+        raise JobTooLarge(
+            f"step {step_id!r} would take its job to {held + items} steps with its items, "
+            f"the limit is {max_job_steps}",
+            {"steps": held + items, "limit": max_job_steps},
+        )
 
 
 def _items(session: Session, job: JobRow, step_id: str, for_each: ForEach) -> list[Any]:

@@ -140,7 +140,7 @@ def _fanned_items(rt: Runtime, job_id: uuid.UUID) -> list[Any]:
             session, StepKey(job_id, "each"), task_id=uuid.uuid4().hex, lease_s=30, now=now
         )
         assert isinstance(due, FanOutDue)
-        assert isinstance(fan_out(session, due, now, max_items=100), FannedOut)
+        assert isinstance(fan_out(session, due, now, max_items=100, max_job_steps=1000), FannedOut)
         return list(
             session.scalars(
                 select(StepRunRow.item)
