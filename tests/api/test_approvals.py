@@ -11,18 +11,11 @@ from service.db import unit_of_work
 from service.models import JobRow
 from service.plan import load_plan
 from service.runtime import Runtime
-from service.steps import StepKey, claim_step
 from service.sweeper import sweep
 from tests.api.conftest import KeyFactory
+from tests.support.approvals import parked_job
 
 QUEUE = "flowbeat.steps"
-GATED = {
-    "name": "gated",
-    "steps": [
-        {"id": "gate", "action": "noop", "approval": {"on_timeout": "escalate"}},
-        {"id": "after", "action": "noop", "depends_on": ["gate"]},
-    ],
-}
 
 
 def _error(response: Any, status: int, code: str) -> None:
@@ -30,23 +23,12 @@ def _error(response: Any, status: int, code: str) -> None:
     assert response.json()["error"]["code"] == code
 
 
-def _parked_job(client: TestClient, headers: dict[str, str], runtime: Runtime) -> str:
-    """A job whose first step reached its gate, as a worker's claim leaves it."""
-    response = client.post("/v1/jobs", json={"pipeline": GATED}, headers=headers)
-    assert response.status_code == 202, response.text
-    job_id: str = response.json()["job"]["id"]
-    with unit_of_work(runtime.sessions) as session:
-        key = StepKey(uuid.UUID(job_id), "gate")
-        assert claim_step(session, key, task_id="t", lease_s=30, now=utcnow()) is None
-    return job_id
-
-
 def test_a_parked_step_is_listed_then_approved_once_and_sent(
     client: TestClient, make_key: KeyFactory, runtime: Runtime, broker: redis.Redis
 ) -> None:
     owner = f"approver-{uuid.uuid4().hex[:6]}"
     headers = {"Authorization": f"Bearer {make_key('read', 'write', owner=owner)}"}
-    job_id = _parked_job(client, headers, runtime)
+    job_id = parked_job(client, headers, runtime)
 
     listed = client.get("/v1/approvals", headers=headers).json()["approvals"]
     assert [(a["job_id"], a["step_id"], a["status"]) for a in listed] == [
@@ -80,7 +62,7 @@ def test_decisions_that_cannot_be_taken_are_refused_with_their_code(
     writer = {"Authorization": f"Bearer {make_key('read', 'write')}"}
     reader = {"Authorization": f"Bearer {make_key('read')}"}
     stranger = {"Authorization": f"Bearer {make_key('read', 'write', owner='someone-else')}"}
-    job_id = _parked_job(client, writer, runtime)
+    job_id = parked_job(client, writer, runtime)
 
     _error(
         client.post(f"/v1/jobs/{job_id}/steps/gate/approve", json={}, headers=reader),
@@ -119,7 +101,7 @@ def test_an_approval_given_while_the_broker_is_down_is_kept_for_the_sweeper(
     client: TestClient, broken_broker_client: TestClient, make_key: KeyFactory, runtime: Runtime
 ) -> None:
     headers = {"Authorization": f"Bearer {make_key('read', 'write')}"}
-    job_id = _parked_job(client, headers, runtime)
+    job_id = parked_job(client, headers, runtime)
 
     approved = broken_broker_client.post(
         f"/v1/jobs/{job_id}/steps/gate/approve", json={}, headers=headers

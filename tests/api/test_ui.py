@@ -13,7 +13,7 @@ from service.runtime import Runtime
 from service.settings import Settings
 from service.steps import StepKey
 from tests.api.conftest import KeyFactory, _client
-from tests.api.test_approvals import _parked_job
+from tests.support.approvals import parked_job
 
 
 @pytest.fixture
@@ -171,7 +171,7 @@ def test_a_waiting_step_is_decided_through_its_button(
     job_status: str,
 ) -> None:
     key = make_key("read", "write")
-    job_id = _parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
+    job_id = parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
     _login(ui, key)
     page = ui.get(f"/ui/jobs/{job_id}").text
     action = f"/ui/jobs/{job_id}/steps/gate/{decision}"
@@ -189,7 +189,7 @@ def test_a_decision_without_the_page_token_or_from_another_site_changes_nothing(
     ui: TestClient, make_key: KeyFactory, runtime: Runtime, decision: str
 ) -> None:
     key = make_key("read", "write")
-    job_id = _parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
+    job_id = parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
     _login(ui, key)
     token = _csrf(ui.get(f"/ui/jobs/{job_id}").text)
     action = f"/ui/jobs/{job_id}/steps/gate/{decision}"
