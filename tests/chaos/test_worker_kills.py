@@ -1,11 +1,11 @@
-"""Workers SIGKILLed at random moments while jobs of mixed shapes run on two workers with beat's
-sweeper: chains, fan-outs with a join, loops of two rounds followed by a step their condition
-skips, and sagas whose last step fails for good so that the two before it are undone. Most
-kills hit one pool process, which the worker replaces; some hit a worker's main process alone,
-leaving its pool processes orphaned (Celery has the kernel SIGKILL them when their parent dies;
-one that outlived it would finish what it runs under its lease); the rest a whole worker (its
-main and pool processes at once, as when its container or machine dies). A fresh worker
-replaces a killed main process, as a supervisor would.
+"""Workers SIGKILLed at random moments while jobs of mixed shapes, sent at a steady rate, run on
+two workers with beat's sweeper: chains, fan-outs with a join, loops of two rounds followed by a
+step their condition skips, and sagas whose last step fails for good so that the two before it
+are undone. Most kills hit one pool process, which the worker replaces; some hit a worker's main
+process alone, leaving its pool processes orphaned (Celery has the kernel SIGKILL them when
+their parent dies; one that outlived it would finish what it runs under its lease); the rest a
+whole worker (its main and pool processes at once, as when its container or machine dies). A
+fresh worker replaces a killed main process, as a supervisor would.
 
 What must hold: every job ends as its shape says (a saga failed with both compensations done),
 a step skipped by its condition never runs, no two executions of a step overlap, and the
@@ -33,6 +33,10 @@ from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc
 
 JOBS = scaled(ci=40, full=2000)
+JOBS_PER_S = scaled(ci=20, full=3)
+"""A rate the two workers keep up with while they are being killed (about 4 jobs/s here): the
+time a cut-short step takes to run again is measured, not the depth of a queue that all 2,000
+jobs sent at once would make (a step requeued behind it waited minutes, 148 s at p99)."""
 KILLS = scaled(ci=8, full=200)
 WORKERS = 2
 KILL_CYCLE = ("pool", "pool", "main", "pool", "whole")
@@ -50,17 +54,15 @@ ORPHAN_GRACE_S = 3.0
 SAGA_UNDONE = 2
 
 
-def _submit_mixed(client: Client, rng: random.Random) -> dict[uuid.UUID, str]:
-    """Each job's id and profile."""
-    jobs = {}
-    for _ in range(JOBS):
+def _submit_mixed(client: Client, rng: random.Random, jobs: dict[uuid.UUID, str], due: int) -> None:
+    """Submit until ``due`` jobs are in, recording each job's id and profile."""
+    while len(jobs) < min(due, JOBS):
         shape = rng.choices(["chain", "fan", "loop", "saga"], weights=[3, 3, 2, 2])[0]
         if shape == "fan":
             params: dict[str, object] = {"items": list(range(rng.randint(2, 6)))}
         else:
             params = {"hold_s": rng.choice([0.1, 0.3])}
         jobs[client.submit(f"chaos-{shape}", **params)] = f"chaos-{shape}"
-    return jobs
 
 
 @dataclass
@@ -182,11 +184,15 @@ def test_random_worker_kills_under_load_lose_and_double_nothing(
 ) -> None:
     cluster.beat(**QUICK)
     killer.workers += [cluster.worker(concurrency=2, **QUICK) for _ in range(WORKERS)]
-    jobs = _submit_mixed(client, killer.rng)
+    jobs: dict[uuid.UUID, str] = {}
     kills = 0
 
-    deadline = time.monotonic() + scaled(ci=150, full=3000)
-    while time.monotonic() < deadline and not _outcome(client, jobs).settled():
+    started = time.monotonic()
+    deadline = started + scaled(ci=150, full=3000)
+    while time.monotonic() < deadline and (
+        len(jobs) < JOBS or not _outcome(client, jobs).settled()
+    ):
+        _submit_mixed(client, killer.rng, jobs, int((time.monotonic() - started) * JOBS_PER_S) + 1)
         time.sleep(killer.rng.uniform(*PAUSE_S))
         if kills < KILLS:
             killer.kill(KILL_CYCLE[kills % len(KILL_CYCLE)])
