@@ -110,7 +110,7 @@ def redis_db_url(base: str, number: int) -> str:
 
 
 @contextmanager
-def claimed_redis_db(base: str, owner: str, taken: set[int]) -> Iterator[int]:
+def claimed_redis_db(base: str, owner: str, taken: set[int], ttl_s: int) -> Iterator[int]:
     """Claim an empty Redis DB number (SET NX in db 0, as the tests do); flush and release it."""
     claims = redis.Redis.from_url(redis_db_url(base, 0), socket_timeout=10)
     order = [n for n in PREFERRED_DBS if n not in taken]
@@ -119,7 +119,7 @@ def claimed_redis_db(base: str, owner: str, taken: set[int]) -> Iterator[int]:
     try:
         for candidate in order:
             key = f"{CLAIM_PREFIX}{candidate}"
-            if not claims.set(key, owner, nx=True, ex=CLAIM_TTL_S):
+            if not claims.set(key, owner, nx=True, ex=ttl_s):
                 continue
             db = redis.Redis.from_url(redis_db_url(base, candidate), socket_timeout=10)
             try:
@@ -323,14 +323,18 @@ class Workspace:
         return redis_db_url(self.redis_base, self.dbs[side])
 
 
-def workspace(stack: ExitStack, bench: str) -> Workspace:
+def workspace(stack: ExitStack, bench: str, claim_ttl_s: int = CLAIM_TTL_S) -> Workspace:
+    """``claim_ttl_s`` must outlast the bench: a claim that lapses is neither flushed nor
+    released at the end, and another process may take the DB meanwhile."""
     redis_base = os.environ.get("FLOWBEAT_TEST_REDIS_URL", DEFAULT_REDIS)
     admin_db = os.environ.get("FLOWBEAT_TEST_DATABASE_URL", DEFAULT_ADMIN_DB)
     owner = f"bench-{bench}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     tmp = Path(tempfile.mkdtemp(prefix="flowbeat-bench-"))
     stack.callback(shutil.rmtree, tmp, True)
     taken: set[int] = set()
-    dbs = tuple(stack.enter_context(claimed_redis_db(redis_base, owner, taken)) for _ in "ab")
+    dbs = tuple(
+        stack.enter_context(claimed_redis_db(redis_base, owner, taken, claim_ttl_s)) for _ in "ab"
+    )
     log(f"Redis DBs: A={dbs[0]} B={dbs[1]}; temp dir {tmp}")
     return Workspace(tmp, admin_db, redis_base, (dbs[0], dbs[1]))
 

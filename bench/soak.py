@@ -50,6 +50,8 @@ from bench.chain_throughput import (
 from bench.worker_memory import children, pss_kib
 
 API_PIPELINE = "soak_api"
+CLAIM_MARGIN_S = 1800
+"""Past the run itself, for start-up, the last samples and the stop."""
 SCHEDULED_PIPELINE = "soak_scheduled"
 TABLES = (
     "jobs",
@@ -255,7 +257,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     }
     samples: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        ws = workspace(stack, "soak")
+        ws = workspace(stack, "soak", claim_ttl_s=int(args.minutes * 60) + CLAIM_MARGIN_S)
         redis_url = ws.fresh_redis(1)
         profiles = {
             API_PIPELINE: profile(API_PIPELINE, fan_out=False),
