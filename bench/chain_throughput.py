@@ -593,7 +593,7 @@ def start_flowbeat(
     first of ``workers`` worker processes logs to ``worker_log``, the others beside it."""
     from celery import Celery
 
-    from service.constants import QUEUE_STEPS
+    from service.constants import QUEUE_CONTROL, QUEUE_STEPS
     from service.profiles import load_profile_file
 
     profiles_dir = tmp / "profiles"
@@ -620,7 +620,7 @@ def start_flowbeat(
     for index in range(workers):
         node = f"bench-flowbeat-{os.getpid()}-{index}@{socket.gethostname()}"
         log_path = tmp / ("flowbeat-worker.log" if index == 0 else f"flowbeat-worker-{index}.log")
-        argv = worker_argv("tasks.app", QUEUE_STEPS, node)
+        argv = worker_argv("tasks.app", f"{QUEUE_STEPS},{QUEUE_CONTROL}", node)
         proc = stack.enter_context(subprocess_group(argv, env, log_path, "flowbeat worker"))
         wait_for_worker(control, node, proc, log_path)
         procs.append(proc)

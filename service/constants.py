@@ -8,6 +8,8 @@ VERSION: Final = "0.1.0"
 
 QUEUE_STEPS: Final = "flowbeat.steps"
 QUEUE_CONTROL: Final = "flowbeat.control"
+"""The sweeper's own queue, which every worker also consumes: a sweep queued behind a backlog of
+steps would recover lost work only once that backlog had drained."""
 
 TASK_RUN_STEP: Final = "flowbeat.run_step"
 TASK_RUN_LANE: Final = "flowbeat.run_lane"

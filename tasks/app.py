@@ -1,4 +1,5 @@
-"""The Celery app: JSON only, late acks, requeue on worker loss, one queue for steps.
+"""The Celery app: JSON only, late acks, requeue on worker loss, one queue for steps and one
+for the sweeper, both consumed by every worker.
 
 ``celery -A tasks.app worker`` and ``flowbeat worker`` both load this module, and with it
 ``tasks.telemetry``'s signal handlers (logging, metrics exporters).
@@ -10,8 +11,9 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_before_create_process, worker_process_init
+from kombu.entity import Exchange, Queue
 
-from service.constants import QUEUE_STEPS, TASK_SWEEP
+from service.constants import QUEUE_CONTROL, QUEUE_STEPS, TASK_SWEEP
 from service.settings import Settings, get_settings
 from tasks import runtime, telemetry  # noqa: F401
 from tasks.backend import backend_url
@@ -34,7 +36,10 @@ def create_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         task_default_queue=QUEUE_STEPS,
-        task_routes=(message_router(settings.broker_url, QUEUE_STEPS),),
+        task_queues=(_direct_queue(QUEUE_STEPS), _direct_queue(QUEUE_CONTROL)),
+        task_routes=(
+            message_router(settings.broker_url, QUEUE_STEPS, {TASK_SWEEP: QUEUE_CONTROL}),
+        ),
         task_track_started=False,
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
@@ -60,6 +65,12 @@ def create_celery(settings: Settings) -> Celery:
     app.steps["worker"].add(CompactTimers)
     runtime.configure(settings)
     return app
+
+
+def _direct_queue(name: str) -> Any:
+    """Named as the default queue is (exchange and routing key its own name): with the same
+    routing key, another queue would be bound to receive a copy of every step's message."""
+    return Queue(name, Exchange(name), routing_key=name)  # type: ignore[no-untyped-call]
 
 
 @worker_process_init.connect

@@ -10,7 +10,7 @@ The same channel also keeps a worker alive when Redis goes away: see ``Channel``
 """
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -66,8 +66,11 @@ REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
 ARGSREPR_MAX_CHARS = 1024
 
 
-def message_router(broker_url: str | None, queue: str) -> Callable[..., dict[str, Any]]:
-    """A Celery router, here for how every message is published as much as where to.
+def message_router(
+    broker_url: str | None, queue: str, elsewhere: Mapping[str, str] | None = None
+) -> Callable[..., dict[str, Any]]:
+    """A Celery router, here for how every message is published as much as where to: to
+    ``queue``, or to ``elsewhere``'s queue for the tasks it names.
 
     On Redis a task message is pushed straight onto its queue's list, which needs no
     declaring, so ``declare=[]`` spares kombu's per-message check that the queue was declared:
@@ -79,6 +82,7 @@ def message_router(broker_url: str | None, queue: str) -> Callable[..., dict[str
     waited, and the sweeper how far the queue is behind.
     """
     declare: dict[str, Any] = {}
+    queues = dict(elsewhere or {})
     if (broker_url or "").partition("://")[0] in REDIS_SCHEMES:
         declare["declare"] = []
 
@@ -86,7 +90,7 @@ def message_router(broker_url: str | None, queue: str) -> Callable[..., dict[str
         name: str, args: Any, kwargs: Any, options: dict[str, Any], **_: Any
     ) -> dict[str, Any]:
         return {
-            "queue": queue,
+            "queue": queues.get(name, queue),
             **declare,
             "argsrepr": _short_repr(tuple(args or ())),
             "kwargsrepr": _short_repr(kwargs or {}),

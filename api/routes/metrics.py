@@ -13,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from api.deps import Reader, broker_probe
-from service.constants import BEAT_LOCK_KEY, QUEUE_STEPS
+from service.constants import BEAT_LOCK_KEY, QUEUE_CONTROL, QUEUE_STEPS
 from service.metrics import exposition
 from service.runtime import Runtime
 from service.stats import jobs_by_status, steps_by_open_status
@@ -31,13 +31,9 @@ class _StateCollector(Collector):
         yield _gauge("flowbeat_jobs", "Jobs by status.", "status", jobs)
         yield _gauge("flowbeat_open_steps", "Open steps and shards by status.", "status", steps)
         with broker_probe(self._runtime.settings) as client:
-            depth, leader = int(client.llen(QUEUE_STEPS)), bool(client.exists(BEAT_LOCK_KEY))
-        yield _gauge(
-            "flowbeat_queue_depth",
-            "Messages waiting on the broker queue.",
-            "queue",
-            {QUEUE_STEPS: depth},
-        )
+            depth = {queue: int(client.llen(queue)) for queue in (QUEUE_STEPS, QUEUE_CONTROL)}
+            leader = bool(client.exists(BEAT_LOCK_KEY))
+        yield _gauge("flowbeat_queue_depth", "Messages waiting on a broker queue.", "queue", depth)
         yield GaugeMetricFamily(
             "flowbeat_beat_leader",
             "1 while a beat replica holds the leader lock, 0 when none does.",

@@ -38,6 +38,7 @@ def test_metrics_count_jobs_steps_and_queued_messages(
     after = client.get("/metrics", headers=reader).text
     assert _value(after, 'flowbeat_jobs{status="queued"}') == queued + 1
     assert _value(after, 'flowbeat_queue_depth{queue="flowbeat.steps"}') == depth + 1
+    assert _value(after, 'flowbeat_queue_depth{queue="flowbeat.control"}') >= 0
     assert _value(after, 'flowbeat_open_steps{status="pending"}') >= 1
 
 

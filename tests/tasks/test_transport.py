@@ -11,7 +11,7 @@ from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from sqlalchemy import make_url
 
-from service.constants import QUEUE_STEPS
+from service.constants import QUEUE_CONTROL, QUEUE_STEPS, TASK_SWEEP
 from service.settings import Settings
 from tasks.transport import Transport, message_router, transport_for
 from tests.conftest import Stack
@@ -75,6 +75,12 @@ def test_messages_go_to_the_queue_given_with_their_arguments_shown_as_plain_repr
     assert options["kwargsrepr"] == "{}"
 
 
+def test_tasks_named_elsewhere_go_to_their_own_queue() -> None:
+    route = message_router(None, "flowbeat.steps", {"flowbeat.sweep": "flowbeat.control"})
+    assert route("flowbeat.sweep", (), {}, {})["queue"] == "flowbeat.control"
+    assert route("flowbeat.run_step", (), {}, {})["queue"] == "flowbeat.steps"
+
+
 def test_arguments_too_long_to_show_are_left_to_celery_to_truncate() -> None:
     options = message_router(None, "q")("t", ["x" * 2000], {"k": "y" * 2000}, {})
     assert options["argsrepr"] is None
@@ -89,6 +95,8 @@ def test_the_celery_app_routes_every_message_through_it(stack: Stack) -> None:
     assert options["declare"] == []
     assert options["argsrepr"] == "('job', 'step')"
     assert options["queue"].name == QUEUE_STEPS
+    assert app.amqp.router.route({}, TASK_SWEEP, (), {})["queue"].name == QUEUE_CONTROL
+    assert set(app.amqp.queues) == {QUEUE_STEPS, QUEUE_CONTROL}, "what a worker consumes"
 
 
 def test_a_message_sent_without_declaring_reaches_a_queue_whose_bindings_were_flushed(
