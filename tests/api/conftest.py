@@ -15,6 +15,7 @@ from service.models import JobRow
 from service.runtime import Runtime
 from service.settings import Settings
 from tests.conftest import Stack
+from tests.support.apps import api_client
 
 GREET = """\
 name: greet
@@ -60,31 +61,23 @@ def runtime(settings: Settings) -> Runtime:
     return Runtime.start(settings)
 
 
-def _client(settings: Settings, runtime: Runtime | None = None) -> TestClient:
-    from api.app import create_app
-    from tasks.app import create_celery
-
-    app = create_app(settings, runtime=runtime, celery_app=create_celery(settings))
-    return TestClient(app, raise_server_exceptions=False)
-
-
 @pytest.fixture(scope="session")
 def client(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
-    with _client(settings, runtime) as test_client:
+    with api_client(settings, runtime) as test_client:
         yield test_client
 
 
 @pytest.fixture
 def broken_broker_client(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     bad = settings.model_copy(update={"broker_url": CLOSED_PORT_REDIS})
-    with _client(bad, runtime) as test_client:
+    with api_client(bad, runtime) as test_client:
         yield test_client
 
 
 @pytest.fixture
 def broken_database_client(settings: Settings) -> Iterator[TestClient]:
     bad = settings.model_copy(update={"database_url": CLOSED_PORT_DATABASE})
-    with _client(bad) as test_client:
+    with api_client(bad) as test_client:
         yield test_client
 
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from service.runtime import Runtime
 from service.settings import Settings
-from tests.api.conftest import _client
+from tests.support.apps import api_client
 
 Headers = dict[str, str]
 HOOKS = "hooks.example.org"
@@ -22,7 +22,7 @@ HOOKS = "hooks.example.org"
 def closed(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     """A deployment with the defaults: https only, no internal host opened."""
     update = {"egress_allow_http": False, "egress_internal_hosts": []}
-    with _client(settings.model_copy(update=update), runtime) as test_client:
+    with api_client(settings.model_copy(update=update), runtime) as test_client:
         yield test_client
 
 
@@ -34,7 +34,7 @@ def listed(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
         "egress_internal_hosts": [],
         "egress_action_allowed_hosts": {"notice": [HOOKS]},
     }
-    with _client(settings.model_copy(update=update), runtime) as test_client:
+    with api_client(settings.model_copy(update=update), runtime) as test_client:
         yield test_client
 
 

@@ -23,7 +23,8 @@ from service.auth import create_api_key
 from service.db import unit_of_work
 from service.runtime import Runtime
 from service.settings import Settings
-from tests.api.conftest import MAX_BODY, _client
+from tests.api.conftest import MAX_BODY
+from tests.support.apps import api_client
 
 EXAMPLES_PER_OPERATION = 20
 STREAMS = r"/events$"
@@ -53,7 +54,7 @@ FINGERPRINT = text(
 
 @pytest.fixture(scope="module")
 def fuzzed(settings: Settings, runtime: Runtime) -> Any:
-    with _client(settings, runtime) as client:
+    with api_client(settings, runtime) as client:
         yield client
 
 

@@ -14,7 +14,8 @@ from service.metrics import registry
 from service.models import HookDeliveryRow, HookRow, JobRow
 from service.runtime import Runtime
 from service.settings import Settings
-from tests.api.conftest import MAX_BODY, KeyFactory, _client
+from tests.api.conftest import MAX_BODY, KeyFactory
+from tests.support.apps import api_client
 from tests.support.webhook import signed_headers
 
 MAPPING = {"who": "${{ payload.repository.name }}", "count": 2}
@@ -142,7 +143,7 @@ def test_a_signed_message_already_fenced_under_another_id_makes_no_second_job(
 
 @pytest.fixture
 def capped(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
-    with _client(settings.model_copy(update={"max_open_jobs_per_owner": 1}), runtime) as client:
+    with api_client(settings.model_copy(update={"max_open_jobs_per_owner": 1}), runtime) as client:
         yield client
 
 
@@ -168,7 +169,7 @@ def test_a_delivery_counts_against_the_hook_owners_open_jobs(
 @pytest.fixture
 def limited(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     strict = settings.model_copy(update={"rate_limit_per_s": 0.1, "rate_limit_burst": 3})
-    with _client(strict, runtime) as client:
+    with api_client(strict, runtime) as client:
         yield client
 
 

@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 from service.models import JobRow
 from service.runtime import Runtime
 from service.settings import Settings
-from tests.api.conftest import KeyFactory, _client
+from tests.api.conftest import KeyFactory
+from tests.support.apps import api_client
 
 JOB = {"pipeline": "greet", "params": {"who": "limits"}}
 
@@ -20,7 +21,7 @@ def limited(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     strict = settings.model_copy(
         update={"rate_limit_per_s": 1.0, "rate_limit_burst": 3, "max_open_jobs_per_owner": 2}
     )
-    with _client(strict, runtime) as client:
+    with api_client(strict, runtime) as client:
         yield client
 
 

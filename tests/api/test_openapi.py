@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 from api.errors import STATUS_BY_CODE
 from service.runtime import Runtime
 from service.settings import Settings
-from tests.api.conftest import KeyFactory, _client
+from tests.api.conftest import KeyFactory
+from tests.support.apps import api_client
 
 METHODS = {"get", "put", "post", "delete", "patch"}
 
@@ -183,7 +184,7 @@ def test_every_documented_401_is_what_a_call_without_a_key_answers(
 @pytest.fixture
 def one_request_per_key(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     strict = settings.model_copy(update={"rate_limit_per_s": 0.01, "rate_limit_burst": 1})
-    with _client(strict, runtime) as client:
+    with api_client(strict, runtime) as client:
         yield client
 
 

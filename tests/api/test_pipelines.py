@@ -13,7 +13,8 @@ from sqlalchemy import func, select
 from service.models import PipelineRow
 from service.runtime import Runtime
 from service.settings import Settings
-from tests.api.conftest import KeyFactory, _client
+from tests.api.conftest import KeyFactory
+from tests.support.apps import api_client
 
 Headers = dict[str, str]
 YAML_TYPE = "application/yaml"
@@ -160,7 +161,7 @@ def test_an_api_started_where_there_is_no_profiles_folder_serves_the_shipped_pro
 ) -> None:
     monkeypatch.chdir(tmp_path)
     shipped_only = settings.model_copy(update={"profiles_dir": None})
-    with _client(shipped_only, runtime) as client:
+    with api_client(shipped_only, runtime) as client:
         listed = client.get("/v1/pipelines", headers=writer)
         digest = client.get("/v1/pipelines/papers-digest", headers=writer)
         save = put(
@@ -312,7 +313,7 @@ def import_client(settings: Settings, runtime: Runtime, import_dir: Path) -> Ite
     configured = settings.model_copy(
         update={"import_dir": import_dir, "import_allowed_hosts": ["pipelines.test"]}
     )
-    with _client(configured, runtime) as test_client:
+    with api_client(configured, runtime) as test_client:
         yield test_client
 
 

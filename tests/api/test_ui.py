@@ -12,13 +12,14 @@ from service.runner import run_step
 from service.runtime import Runtime
 from service.settings import Settings
 from service.steps import StepKey
-from tests.api.conftest import KeyFactory, _client
+from tests.api.conftest import KeyFactory
 from tests.support.approvals import parked_job
+from tests.support.apps import api_client
 
 
 @pytest.fixture
 def ui(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
-    with _client(settings, runtime) as client:
+    with api_client(settings, runtime) as client:
         client.follow_redirects = False
         yield client
 
@@ -86,7 +87,7 @@ def test_the_key_is_kept_in_an_http_only_same_site_cookie(
 def test_over_https_the_cookie_is_secure(
     settings: Settings, runtime: Runtime, make_key: KeyFactory
 ) -> None:
-    with _client(settings, runtime) as client:
+    with api_client(settings, runtime) as client:
         client.base_url = client.base_url.copy_with(scheme="https")
         answer = client.post("/ui/login", data={"key": make_key("read")}, follow_redirects=False)
     assert "secure" in answer.headers["set-cookie"].lower()
