@@ -64,7 +64,7 @@ ParamType = Literal["string", "integer", "number", "boolean", "array", "object"]
 ErrorEntry = dict[str, Any]
 
 VERIFY_ROOTS = frozenset({"output", "params"})
-WHEN_ROOTS = frozenset({"params", "steps", "approval"})
+WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger"})
 UNTIL_ROOTS = frozenset({"params", "steps", "loop"})
 """A verify ``expr`` checks the step's own output, so it names ``output`` (and params), never
 another step."""
@@ -703,6 +703,15 @@ def _ref_problem(
     return None
 
 
+def _trigger_problem(ref: Ref, profile: Profile) -> str | None:
+    if ref.root == "trigger" and profile.on is None:
+        return (
+            "trigger.* is only defined in a pipeline with on: {succeeded: [...]}"
+            " or on: {new_items: [...]}"
+        )
+    return None
+
+
 def _field_refs(step: StepSpec, index: int) -> Iterator[tuple[str, Any, bool]]:
     for key, value in step.with_.items():
         yield f"steps[{index}].with.{key}", value, True
@@ -736,12 +745,7 @@ def _reference_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[E
                 errors.append(_error("bad_reference", exc.message, field, step.id))
                 continue
             for ref in refs:
-                if ref.root == "trigger" and profile.on is None:
-                    needs_on = "trigger.* is only defined in a pipeline with on: {succeeded: [...]}"
-                    needs_on += " or on: {new_items: [...]}"
-                    errors.append(_error("bad_reference", needs_on, field, step.id))
-                    continue
-                problem = _ref_problem(
+                problem = _trigger_problem(ref, profile) or _ref_problem(
                     ref,
                     step,
                     profile.params,
@@ -754,7 +758,9 @@ def _reference_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[E
                 if problem is not None:
                     errors.append(_error("bad_reference", problem, field, step.id))
         for field, ref in _condition_refs(step, i):
-            problem = _ref_problem(ref, step, profile.params, upstream, False, gated, loop_steps)
+            problem = _trigger_problem(ref, profile) or _ref_problem(
+                ref, step, profile.params, upstream, False, gated, loop_steps
+            )
             if problem is not None:
                 errors.append(_error("bad_reference", problem, field, step.id))
     return errors

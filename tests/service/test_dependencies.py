@@ -215,6 +215,39 @@ def test_a_success_starts_each_waiting_pipeline_once_with_the_upstream_result(
     assert done.result == {"b": {"from": str(upstream), "got": [1, 2]}}
 
 
+def _gated(name: str, condition: str) -> str:
+    return f"""\
+name: {name}
+on:
+  succeeded: [up]
+steps:
+  - id: b
+    action: noop
+    when: "{condition}"
+"""
+
+
+def test_a_when_reading_the_upstream_result_runs_or_skips_the_step(runtime: Runtime) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, _gated("holds", "${{ trigger.result.a.found[1] }} == 2"))
+    _save(runtime, owner, _gated("fails", "${{ trigger.result.a.found[1] }} > 2"))
+    _succeed_up(runtime, owner)
+    _fire(runtime)
+
+    outcome = {}
+    for pipeline in ("holds", "fails"):
+        [job] = _downstream(runtime, owner, pipeline)
+        run_step(runtime, StepKey(job.id, "b"), task_id=uuid.uuid4().hex)
+        with unit_of_work(runtime.sessions) as session:
+            outcome[pipeline] = session.scalar(
+                select(StepRunRow.status).where(
+                    StepRunRow.job_id == job.id, StepRunRow.step_id == "b"
+                )
+            )
+    assert outcome == {"holds": "succeeded", "fails": "skipped"}
+
+
 def test_each_success_starts_its_own_job_and_other_owners_start_nothing(
     runtime: Runtime,
 ) -> None:
@@ -281,6 +314,10 @@ def test_a_save_that_closes_a_cycle_is_refused_and_stores_nothing(runtime: Runti
         ("name: x\non: {}\nsteps: [{id: s, action: noop}]\n", None),
         (
             "name: lost\nsteps: [{id: s, action: noop, with: {x: '${{ trigger.result }}'}}]\n",
+            "bad_reference",
+        ),
+        (
+            "name: lost\nsteps: [{id: s, action: noop, when: '${{ trigger.job_id }} != \"\"'}]\n",
             "bad_reference",
         ),
         (
