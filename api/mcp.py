@@ -239,7 +239,7 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
                 owner=principal.owner,
                 name=name,
                 body=_with_metadata(config, tags, description),
-                profiles_dir=settings.profiles_dir,
+                settings=settings,
                 known_actions=deps.runtime.registry.names(),
             )
             session.commit()

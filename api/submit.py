@@ -14,11 +14,11 @@ from api.schemas import JobCreate, JobPublic
 from service import logs
 from service.auth import Principal
 from service.db import autocommit
-from service.egress import check_notify_url
+from service.egress import check_escalation_urls, check_notify_url
 from service.jobs import JobRequest, check_open_jobs, job_view, new_job_view, submit_job
 from service.notices import validate_notify_url
 from service.plan import initial_plan
-from service.profiles import NAME_PATTERN, load_profile_text
+from service.profiles import NAME_PATTERN, load_profile_text, validate_profile
 from service.runtime import Runtime
 from service.settings import Settings
 from service.snapshots import job_profile
@@ -30,17 +30,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _pipeline(body: JobCreate, known_actions: frozenset[str]) -> str | dict[str, Any]:
-    """A string that is not a pipeline name is inline profile text (YAML, or JSON as YAML)."""
+def _pipeline(
+    body: JobCreate, known_actions: frozenset[str], settings: Settings
+) -> str | dict[str, Any]:
+    """A string that is not a pipeline name is inline profile text (YAML, or JSON as YAML).
+    An inline profile's escalation URLs are checked here, as a saved pipeline's are."""
     pipeline = body.pipeline
-    if (
-        isinstance(pipeline, str)
-        and not re.fullmatch(NAME_PATTERN, pipeline)
-        and ("\n" in pipeline or pipeline.lstrip().startswith("{"))
-    ):
+    if isinstance(pipeline, str):
+        if re.fullmatch(NAME_PATTERN, pipeline) or not (
+            "\n" in pipeline or pipeline.lstrip().startswith("{")
+        ):
+            return pipeline
         profile = load_profile_text(pipeline, source="inline", known_actions=known_actions)
-        return profile.to_json()
-    return pipeline
+    else:
+        profile = validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
+    check_escalation_urls(settings, profile)
+    return profile.to_json()
 
 
 def accept_job(
@@ -55,7 +60,7 @@ def accept_job(
     seen before."""
     known_actions = runtime.registry.names()
     request = JobRequest(
-        pipeline=_pipeline(body, known_actions),
+        pipeline=_pipeline(body, known_actions, settings),
         params=body.params,
         idempotency_key=body.idempotency_key,
         diff_mode=body.diff_mode,

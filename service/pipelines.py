@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.db import driver
+from service.egress import check_escalation_urls
 from service.errors import (
     InvalidShare,
     PipelineNameMismatch,
@@ -38,6 +39,7 @@ from service.profiles import (
     profile_file_exists,
     validate_profile,
 )
+from service.settings import Settings
 from service.triggers import forget_triggers, record_triggers
 
 SYSTEM_OWNER = "system"
@@ -138,7 +140,7 @@ def save_pipeline(
     owner: str,
     name: str | None,
     body: str | Mapping[str, Any],
-    profiles_dir: Path | None,
+    settings: Settings,
     known_actions: Collection[str],
     now: datetime | None = None,
 ) -> SaveOutcome:
@@ -155,7 +157,8 @@ def save_pipeline(
             f"the profile is named {profile.name!r}, not {name!r}",
             {"name": name, "profile_name": profile.name},
         )
-    _refuse_shipped_name(profiles_dir, profile.name)
+    _refuse_shipped_name(settings.profiles_dir, profile.name)
+    check_escalation_urls(settings, profile)
     record_triggers(session, owner, profile)
     now = now or utcnow()
     content_hash = profile.content_hash()

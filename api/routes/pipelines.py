@@ -210,7 +210,7 @@ def import_pipeline(
         owner=principal.owner,
         name=body.name,
         body=text,
-        profiles_dir=settings.profiles_dir,
+        settings=settings,
         known_actions=runtime.registry.names(),
     )
     session.commit()
@@ -261,7 +261,7 @@ def save(
         owner=principal.owner,
         name=name,
         body=text,
-        profiles_dir=settings.profiles_dir,
+        settings=settings,
         known_actions=runtime.registry.names(),
     )
     session.commit()

@@ -58,7 +58,7 @@ def pipelines_save(
             owner=owner,
             name=name,
             body=file.read_text(encoding="utf-8"),
-            profiles_dir=settings.profiles_dir,
+            settings=settings,
             known_actions=rt.registry.names(),
         )
     _print_saved(outcome)
@@ -167,7 +167,7 @@ def pipelines_import(
             owner=owner,
             name=name,
             body=text,
-            profiles_dir=settings.profiles_dir,
+            settings=settings,
             known_actions=rt.registry.names(),
         )
     _print_saved(outcome)

@@ -1,9 +1,11 @@
-"""A notice URL the egress policy would refuse is refused when it is saved, storing nothing.
+"""A notice or escalation URL the egress policy would refuse is refused when it is saved, storing
+nothing.
 
 Only what the URL alone tells is judged then (scheme, credentials, allow-lists, an address
 spelled in the URL); a host name's addresses are checked again at every delivery.
 """
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,3 +102,54 @@ def test_a_schedule_notifying_the_allowed_host_is_saved(
     saved = _schedule(listed, writer, f"https://{HOOKS}/hook")
     assert saved.status_code == 200, saved.text
     assert listed.delete("/v1/pipelines/greet/schedule", headers=writer).status_code == 204
+
+
+def _escalating(name: str, url: str) -> str:
+    return f"""\
+name: {name}
+steps:
+  - id: ship
+    action: noop
+    approval: {{on_timeout: escalate, escalate_to: "{url}"}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("url", "code"),
+    [
+        ("https://169.254.169.254/latest/meta-data/", "egress_address_refused"),
+        ("https://[::ffff:127.0.0.1]/hook", "egress_address_refused"),
+        (f"http://{HOOKS}/hook", "egress_scheme_refused"),
+    ],
+)
+def test_a_pipeline_whose_escalation_url_is_refused_is_not_saved_or_run_inline(
+    closed: TestClient, writer: Headers, job_count: Callable[[], int], url: str, code: str
+) -> None:
+    profile = _escalating("escalating", url)
+    before = job_count()
+    saved = closed.put(
+        "/v1/pipelines/escalating",
+        content=profile,
+        headers={**writer, "Content-Type": "application/yaml"},
+    )
+    inline = closed.post("/v1/jobs", json={"pipeline": profile}, headers=writer)
+
+    for response in (saved, inline):
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] == code
+        assert response.json()["error"]["details"]["step_id"] == "ship"
+    assert closed.get("/v1/pipelines/escalating", headers=writer).status_code == 404
+    assert job_count() == before
+
+
+def test_a_pipeline_escalating_to_a_public_host_is_saved(
+    closed: TestClient, writer: Headers
+) -> None:
+    profile = _escalating(f"escalates-{uuid.uuid4().hex[:6]}", f"https://{HOOKS}/hook")
+    name = profile.split("\n")[0].removeprefix("name: ")
+    saved = closed.put(
+        f"/v1/pipelines/{name}",
+        content=profile,
+        headers={**writer, "Content-Type": "application/yaml"},
+    )
+    assert saved.status_code == 201, saved.text

@@ -30,7 +30,7 @@ def test_an_upstream_success_starts_one_downstream_job_that_reads_its_result(
                 owner=owner,
                 name=None,
                 body=text,
-                profiles_dir=rt.settings.profiles_dir,
+                settings=rt.settings,
                 known_actions=rt.registry.names(),
             )
         upstream, _ = submit_job(

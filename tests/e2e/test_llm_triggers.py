@@ -109,7 +109,7 @@ def test_the_readme_triage_runs_once_per_literature_run_with_new_papers_over_jus
             owner=owner,
             name=None,
             body=readme_triage_pipeline(),
-            profiles_dir=client.rt.settings.profiles_dir,
+            settings=client.rt.settings,
             known_actions=client.rt.registry.names(),
         )
     everything = list(_weekly_search(pubmed)["idlist"])

@@ -32,7 +32,7 @@ def test_a_saved_search_reruns_its_newest_version(client: Client) -> None:
                 owner="tests",
                 name=name,
                 body=search(name, term),
-                profiles_dir=client.settings.profiles_dir,
+                settings=client.settings,
                 known_actions=client.rt.registry.names(),
             )
 

@@ -53,7 +53,7 @@ def _save(rt: Runtime, owner: str, text: str) -> None:
             owner=owner,
             name=None,
             body=text,
-            profiles_dir=rt.settings.profiles_dir,
+            settings=rt.settings,
             known_actions=rt.registry.names(),
         )
 

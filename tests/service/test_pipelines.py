@@ -67,7 +67,7 @@ def save(rt: Runtime, owner: str, body: str | dict[str, Any], name: str | None =
             owner=owner,
             name=name,
             body=body,
-            profiles_dir=PROFILES,
+            settings=rt.settings,
             known_actions=rt.registry.names(),
         )
 
