@@ -35,7 +35,11 @@ BODY_MEDIA_TYPES = frozenset(
 )
 OWNER_QUERY = Query(max_length=128, description="another owner's pipeline (admin, or shared)")
 
-_SAVE_REFUSED = "profile_invalid, pipeline_name_mismatch, unknown_action, trigger_cycle"
+_SAVE_REFUSED = (
+    "profile_invalid, pipeline_name_mismatch, unknown_action, trigger_cycle, "
+    "egress_scheme_refused, egress_host_not_allowed, egress_address_refused: "
+    "the egress codes for an approval's escalate_to"
+)
 _BAD_NAME = "profile_invalid: not a pipeline name"
 _NOT_FOUND = errors({404: "pipeline_not_found", 422: _BAD_NAME})
 _CHANGE_ERRORS = errors(
