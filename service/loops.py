@@ -63,6 +63,7 @@ def _until_context(
         params=job.params,
         outputs=step_outputs(session, job.id, readable),
         loop=loop_context(session, key.job_id, key.step_id, profile),
+        trigger=job.trigger_data or {},
     )
 
 

@@ -65,7 +65,7 @@ ErrorEntry = dict[str, Any]
 
 VERIFY_ROOTS = frozenset({"output", "params"})
 WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger"})
-UNTIL_ROOTS = frozenset({"params", "steps", "loop"})
+UNTIL_ROOTS = frozenset({"params", "steps", "loop", "trigger"})
 """A verify ``expr`` checks the step's own output, so it names ``output`` (and params), never
 another step."""
 RULE_KINDS = ("not_empty", "min_items", "max_items", "json_schema", "expr")
@@ -639,7 +639,7 @@ def _until_errors(
     readable = inside | set().union(*(dag.ancestors(deps, s) for s in inside))
     errors = []
     for ref in loop.condition.refs():
-        problem = None
+        problem = _trigger_problem(ref, profile)
         if ref.root == "params" and ref.name not in profile.params:
             problem = f"{ref} refers to undeclared param {ref.name!r}"
         if ref.root == "steps" and ref.name not in readable:

@@ -22,6 +22,7 @@ from service.models import (
     StepRunRow,
 )
 from service.pipelines import delete_pipeline, save_pipeline
+from service.plan import JobPlan
 from service.profiles import find_profile, load_profile_text
 from service.retention import prune_dependency_fires
 from service.runner import run_step
@@ -248,6 +249,42 @@ def test_a_when_reading_the_upstream_result_runs_or_skips_the_step(runtime: Runt
     assert outcome == {"holds": "succeeded", "fails": "skipped"}
 
 
+ROUNDS_FROM_UPSTREAM = """\
+name: rounds
+on:
+  succeeded: [up]
+loops:
+  - steps: [draft]
+    until: "${{ loop.round }} >= ${{ trigger.result.a.found[1] }}"
+    max_rounds: 5
+steps:
+  - id: draft
+    action: noop
+    with: {round: "${{ loop.round }}"}
+"""
+
+
+def test_a_loop_until_reading_the_upstream_result_ends_when_it_holds(runtime: Runtime) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, ROUNDS_FROM_UPSTREAM)
+    _succeed_up(runtime, owner)
+    _fire(runtime)
+    [job] = _downstream(runtime, owner, "rounds")
+
+    rounds = 0
+    plan = [StepKey(job.id, "draft")]
+    while plan:
+        rounds += 1
+        ready = run_step(runtime, plan.pop(), task_id=uuid.uuid4().hex)
+        assert isinstance(ready, JobPlan)
+        plan += [StepKey(job.id, step.step_id) for step in ready.steps]
+    with unit_of_work(runtime.sessions) as session:
+        done = session.get(JobRow, job.id)
+    assert done is not None and done.status == "succeeded"
+    assert rounds == 2, "found[1] is 2: the loop ends after its second round"
+
+
 def test_each_success_starts_its_own_job_and_other_owners_start_nothing(
     runtime: Runtime,
 ) -> None:
@@ -318,6 +355,11 @@ def test_a_save_that_closes_a_cycle_is_refused_and_stores_nothing(runtime: Runti
         ),
         (
             "name: lost\nsteps: [{id: s, action: noop, when: '${{ trigger.job_id }} != \"\"'}]\n",
+            "bad_reference",
+        ),
+        (
+            "name: lost\nloops: [{steps: [s], until: '${{ trigger.job_id }} != \"\"'}]\n"
+            "steps: [{id: s, action: noop}]\n",
             "bad_reference",
         ),
         (
