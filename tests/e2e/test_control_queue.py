@@ -10,8 +10,8 @@ from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
 from tests.e2e.conftest import Client, Cluster, wait_for
 
 HOLD_S = 1.0
-BACKLOG_JOBS = 12
-PROMPTLY_S = 4 * HOLD_S
+BACKLOG_JOBS = 16
+PROMPTLY_S = 6 * HOLD_S
 
 
 def test_a_sweep_sent_behind_a_backlog_of_steps_runs_before_the_backlog_drains(
