@@ -31,7 +31,7 @@ from prometheus_client import (
     multiprocess,
 )
 from sqlalchemy import event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
@@ -114,9 +114,42 @@ LLM_REQUEST_SECONDS = Histogram(
 )
 
 
+_UNCOUNTED = "flowbeat.metrics.uncounted"
+
+
 def after_commit(session: Session, count: Callable[[], None]) -> None:
-    """Count once ``session``'s transaction commits; nothing if it rolls back."""
-    event.listen(session, "after_commit", lambda _: count(), once=True)
+    """Count once ``session``'s transaction commits; nothing if it, or the savepoint the count
+    was made in, rolls back (a schedule fire that lost its fence creates no job).
+
+    Kept in the session's ``info`` for the two listeners below rather than as a listener of
+    the session's own: registering one costs more than the count, and one left by a rolled-back
+    transaction would count at the session's next commit."""
+    within = session.get_nested_transaction() or session.get_transaction()
+    session.info.setdefault(_UNCOUNTED, []).append((within, count))
+
+
+@event.listens_for(Session, "after_commit")
+def _count_committed(session: Session) -> None:
+    for _, count in session.info.pop(_UNCOUNTED, ()):
+        count()
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _forget_rolled_back(session: Session, ended: SessionTransaction) -> None:
+    kept = [(tx, count) for tx, count in session.info.get(_UNCOUNTED, ()) if not _inside(tx, ended)]
+    session.info[_UNCOUNTED] = kept
+
+
+def _inside(tx: SessionTransaction | None, ended: SessionTransaction) -> bool:
+    """Whether ``tx`` is ``ended`` or a savepoint within it; ``None`` (made before the session
+    began) belongs to the outermost transaction."""
+    if tx is None:
+        return ended.parent is None
+    while tx is not None:
+        if tx is ended:
+            return True
+        tx = tx.parent
+    return False
 
 
 def job_finished(session: Session | None, pipeline: str, trigger: str, status: str) -> None:
