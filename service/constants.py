@@ -23,9 +23,16 @@ SHARD_NONE: Final = -1
 
 STEP_TIMEOUT_GRACE_S: Final = 5
 LANE_SLICE_S: Final = 1
-TIMER_COMPACT_INTERVAL_S: Final = 10.0
 """A fan-out lane takes further shards in one message until this long has passed, then hands
 over to a fresh message; a shard starting within the slice still gets its whole timeout."""
+CHAIN_SLICE_S: Final = 2
+"""How much longer a step's message's time limits are than its step's timeout: the budget in
+which its worker may run the steps that follow it in a chain without a message of their own.
+Each step is still held to its own timeout by the worker (``tasks.inline``)."""
+CHAIN_START_MARGIN_S: Final = 0.5
+"""A step that follows in the same message starts only if its whole timeout, and this, still
+fit in the message's soft limit, so the worker's own timer fires before Celery's."""
+TIMER_COMPACT_INTERVAL_S: Final = 10.0
 WAIT_FOR_PEER_MAX_S: Final = 5.0
 DEFAULT_STEP_TIMEOUT_S: Final = 300
 JOB_LIST_MAX_LIMIT: Final = 200

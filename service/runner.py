@@ -7,7 +7,8 @@ translate ``RetryLater`` and ``StopChain`` for Celery.
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -55,6 +56,8 @@ from service.steps import (
     Claimed,
     Completion,
     FanOutDue,
+    FastClaim,
+    Follow,
     Lease,
     Skipped,
     StepKey,
@@ -65,6 +68,7 @@ from service.steps import (
     fast_claim,
     ready_claim,
     release_lease,
+    taken_by,
     use_fast_claim,
 )
 
@@ -77,6 +81,27 @@ on; the second goes out on a fresh one."""
 class _Failure:
     error: dict[str, Any]
     retryable: bool
+
+
+@dataclass(frozen=True)
+class Inline:
+    """What lets a step's message run the rest of a chain in the same process, each next step
+    claimed by the checkpoint of the one before (``steps.Follow``) instead of sent.
+
+    ``fits`` says whether a step with that timeout can still start within the message's time
+    limits; ``timed`` holds one action to its step's own timeout, since those limits are
+    longer than one step's; ``send`` sends what else a step made ready before the next runs.
+    A step that follows carries the message's task id, so the message's redelivery after its
+    worker died, or its retry, goes on with that step (``run_step``); the sweeper sends it
+    again once its lease lapsed, as for any step whose worker died.
+    """
+
+    fits: Callable[[int], bool]
+    timed: Callable[[int], AbstractContextManager[None]]
+    send: Callable[[JobPlan], None]
+
+
+_Next = tuple[StepKey, FastClaim]
 
 
 @contextlib.contextmanager
@@ -113,8 +138,14 @@ def run_step(
     *,
     task_id: str,
     timeout_errors: tuple[type[BaseException], ...] = (),
+    inline: Inline | None = None,
 ) -> FannedOut | JobPlan:
-    """Run a step once. A for_each step returns its shards for the caller to fan out."""
+    """Run a step once, and with ``inline`` the steps that follow it in a chain while they
+    fit. Returns what is left to send, or a for_each step's shards for the caller to fan out.
+
+    A message whose step is settled already goes on where an earlier delivery of it left off
+    (``steps.taken_by``): a step that followed in it, whose worker died or that is to be
+    tried again, is run by the message's next delivery or retry, as its own message's would."""
     with logs.bound(job_id=str(key.job_id), step_id=key.step_id):
         now, lease_s = utcnow(), rt.settings.lease_s
         with rt.claims.connect() as conn:
@@ -124,16 +155,53 @@ def run_step(
             with unit_of_work(rt.sessions) as session:
                 held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
                 claim = _fanned_out(session, held, now, rt.settings)
+            if claim is None and key.shard == SHARD_NONE:
+                with rt.claims.connect() as conn:
+                    went_on = taken_by(conn, key.job_id, task_id)
+                if went_on is not None and went_on != key.step_id:
+                    resumed = StepKey(key.job_id, went_on)
+                    return run_step(
+                        rt, resumed, task_id=task_id, timeout_errors=timeout_errors, inline=inline
+                    )
         else:
-            with _released_if_cut_short(rt, key, fast.lease):
-                claim = ready_claim(key, fast)
-                if claim is None:
-                    with unit_of_work(rt.sessions) as session:
-                        due = use_fast_claim(session, key, fast, now)
-                        claim = _fanned_out(session, due, now, rt.settings)
+            claim = _fast_work(rt, key, fast, now)
         if isinstance(claim, FannedOut):
             return claim
-        return _run_claim(rt, key, claim, timeout_errors)
+        plan, follow = _run_claim(rt, key, claim, timeout_errors, inline, task_id)
+    while follow is not None:
+        assert inline is not None
+        plan, follow = _run_next(rt, plan, follow, timeout_errors, inline, task_id)
+    return plan
+
+
+def _fast_work(
+    rt: Runtime, key: StepKey, fast: FastClaim, now: datetime
+) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | None:
+    with _released_if_cut_short(rt, key, fast.lease):
+        claim = ready_claim(key, fast)
+        if claim is None:
+            with unit_of_work(rt.sessions) as session:
+                due = use_fast_claim(session, key, fast, now)
+                return _fanned_out(session, due, now, rt.settings)
+        return claim
+
+
+def _run_next(
+    rt: Runtime,
+    ready: JobPlan,
+    follow: _Next,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline,
+    task_id: str,
+) -> tuple[JobPlan, _Next | None]:
+    """Send what the step before made ready beside ``follow``, then run ``follow``."""
+    key, fast = follow
+    with logs.bound(job_id=str(key.job_id), step_id=key.step_id):
+        with _released_if_cut_short(rt, key, fast.lease):
+            inline.send(ready)
+        claim = _fast_work(rt, key, fast, utcnow())
+        assert not isinstance(claim, FannedOut)
+        return _run_claim(rt, key, claim, timeout_errors, inline, task_id)
 
 
 def _fanned_out(
@@ -206,28 +274,36 @@ def _run_claim(
     asked: StepKey,
     claim: Claimed | Unresolvable | Skipped | Completion | None,
     timeout_errors: tuple[type[BaseException], ...],
-) -> JobPlan:
+    inline: Inline | None = None,
+    task_id: str = "",
+) -> tuple[JobPlan, _Next | None]:
     if claim is None:
-        return JobPlan(asked.job_id)
+        return JobPlan(asked.job_id), None
     if not isinstance(claim, Claimed):
-        return claim.ready
+        return claim.ready, None
     with logs.bound(attempt=claim.lease.attempt):
-        return _settled(rt, claim, timeout_errors)
+        return _settled(rt, claim, timeout_errors, inline, task_id)
 
 
 def _settled(
-    rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]
-) -> JobPlan:
-    """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round."""
+    rt: Runtime,
+    claim: Claimed,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None,
+    task_id: str,
+) -> tuple[JobPlan, _Next | None]:
+    """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round;
+    and the step that follows, when the checkpoint claimed it."""
     key = claim.key
     with _released_if_cut_short(rt, key, claim.lease):
-        outcome = _attempt(rt, claim, timeout_errors)
+        outcome = _attempt(rt, claim, timeout_errors, inline)
         if isinstance(outcome, _Failure):
-            return _settle_failure(rt, claim, outcome)
+            return _settle_failure(rt, claim, outcome), None
         now = utcnow()
         if key.shard == SHARD_NONE and step_facts(claim.profile, key.step_id).ends_round:
             with unit_of_work(rt.sessions) as session:
-                return complete_round(session, key, claim.lease, outcome, claim.profile, now)
+                plan = complete_round(session, key, claim.lease, outcome, claim.profile, now)
+                return plan, None
         succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
         with rt.checkpoints.connect() as conn:
             done = complete_step(
@@ -238,6 +314,7 @@ def _settled(
                 now,
                 profile=claim.profile,
                 succeeds_job=succeeds_job,
+                follow=_follow(rt, claim, inline, task_id),
             )
     if done.written and key.shard != SHARD_NONE:
         metrics.FANOUT_ITEMS.labels(claim.action).inc()
@@ -246,22 +323,46 @@ def _settled(
     if done.written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, key.job_id, now)
-    return done.ready
+    if done.taken is None:
+        return done.ready, None
+    taken = done.taken
+    fast = FastClaim(taken.lease, claim.profile, claim.params, taken.outputs)
+    return done.ready, (taken.key, fast)
 
 
-def _attempt(rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]) -> Any:
+def _follow(rt: Runtime, claim: Claimed, inline: Inline | None, task_id: str) -> Follow | None:
+    """The child to claim with this step's checkpoint, if one may follow it here."""
+    if inline is None or claim.key.shard != SHARD_NONE:
+        return None
+    child = step_facts(claim.profile, claim.key.step_id).follows
+    if child is None or not inline.fits(claim.profile.step(child).timeout_s):
+        return None
+    return Follow(child, task_id, rt.settings.lease_s)
+
+
+def _attempt(
+    rt: Runtime,
+    claim: Claimed,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None,
+) -> Any:
     """The attempt's outcome, timed by action."""
     started = time.monotonic()
-    outcome = _call_action(rt, claim, timeout_errors)
+    outcome = _call_action(rt, claim, timeout_errors, inline)
     result = "error" if isinstance(outcome, _Failure) else "ok"
     metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
     return outcome
 
 
 def _call_action(
-    rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...]
+    rt: Runtime,
+    claim: Claimed,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None,
 ) -> Any:
     key = claim.key
+    spec = claim.profile.step(key.step_id)
+    timed = nullcontext() if inline is None else inline.timed(spec.timeout_s)
     ctx = StepContext(
         job_id=str(key.job_id),
         step_id=key.step_id,
@@ -272,8 +373,9 @@ def _call_action(
     )
     try:
         with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
-            output = rt.registry.call(claim.action, ctx, claim.inputs)
-            unverified = verify.check(claim.profile.step(key.step_id).verify, output, ctx.params)
+            with timed:
+                output = rt.registry.call(claim.action, ctx, claim.inputs)
+            unverified = verify.check(spec.verify, output, ctx.params)
         if unverified is None:
             return output
         error = _error("verification_failed", unverified.message, unverified.details)

@@ -126,7 +126,8 @@ class Settings(BaseSettings):
     worker_concurrency: int = 2
     task_events: bool = False
     """Celery task events, for Flower: each step then costs its worker three more publishes
-    (about 9% of a no-op chain's throughput), so they are on only where Flower runs."""
+    (about 9% of a no-op chain's throughput), and has a message of its own, so that Flower
+    shows it under its own name (``tasks.inline``); they are on only where Flower runs."""
     worker_prefetch: int = 4
 
     @field_validator(

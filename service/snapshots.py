@@ -42,6 +42,13 @@ class StepFacts(NamedTuple):
     """It is the last step of a loop: its checkpoint closes a round."""
     reads_trigger: bool
     """Its inputs or its ``when`` read ``trigger.job_id`` or ``trigger.result``."""
+    plain: bool
+    """It starts from a one-statement claim with no transaction (``steps.ready_claim``): no
+    fan-out, gate or ``when``, and its inputs read no decision, loop or trigger."""
+    follows: str | None
+    """The child its worker may claim in its checkpoint and run next, without a message
+    (``steps.Follow``): the first one whose only upstream it is and that needs no transaction
+    to start."""
 
     @property
     def sink(self) -> bool:
@@ -60,15 +67,26 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
             _FACTS.clear()
         spec = profile.step(step_id)
         refs = parse_refs(spec.with_) + (spec.condition.refs() if spec.condition else [])
+        children = tuple(other.id for other in profile.steps if step_id in other.depends_on)
+        decided = frozenset(ref.name for ref in refs if ref.root == "approval" and ref.name)
+        reads_loop = any(ref.root == "loop" for ref in refs)
+        reads_trigger = any(ref.root == "trigger" for ref in refs)
+        gated = spec.for_each is not None or spec.approval is not None or spec.when is not None
         facts = _FACTS[cache_key] = StepFacts(
             frozenset(ref.name for ref in refs if ref.root == "steps" and ref.name),
-            tuple(other.id for other in profile.steps if step_id in other.depends_on),
-            frozenset(ref.name for ref in refs if ref.root == "approval" and ref.name),
-            any(ref.root == "loop" for ref in refs),
+            children,
+            decided,
+            reads_loop,
             (loop := profile.loop_of(step_id)) is not None and profile.loop_last(loop) == step_id,
-            any(ref.root == "trigger" for ref in refs),
+            reads_trigger,
+            not (gated or decided or reads_loop or reads_trigger),
+            next((c for c in children if _may_follow(profile, step_id, c)), None),
         )
     return facts
+
+
+def _may_follow(profile: Profile, step_id: str, child: str) -> bool:
+    return profile.step(child).depends_on == [step_id] and step_facts(profile, child).plain
 
 
 def referenced_steps(value: Any) -> set[str]:

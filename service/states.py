@@ -90,6 +90,7 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_P, _RUN, "service.steps.fast_claim", "its upstream allows it; a lease is taken"),
     Transition(_P, _RUN, "service.steps.claim_step", "as above, under row locks"),
     Transition(_P, _RUN, "service.shards.fast_shard_claim", "a lane takes a shard"),
+    Transition(_P, _RUN, "service.steps.complete_step", "its only upstream's checkpoint: next"),
     Transition(_RETRY, _RUN, "service.steps.fast_claim", "the next attempt is delivered"),
     Transition(_RUN, _RUN, "service.steps.claim_step", "its lease lapsed: another worker"),
     Transition(_RUN, _OK, "service.steps.complete_step", "the checkpoint is written"),

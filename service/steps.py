@@ -83,11 +83,32 @@ class Skipped:
 @dataclass(frozen=True)
 class Completion:
     """A checkpointed attempt: whether it was written, the children it made ready, and the
-    trigger of the job it succeeded, if it did."""
+    trigger of the job it succeeded, if it did. ``taken`` is the child the same statement
+    claimed for this worker to run next (``Follow``); it is not in ``ready``."""
 
     written: bool
     ready: JobPlan
     succeeded_trigger: str | None = None
+    taken: "Taken | None" = None
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The child a checkpoint claimed (``Follow``), and the outputs its inputs read."""
+
+    key: StepKey
+    lease: Lease
+    outputs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Claim ``step_id``, a child whose only upstream is the step being checkpointed, in the
+    checkpoint's statement, for the same worker to run next without a message."""
+
+    step_id: str
+    task_id: str
+    lease_s: float
 
 
 @dataclass(frozen=True)
@@ -229,17 +250,29 @@ def fast_claim(
     return FastClaim(Lease(token, attempts), profile, job_params, outputs)
 
 
+_TAKEN_BY = """
+    SELECT step_id FROM step_runs
+     WHERE job_id = %(job_id)s AND shard = -1 AND task_id = %(task_id)s
+       AND status IN ('running', 'retrying')
+     ORDER BY started_at DESC LIMIT 1
+    """
+
+
+def taken_by(conn: psycopg.Connection[Any], job_id: uuid.UUID, task_id: str) -> str | None:
+    """The step of the job that the message ``task_id`` went on to and left unsettled: its
+    checkpoint claimed the step (``Follow``), then its worker died or the step is to be tried
+    again. A message that is delivered again, or retried, continues there."""
+    row = conn.execute(_TAKEN_BY, {"job_id": job_id, "task_id": task_id}).fetchone()
+    return None if row is None else str(row[0])
+
+
 def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
     """A fast claim of a plain step as work to run, with no further statement.
 
     ``None`` when it needs a transaction: a for_each step to fan out, a gate to pass, or
     inputs that do not resolve and must be recorded as the step's failure (``use_fast_claim``).
     """
-    spec = claim.profile.step(key.step_id)
-    if spec.for_each is not None or spec.approval is not None or spec.when is not None:
-        return None
-    facts = step_facts(claim.profile, key.step_id)
-    if facts.decisions or facts.reads_loop or facts.reads_trigger:
+    if not step_facts(claim.profile, key.step_id).plain:
         return None
     try:
         return _claim_of(key, claim.lease, claim.profile, claim.params, None, claim.outputs)
@@ -511,6 +544,38 @@ _COMPLETE = (
 )
 """The checkpoint, and the step counted off its children in the same statement, so a
 redelivered message that finds the step settled cannot count it twice."""
+_COMPLETE_AND_TAKE = (
+    _COMPLETED
+    + f""", claimed AS (
+        UPDATE step_runs AS s
+           SET waiting_on = 0, {_TAKE_LEASE.replace("%(token)s", "%(taken_token)s")}
+          FROM jobs AS j
+         WHERE s.job_id = %(job_id)s AND s.step_id = %(take)s AND s.shard = -1
+           AND s.waiting_on = 1 AND s.status IN ('pending', 'retrying')
+           AND j.id = s.job_id AND j.status IN ('queued', 'running', 'awaiting_approval')
+           AND EXISTS (SELECT 1 FROM done)
+        RETURNING s.attempts, s.inputs_from
+    ), released AS (
+        UPDATE step_runs SET waiting_on = waiting_on - 1
+         WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
+           AND EXISTS (SELECT 1 FROM done)
+           AND NOT (step_id = %(take)s AND EXISTS (SELECT 1 FROM claimed))
+        RETURNING step_id, waiting_on
+    )
+    SELECT EXISTS (SELECT 1 FROM saved),
+           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text,
+           c.attempts,
+           {_INPUT_OUTPUTS}
+           || CASE WHEN %(step_id)s = ANY(c.inputs_from)
+                   THEN jsonb_build_object(%(step_id)s, %(output)s::jsonb)
+                   ELSE '{{}}'::jsonb END
+      FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true"""
+)
+"""The checkpoint and the claim of the child that ``Follow`` names, when this step was its
+only upstream, in one statement: what ``_FAST_CLAIM`` would have done a message later, under
+the same conditions. Every other child is counted off as in ``_COMPLETE``. The child reads
+this step's output from the statement's parameter, since its own checkpoint row is not
+visible to the statement that writes it."""
 _COMPLETE_AND_SUCCEED_JOB = (
     _COMPLETED
     + """, succeeded AS (
@@ -536,11 +601,13 @@ def complete_step(
     *,
     profile: Profile,
     succeeds_job: bool = False,
+    follow: Follow | None = None,
 ) -> Completion:
     """Checkpoint a finished attempt in one statement, unless its lease was lost meanwhile.
 
     With ``succeeds_job`` (the job's sole sink, whose output is the job's result, see
     ``settle.sink_settles_job``) the same statement succeeds the job; a sink has no children.
+    With ``follow`` it also claims that child for the caller.
     """
     params = {
         "now": now,
@@ -556,11 +623,35 @@ def complete_step(
     else:
         children = step_facts(profile, key.step_id).children if key.shard == SHARD_NONE else ()
         params["children"] = list(children)
+    if follow is not None and not succeeds_job:
+        return _complete_and_take(conn, key, params, profile, follow)
     statement = _COMPLETE_AND_SUCCEED_JOB if succeeds_job else _COMPLETE
     row = conn.execute(statement, params).fetchone()
     assert row is not None
     written, ready, succeeded_trigger = row
     return Completion(written, steps_plan(profile, key.job_id, ready), succeeded_trigger)
+
+
+def _complete_and_take(
+    conn: psycopg.Connection[Any],
+    key: StepKey,
+    params: dict[str, Any],
+    profile: Profile,
+    follow: Follow,
+) -> Completion:
+    child = StepKey(key.job_id, follow.step_id)
+    token = uuid.uuid4().hex
+    params |= {
+        "take": follow.step_id,
+        "taken_token": token,
+        "until": params["now"] + timedelta(seconds=follow.lease_s),
+        "task_id": follow.task_id,
+    }
+    row = conn.execute(_COMPLETE_AND_TAKE, params).fetchone()
+    assert row is not None
+    written, ready, _, attempts, outputs = row
+    taken = None if attempts is None else Taken(child, Lease(token, attempts), outputs)
+    return Completion(written, steps_plan(profile, key.job_id, ready), None, taken)
 
 
 _RELEASE = """

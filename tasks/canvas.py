@@ -5,7 +5,9 @@ What a person reads in Flower and the worker logs is set beside the payload: the
 as ``<pipeline>/<step>`` (Celery's ``shadow`` name) and its arguments as ``job=… step=…``
 (``argsrepr``).
 No message carries what comes after its step: the step that settles last among a child's
-upstream sends the child (``service.steps.release_children``).
+upstream sends the child (``service.steps.release_children``), or runs it next itself when it
+was the child's only upstream and the message's time limits still hold the child's timeout
+(``tasks.inline``).
 """
 
 import uuid
@@ -16,6 +18,7 @@ from celery.canvas import Signature
 
 from service.compensations import Due
 from service.constants import (
+    CHAIN_SLICE_S,
     LANE_SLICE_S,
     STEP_TIMEOUT_GRACE_S,
     TASK_COMPENSATE,
@@ -73,7 +76,7 @@ def step_signature(app: Celery, plan: JobPlan, step: StepPlan) -> Signature:
         return fan_out(app, key, lanes, step.timeout_s, plan.pipeline)
     return app.signature(
         TASK_RUN_STEP, args=(str(plan.job_id), step.step_id), immutable=True, ignore_result=True
-    ).set(**_limits(step.timeout_s), **readable(key, plan.pipeline))
+    ).set(**_limits(step.timeout_s + CHAIN_SLICE_S), **readable(key, plan.pipeline))
 
 
 def send_compensation(app: Celery, job_id: uuid.UUID, due: Due | None) -> None:

@@ -11,6 +11,7 @@ from service.steps import StepKey
 from tasks import canvas, runtime
 from tasks.app import app
 from tasks.base import FlowbeatTask
+from tasks.inline import inline_for
 
 TIMEOUTS = (SoftTimeLimitExceeded,)
 
@@ -23,8 +24,14 @@ def _pipeline(task: FlowbeatTask) -> str | None:
 
 @app.task(bind=True, base=FlowbeatTask, name=TASK_RUN_STEP)
 def run_step(self: FlowbeatTask, job_id: str, step_id: str) -> None:
-    key = StepKey(uuid.UUID(job_id), step_id)
-    outcome = runner.run_step(runtime.get(), key, task_id=self.request.id, timeout_errors=TIMEOUTS)
+    key, rt = StepKey(uuid.UUID(job_id), step_id), runtime.get()
+    outcome = runner.run_step(
+        rt,
+        key,
+        task_id=self.request.id,
+        timeout_errors=TIMEOUTS,
+        inline=inline_for(self, rt.settings),
+    )
     if isinstance(outcome, FannedOut):
         lanes = min(outcome.max_parallel, len(outcome.shards))
         self.replace(canvas.fan_out(self.app, key, lanes, outcome.timeout_s, _pipeline(self)))

@@ -17,6 +17,7 @@ from service.profiles import find_profile
 from service.runtime import Runtime
 from service.steps import (
     Claimed,
+    Follow,
     Lease,
     StepKey,
     claim_step,
@@ -25,6 +26,7 @@ from service.steps import (
     fast_claim,
     release_lease,
     renew_lease,
+    taken_by,
 )
 
 LEASE_S = 30.0
@@ -108,6 +110,67 @@ def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtim
 
     assert after is not None
     assert after.outputs == {"slow": {"name": "slow"}}
+
+
+def test_a_checkpoint_claims_the_child_it_alone_precedes_for_the_same_message(
+    runtime: Runtime,
+) -> None:
+    key = StepKey(_submit(runtime), "before")
+    claim = _claim(runtime, key)
+    profile = find_profile(runtime.settings.profiles_dir, "slow")
+    with runtime.checkpoints.connect() as conn:
+        done = complete_step(
+            conn,
+            key,
+            claim.lease,
+            {"name": "up"},
+            utcnow(),
+            profile=profile,
+            follow=Follow("slow", "message-1", LEASE_S),
+        )
+        assert done.taken is not None
+        slow = done.taken
+        after = complete_step(
+            conn,
+            slow.key,
+            slow.lease,
+            {"name": "slow"},
+            utcnow(),
+            profile=profile,
+            follow=Follow("after", "message-1", LEASE_S),
+        )
+
+    assert done.written and done.ready.steps == []
+    assert slow.key == StepKey(key.job_id, "slow") and slow.lease.attempt == 1
+    assert slow.outputs == {}
+    assert after.taken is not None and after.taken.outputs == {"slow": {"name": "slow"}}
+    row = _row(runtime, after.taken.key)
+    assert (row.status, row.task_id, row.waiting_on) == ("running", "message-1", 0)
+    assert row.lease_token == after.taken.lease.token
+    with runtime.claims.connect() as conn:
+        assert taken_by(conn, key.job_id, "message-1") == "after"
+        assert taken_by(conn, key.job_id, "message-2") is None
+
+
+def test_a_checkpoint_under_a_lost_lease_claims_no_child(runtime: Runtime) -> None:
+    key = StepKey(_submit(runtime), "before")
+    claim = _claim(runtime, key)
+    profile = find_profile(runtime.settings.profiles_dir, "slow")
+    stale = Lease("not-the-holder", claim.lease.attempt)
+    with runtime.checkpoints.connect() as conn:
+        done = complete_step(
+            conn,
+            key,
+            stale,
+            {"name": "up"},
+            utcnow(),
+            profile=profile,
+            follow=Follow("slow", "message-1", LEASE_S),
+        )
+
+    assert not done.written and done.taken is None
+    row = _row(runtime, StepKey(key.job_id, "slow"))
+    assert (row.status, row.waiting_on, row.task_id) == ("pending", 1, None)
 
 
 def test_a_step_sent_before_its_upstream_settled_is_left_to_its_last_parent(

@@ -8,7 +8,14 @@ import pytest
 from celery import Celery
 from kombu.message import Message
 
-from service.constants import HEADER_SENT_AT, QUEUE_STEPS, TASK_RUN_LANE, TASK_RUN_STEP
+from service.constants import (
+    CHAIN_SLICE_S,
+    HEADER_SENT_AT,
+    QUEUE_STEPS,
+    STEP_TIMEOUT_GRACE_S,
+    TASK_RUN_LANE,
+    TASK_RUN_STEP,
+)
 from service.plan import JobPlan, StepPlan
 from tasks.canvas import send_plan, step_signature
 
@@ -49,7 +56,11 @@ def test_a_plan_sends_one_message_per_step_with_its_time_limits(app: Celery) -> 
 
     assert [m.headers["task"] for m in messages] == [TASK_RUN_STEP, TASK_RUN_STEP]
     assert [m.payload[0] for m in messages] == [[str(JOB), "a"], [str(JOB), "b"]]
-    assert [m.headers["timelimit"] for m in messages] == [[15, 10], [25, 20]]
+    slice_s, grace_s = CHAIN_SLICE_S, STEP_TIMEOUT_GRACE_S
+    assert [m.headers["timelimit"] for m in messages] == [
+        [10 + slice_s + grace_s, 10 + slice_s],
+        [20 + slice_s + grace_s, 20 + slice_s],
+    ]
     assert all(m.payload[2]["chain"] is None for m in messages)
 
 
