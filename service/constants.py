@@ -98,3 +98,8 @@ MCP_HISTORY_NEW_ITEMS: Final = 5
 
 HEADER_SENT_AT: Final = "flowbeat_sent_at"
 """Message header: when a step's message was sent (epoch seconds), for its queue wait."""
+BROKER_PUBLISH_RETRIES: Final = 3
+"""Retries of a step message pushed without Celery after a broken connection, as Celery's
+default publish retry policy makes."""
+BROKER_PUBLISH_RETRY_INTERVAL_S: Final = 0.2
+"""The pause before each of those retries (Celery's policy: 0, 0.2 and 0.4 s)."""

@@ -30,7 +30,7 @@ from service.plan import JobPlan, StepPlan
 from service.steps import StepKey
 
 
-def _limits(timeout_s: int) -> dict[str, int]:
+def limits(timeout_s: int) -> dict[str, int]:
     return {"soft_time_limit": timeout_s, "time_limit": timeout_s + STEP_TIMEOUT_GRACE_S}
 
 
@@ -50,7 +50,7 @@ def lane(app: Celery, key: StepKey, timeout_s: int, pipeline: str | None = None)
         args=(str(key.job_id), key.step_id, timeout_s),
         immutable=True,
         ignore_result=True,
-    ).set(**_limits(timeout_s + LANE_SLICE_S), **readable(key, pipeline, " lane"))
+    ).set(**limits(timeout_s + LANE_SLICE_S), **readable(key, pipeline, " lane"))
 
 
 def fan_out(
@@ -76,7 +76,13 @@ def step_signature(app: Celery, plan: JobPlan, step: StepPlan) -> Signature:
         return fan_out(app, key, lanes, step.timeout_s, plan.pipeline)
     return app.signature(
         TASK_RUN_STEP, args=(str(plan.job_id), step.step_id), immutable=True, ignore_result=True
-    ).set(**_limits(step.timeout_s + CHAIN_SLICE_S), **readable(key, plan.pipeline))
+    ).set(**step_limits(step), **readable(key, plan.pipeline))
+
+
+def step_limits(step: StepPlan) -> dict[str, int]:
+    """A plain step's message's time limits, wherever that message is built: longer than the
+    step's timeout by the slice in which its worker may run the steps that follow it."""
+    return limits(step.timeout_s + CHAIN_SLICE_S)
 
 
 def send_compensation(app: Celery, job_id: uuid.UUID, due: Due | None) -> None:
@@ -86,7 +92,7 @@ def send_compensation(app: Celery, job_id: uuid.UUID, due: Due | None) -> None:
         app.send_task(TASK_COMPENSATE, (str(job_id),), ignore_result=True)
         return
     app.send_task(
-        TASK_COMPENSATE, (str(job_id), due.step_id), ignore_result=True, **_limits(due.timeout_s)
+        TASK_COMPENSATE, (str(job_id), due.step_id), ignore_result=True, **limits(due.timeout_s)
     )
 
 

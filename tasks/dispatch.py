@@ -14,12 +14,18 @@ from service.plan import JobPlan, load_plan
 from service.runtime import Runtime
 from service.settle import settle_job
 from tasks.canvas import send_plan
+from tasks.messages import direct_broker, plain_steps, plan_messages, push
 
 
 def publish_plan(app: Celery, plan: JobPlan) -> None:
-    """Send the canvas; raises BrokerUnavailable if the broker did not take it."""
+    """Send the canvas, plain steps with one ``LPUSH`` where that is what Celery would send;
+    raises BrokerUnavailable if the broker did not take it."""
     try:
-        send_plan(app, plan)
+        url = direct_broker(app)
+        if url is not None and plain_steps(plan):
+            push(url, plan_messages(app, plan))
+        else:
+            send_plan(app, plan)
     except (KombuOperationalError, RedisError, ConnectionError) as exc:
         raise BrokerUnavailable(
             "the broker is unreachable; the job is stored and will be sent when it returns",

@@ -141,3 +141,21 @@ def test_a_fan_out_beside_another_step_joins_only_after_both(client: Client) -> 
     assert [shard["value"] for shard in join] == [1, 2, 3, 4]
     for name, runs in {"start": 1, "fan": 4, "beside": 1, "join": 1}.items():
         assert client.count(job_id, name) == runs, name
+
+
+def test_a_job_whose_first_message_was_pushed_without_celery_runs_on_a_worker(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.messages import direct_broker
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("the first message went through Celery's publish")
+
+    monkeypatch.setattr("tasks.dispatch.send_plan", refuse)
+    assert direct_broker(client.app) is not None
+
+    job_id = client.submit("flaky", succeed_on=1)
+    view = client.wait_final(job_id)
+
+    assert view.job.status == "succeeded", view.job.error
+    assert client.count(job_id, "after") == 1

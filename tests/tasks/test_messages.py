@@ -1,0 +1,187 @@
+"""A plain step's message pushed without Celery is, field by field, the one kombu writes for
+the same task through the app's own configuration (router, transport, queues)."""
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.signals import before_task_publish
+
+from service.constants import CHAIN_SLICE_S, HEADER_SENT_AT, QUEUE_STEPS, STEP_TIMEOUT_GRACE_S
+from service.errors import BrokerUnavailable
+from service.plan import JobPlan, StepPlan
+from service.settings import get_settings
+from tasks.canvas import send_plan
+from tasks.dispatch import publish_plan
+from tasks.messages import direct_broker, plan_messages, push
+from tests.conftest import Stack
+from tests.support.servers import allocate_redis_db, redis_base_url, release_redis_db
+
+JOB = uuid.uuid4()
+CLOSED_PORT_REDIS = "redis://127.0.0.1:1/0"
+
+
+@pytest.fixture
+def broker_url(stack: Stack) -> Iterator[str]:
+    """A Redis DB of its own, whose queues no worker of the suite consumes."""
+    owner = f"messages-test-{uuid.uuid4().hex[:8]}"
+    base = redis_base_url()
+    number = allocate_redis_db(base, owner)
+    yield f"{stack.broker_url.rsplit('/', 1)[0]}/{number}"
+    release_redis_db(base, number, owner)
+
+
+def _app(broker_url: str, monkeypatch: pytest.MonkeyPatch) -> Celery:
+    from tasks import app as app_module  # builds the process-wide app: only once stack is up
+
+    monkeypatch.setattr("tasks.runtime.configure", lambda _: None)
+    return app_module.create_celery(get_settings().model_copy(update={"broker_url": broker_url}))
+
+
+@pytest.fixture
+def app(broker_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
+    """The flowbeat app as the API builds it, on ``broker_url``."""
+    celery_app = _app(broker_url, monkeypatch)
+    yield celery_app
+    celery_app.close()
+
+
+@pytest.fixture
+def queue(broker_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(broker_url)
+    yield client
+    client.close()
+
+
+def _next(queue: redis.Redis) -> dict[str, Any]:
+    """The next message a worker would pop: the rightmost."""
+    raw = queue.rpop(QUEUE_STEPS)
+    assert isinstance(raw, bytes)
+    document: dict[str, Any] = json.loads(raw)
+    return document
+
+
+def _fresh(message: dict[str, Any]) -> tuple[str, float, str]:
+    """The parts that differ on every publish, checked for their shape: the task id (which is
+    also the root id and the correlation id), the send time and the delivery tag."""
+    headers, properties = message["headers"], message["properties"]
+    task_id = headers["id"]
+    assert uuid.UUID(task_id)
+    assert headers["root_id"] == properties["correlation_id"] == task_id
+    assert uuid.UUID(properties["delivery_tag"])
+    return task_id, headers[HEADER_SENT_AT], properties["delivery_tag"]
+
+
+def _same_but_fresh(ours: dict[str, Any], kombus: dict[str, Any]) -> None:
+    """Every field compared on its own, in kombu's order, with the fresh ones left out."""
+    assert list(ours) == list(kombus)
+    for name in ("body", "content-encoding", "content-type"):
+        assert ours[name] == kombus[name], name
+    assert json.loads(base64.b64decode(ours["body"])) == json.loads(
+        base64.b64decode(kombus["body"])
+    )
+    for part, fresh in (
+        ("headers", {"id", "root_id", HEADER_SENT_AT}),
+        ("properties", {"correlation_id", "delivery_tag"}),
+    ):
+        assert list(ours[part]) == list(kombus[part]), part
+        for name, value in kombus[part].items():
+            if name not in fresh:
+                assert ours[part][name] == value, f"{part}.{name}"
+    ours_id, ours_sent, ours_tag = _fresh(ours)
+    kombus_id, kombus_sent, kombus_tag = _fresh(kombus)
+    assert ours_id != kombus_id and ours_tag != kombus_tag
+    assert abs(ours_sent - kombus_sent) < 5 and abs(ours_sent - time.time()) < 5
+
+
+@pytest.mark.parametrize("pipeline", ["digest", None])
+def test_a_pushed_step_message_is_the_one_kombu_writes(
+    app: Celery, broker_url: str, queue: redis.Redis, pipeline: str | None
+) -> None:
+    steps = [StepPlan("a", timeout_s=10), StepPlan("b", timeout_s=20)]
+    plan = JobPlan(JOB, steps, pipeline=pipeline)
+    assert direct_broker(app) == broker_url
+
+    send_plan(app, plan)
+    push(broker_url, plan_messages(app, plan))
+
+    kombu_a, kombu_b, ours_a, ours_b = (_next(queue) for _ in range(4))
+    assert queue.llen(QUEUE_STEPS) == 0
+    _same_but_fresh(ours_a, kombu_a)
+    _same_but_fresh(ours_b, kombu_b)
+    soft_s = 10 + CHAIN_SLICE_S
+    assert ours_a["headers"]["timelimit"] == [soft_s + STEP_TIMEOUT_GRACE_S, soft_s]
+    assert ours_a["headers"]["shadow"] == (f"{pipeline}/a" if pipeline else None)
+
+
+def test_publish_plan_pushes_plain_steps_and_leaves_fan_outs_to_celery(
+    app: Celery, queue: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[JobPlan] = []
+    monkeypatch.setattr("tasks.dispatch.send_plan", lambda _, plan: sent.append(plan))
+    plain = JobPlan(JOB, [StepPlan("a", 10)], pipeline="digest")
+    fanned = JobPlan(JOB, [StepPlan("b", 10, shards=[0], max_parallel=1)], pipeline="digest")
+
+    publish_plan(app, plain)
+    publish_plan(app, fanned)
+
+    assert sent == [fanned]
+    assert _next(queue)["headers"]["shadow"] == "digest/a"
+
+
+def test_a_publish_signal_receiver_keeps_celerys_publish(app: Celery, broker_url: str) -> None:
+    assert direct_broker(app) == broker_url
+
+    def tracer(**_: Any) -> None:
+        """A receiver, as a tracing library connects one to add its headers."""
+
+    before_task_publish.connect(tracer)
+    try:
+        assert direct_broker(app) is None
+    finally:
+        before_task_publish.disconnect(tracer)
+    assert direct_broker(app) == broker_url
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"task_send_sent_event": True},
+        {"task_compression": "gzip"},
+        {"task_protocol": 1},
+        {"broker_transport_options": {"global_keyprefix": "fb:"}},
+    ],
+)
+def test_a_setting_that_would_change_the_message_keeps_celerys_publish(
+    app: Celery, setting: dict[str, Any]
+) -> None:
+    app.conf.update(setting)
+    assert direct_broker(app) is None
+
+
+def test_a_broker_other_than_plain_redis_keeps_celerys_publish(
+    broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _app(broker_url.replace("redis://", "rediss://"), monkeypatch)
+    try:
+        assert direct_broker(app) is None
+    finally:
+        app.close()
+
+
+def test_a_push_the_broker_refuses_is_broker_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = _app(CLOSED_PORT_REDIS, monkeypatch)
+    try:
+        assert direct_broker(app) == CLOSED_PORT_REDIS
+        with pytest.raises(BrokerUnavailable):
+            publish_plan(app, JobPlan(JOB, [StepPlan("a", 10)]))
+    finally:
+        app.close()
