@@ -25,6 +25,7 @@ from api.routes import (
 )
 from api.routes.mcp import install_mcp, mcp_sessions
 from api.streams import stop_listener
+from api.submit import loop_io
 from api.telemetry import RequestMetrics
 from api.ui import install_ui
 from service import logs
@@ -53,8 +54,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with mcp_sessions(app):
+        async with mcp_sessions(app), loop_io(settings) as io:
+            app.state.loop_io = io
             yield
+            app.state.loop_io = None
         stop_listener(app)
         if owns_engine:
             bind = built.sessions.kw.get("bind")
@@ -70,6 +73,7 @@ def create_app(
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.celery_app = celery_app
+    app.state.loop_io = None
     app.state.started_at = time.monotonic()
     app.state.keys = KeyCache(settings.auth_cache_s)
     app.state.key_limiters = {}

@@ -224,6 +224,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_error)
     app.add_exception_handler(InterfaceError, _database_error)
+    app.add_exception_handler(psycopg.OperationalError, _database_error)
     app.add_exception_handler(DataError, _data_error)
     app.add_exception_handler(psycopg.DataError, _data_error)
     app.add_exception_handler(KombuOperationalError, _broker_error)

@@ -6,25 +6,44 @@ message for a job that PostgreSQL does not hold yet.
 
 import logging
 import re
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis.asyncio
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy.orm import Session
 
 from api.schemas import JobCreate, JobPublic
 from service import logs
 from service.auth import Principal
-from service.db import autocommit
+from service.constants import API_LOOP_DB_WAIT_S
+from service.db import autocommit, libpq_url
 from service.egress import check_escalation_urls, check_notify_url
-from service.jobs import JobRequest, check_open_jobs, job_view, new_job_view, submit_job
+from service.errors import FlowbeatError
+from service.jobs import (
+    JobRequest,
+    check_open_jobs,
+    insert_job_if_resolved,
+    job_view,
+    new_job_values,
+    new_job_view,
+    submit_job,
+)
+from service.models import JobRow
 from service.notices import validate_notify_url
+from service.pipelines import seen_resolution
 from service.plan import initial_plan
 from service.profiles import NAME_PATTERN, load_profile_text, validate_profile
 from service.runtime import Runtime
 from service.settings import Settings
 from service.snapshots import job_profile
-from tasks.dispatch import publish_new_job
+from tasks.dispatch import publish_new_job, publish_new_job_async
+from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from celery import Celery
 
 log = logging.getLogger(__name__)
@@ -86,3 +105,91 @@ def accept_job(
         publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
         log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
     return JobPublic.of(new_job_view(job, profile)), 202
+
+
+@dataclass(frozen=True)
+class LoopIO:
+    """PostgreSQL and the broker for the event loop that opened them."""
+
+    pool: AsyncConnectionPool
+    broker: redis.asyncio.Redis
+
+
+@asynccontextmanager
+async def loop_io(settings: Settings) -> "AsyncIterator[LoopIO | None]":
+    """``None`` where jobs are not pushed without Celery (a broker other than plain Redis):
+    every job goes the thread's way."""
+    broker_url = settings.broker_url
+    if broker_url is None or not broker_url.startswith(DIRECT_BROKER_SCHEME):
+        yield None
+        return
+    pool = AsyncConnectionPool(
+        libpq_url(settings.require_database_url()),
+        min_size=0,
+        max_size=settings.api_db_pool_size,
+        kwargs={"autocommit": True},
+        timeout=API_LOOP_DB_WAIT_S,
+        open=False,
+    )
+    await pool.open(wait=False)
+    broker = async_broker_client(broker_url)
+    try:
+        yield LoopIO(pool, broker)
+    finally:
+        await broker.aclose()
+        await pool.close()
+
+
+async def accept_job_on_loop(
+    body: JobCreate,
+    principal: Principal,
+    runtime: Runtime,
+    settings: Settings,
+    celery_app: "Celery",
+    io: LoopIO,
+) -> tuple[JobPublic, int] | None:
+    """A new job of a pipeline name, accepted without leaving the event loop: the hop to the
+    thread pool, the session and the separate lookup, count and insert were most of what the
+    API spent on a job. ``None`` when it cannot be taken this way (an inline profile, a notify
+    URL, a name not resolved here before or resolving differently now, the open-jobs cap
+    reached, an idempotency key already taken, a request ``submit_job`` refuses, no free
+    connection): ``accept_job`` then decides, and answers exactly as it always has."""
+    name = body.pipeline
+    if not isinstance(name, str) or body.notify_url is not None:
+        return None
+    if not re.fullmatch(NAME_PATTERN, name):
+        return None
+    known_actions = runtime.registry.names()
+    resolved = seen_resolution(
+        name,
+        owner=principal.owner,
+        profiles_dir=settings.profiles_dir,
+        known_actions=known_actions,
+    )
+    if resolved is None:
+        return None
+    request = JobRequest(
+        pipeline=name,
+        params=body.params,
+        idempotency_key=body.idempotency_key,
+        diff_mode=body.diff_mode,
+    )
+    try:
+        job, steps = new_job_values(request, resolved, owner=principal.owner)
+    except FlowbeatError:
+        return None
+    try:
+        async with io.pool.connection() as conn:
+            stored = await insert_job_if_resolved(
+                conn, job, steps, name=name, open_jobs_limit=settings.max_open_jobs_per_owner
+            )
+    except PoolTimeout:
+        return None
+    if not stored:
+        return None
+    profile = resolved.profile
+    with logs.bound(job_id=str(job["id"])):
+        plan = initial_plan(profile, job["id"])
+        await publish_new_job_async(celery_app, runtime, io.broker, plan)
+        log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
+    return JobPublic.of(new_job_view(JobRow(**job), profile)), 202

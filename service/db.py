@@ -53,6 +53,11 @@ def autocommit(session: Session) -> None:
         session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
 
 
+def libpq_url(url: str) -> str:
+    """A SQLAlchemy URL (``postgresql+psycopg://``) as libpq reads it."""
+    return make_url(url).set(drivername="postgresql").render_as_string(False)
+
+
 def ping(factory: sessionmaker[Session]) -> None:
     """Raise unless the database answers a trivial query."""
     with factory() as session:
@@ -72,7 +77,7 @@ class DirectConnections:
     """
 
     def __init__(self, url: str, *, synchronous_commit: bool = True) -> None:
-        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+        self._conninfo = libpq_url(url)
         self._synchronous_commit = synchronous_commit
         self._local = threading.local()
 

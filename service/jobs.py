@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -32,7 +33,7 @@ from service.errors import (
 )
 from service.models import JobRow, StepRunRow
 from service.notices import validate_notify_url
-from service.pipelines import ResolvedPipeline, resolve_pipeline
+from service.pipelines import OWN_OR_SHARED, ResolvedPipeline, resolve_pipeline
 from service.profiles import Profile, resolve_params, validate_profile
 from service.rounds import rounds_of
 from service.settle import close_open_steps
@@ -178,8 +179,29 @@ def submit_job(
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:
             return _same_request(existing, request_hash), False
+    job = _job_values(request, resolved, params, request_hash, owner, publish_now)
+    if insert_job(session, job, step_rows(profile)):
+        return JobRow(**job), True
+    raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
+    if raced is None:
+        raise IdempotencyConflict(
+            "the job first stored under this idempotency_key is gone; use a new key",
+            {"idempotency_key": request.idempotency_key},
+        )
+    return _same_request(raced, request_hash), False
+
+
+def _job_values(
+    request: JobRequest,
+    resolved: ResolvedPipeline,
+    params: dict[str, Any],
+    request_hash: str,
+    owner: str,
+    publish_now: bool,
+) -> dict[str, Any]:
+    profile = resolved.profile
     now = utcnow()
-    job = {
+    return {
         "id": uuid.uuid4(),
         "owner": owner,
         "pipeline": profile.name,
@@ -200,15 +222,6 @@ def submit_job(
         "schedule_id": request.schedule_id,
         "scheduled_for": request.scheduled_for,
     }
-    if insert_job(session, job, step_rows(profile)):
-        return JobRow(**job), True
-    raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
-    if raced is None:
-        raise IdempotencyConflict(
-            "the job first stored under this idempotency_key is gone; use a new key",
-            {"idempotency_key": request.idempotency_key},
-        )
-    return _same_request(raced, request_hash), False
 
 
 _JOB_COLUMNS = (
@@ -233,6 +246,90 @@ _INSERT_JOB = f"""
     )
     SELECT count(*) FROM new_job
     """
+
+
+_JOB_CASTS = {
+    "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid",
+    "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
+    "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
+    "scheduled_for": "timestamptz",
+}  # fmt: skip
+_OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
+_INSERT_JOB_IF_RESOLVED = f"""
+    WITH resolved AS ({OWN_OR_SHARED}
+    ), allowed AS (
+        SELECT 1
+         WHERE coalesce((SELECT id::text || ' ' || current_version FROM resolved), '')
+               = %(seen)s
+           AND (%(cap)s <= 0 OR (
+                SELECT count(*) FROM (
+                    SELECT 1 FROM jobs
+                     WHERE owner = %(owner)s AND status IN ({_OPEN_STATUSES})
+                     LIMIT greatest(%(cap)s, 0)
+                ) AS open_jobs) < %(cap)s)
+    ), new_job AS (
+        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
+        SELECT {", ".join(f"%({c})s::{_JOB_CASTS.get(c, 'text')}" for c in _JOB_COLUMNS)}
+          FROM allowed
+        ON CONFLICT (owner, idempotency_key) DO NOTHING
+        RETURNING id
+    ), new_steps AS (
+        INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on,
+                               inputs_from, waiting_on, finished_at)
+        SELECT new_job.id, s.step_id, {SHARD_NONE}, s.status, 0, s.depends_on, s.inputs_from,
+               s.waiting_on, s.finished_at
+          FROM new_job, jsonb_to_recordset(%(steps)s)
+               AS s(step_id text, depends_on text[], inputs_from text[], status text,
+                    waiting_on int, finished_at timestamptz)
+    )
+    SELECT count(*) FROM new_job
+    """
+
+
+def new_job_values(
+    request: JobRequest, resolved: ResolvedPipeline, *, owner: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The row of a job to be sent right after it is stored, and its step rows, as
+    ``submit_job`` would store them."""
+    params = resolve_params(resolved.profile, request.params)
+    request_hash = _request_hash(resolved.profile, params, request)
+    job = _job_values(request, resolved, params, request_hash, owner, True)
+    return job, step_rows(resolved.profile)
+
+
+async def insert_job_if_resolved(
+    conn: psycopg.AsyncConnection[Any],
+    job: dict[str, Any],
+    steps: list[dict[str, Any]],
+    *,
+    name: str,
+    open_jobs_limit: int,
+) -> bool:
+    """Store the job, in one statement on an autocommitted connection, only if ``name`` still
+    resolves for its owner to the saved pipeline and version of ``job`` (or still to no saved
+    pipeline), the owner is under ``open_jobs_limit`` and its idempotency key is free.
+
+    ``False`` says only that nothing was stored: ``submit_job`` then finds out which and
+    answers as it always does. One statement instead of the lookup, the open-jobs count and
+    the insert: one round trip, and the lookup can be skipped safely from a hint.
+    """
+    seen = "" if job["pipeline_id"] is None else f"{job['pipeline_id']} {job['pipeline_version']}"
+    values = {
+        **job,
+        "profile": Jsonb(job["profile"]),
+        "params": Jsonb(job["params"]),
+        "steps": Jsonb(steps),
+        "name": name,
+        "viewer": job["owner"],
+        "seen": seen,
+        "cap": open_jobs_limit,
+    }
+    cursor = await conn.execute(_INSERT_JOB_IF_RESOLVED, values)
+    row = await cursor.fetchone()
+    inserted = row is not None and row[0] == 1
+    if inserted:
+        metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"]).inc()
+    return inserted
 
 
 def step_rows(

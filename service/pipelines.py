@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import case, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
@@ -42,6 +42,9 @@ from service.profiles import (
 from service.settings import Settings
 from service.triggers import forget_triggers, record_triggers
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
 SYSTEM_OWNER = "system"
 MAX_OWNER_LENGTH = 128
 RESOLVED_CACHE_SIZE = 1024
@@ -49,6 +52,11 @@ RESOLVED_CACHE_SIZE = 1024
 _RESOLVED: dict[tuple[uuid.UUID, int, frozenset[str]], Profile] = {}
 """Validated profiles of saved versions. A (pipeline id, version) never changes content, so
 jobs that re-run a pipeline skip reading and validating its stored profile again."""
+
+_SEEN: dict[tuple[str, str], tuple[uuid.UUID, int] | None] = {}
+"""What a name last resolved to for an owner: the saved pipeline and its current version, or
+``None`` for a profile file. A hint only: ``seen_resolution`` callers must check it against
+PostgreSQL in the statement that stores their job (``service.jobs.insert_job_if_resolved``)."""
 
 
 @dataclass(frozen=True)
@@ -279,7 +287,7 @@ def _visible_row(
     ).first()
 
 
-_OWN_OR_SHARED = """
+OWN_OR_SHARED = """
     SELECT id, name, owner, current_version FROM pipelines
      WHERE name = %(name)s
        AND (owner = %(viewer)s OR shared_with @> ARRAY[%(viewer)s]::varchar[])
@@ -299,7 +307,7 @@ class _PipelineRef:
 def _own_or_shared(session: Session, name: str, viewer: str) -> _PipelineRef | None:
     """``_visible_row`` for a job's submitter, as one constant statement on the session's
     driver connection: the submit path runs it on every job and needs only the identity."""
-    row = driver(session).execute(_OWN_OR_SHARED, {"name": name, "viewer": viewer}).fetchone()
+    row = driver(session).execute(OWN_OR_SHARED, {"name": name, "viewer": viewer}).fetchone()
     return None if row is None else _PipelineRef(*row)
 
 
@@ -560,9 +568,9 @@ def resolve_pipeline(
     else:
         row = _own_or_shared(session, bare, owner)
     if row is None:
-        return ResolvedPipeline(
-            find_profile(profiles_dir, bare, known_actions=known_actions), None, None
-        )
+        shipped = find_profile(profiles_dir, bare, known_actions=known_actions)
+        _remember(_SEEN, (owner, name), None)
+        return ResolvedPipeline(shipped, None, None)
     actions = frozenset(known_actions)
     key = (row.id, row.current_version, actions)
     profile = _RESOLVED.get(key)
@@ -573,7 +581,34 @@ def resolve_pipeline(
             source=f"pipeline {row.name} v{stored.version}",
             known_actions=actions,
         )
-        if len(_RESOLVED) >= RESOLVED_CACHE_SIZE:
-            _RESOLVED.clear()
-        _RESOLVED[key] = profile
+        _remember(_RESOLVED, key, profile)
+    if not slash:
+        _remember(_SEEN, (owner, name), (row.id, row.current_version))
     return ResolvedPipeline(profile, row.id, row.current_version)
+
+
+def _remember(cache: dict[_K, _V], key: _K, value: _V) -> None:
+    if key not in cache and len(cache) >= RESOLVED_CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+
+
+def seen_resolution(
+    name: str, *, owner: str, profiles_dir: Path | None, known_actions: Collection[str]
+) -> ResolvedPipeline | None:
+    """What ``name`` resolved to for ``owner`` the last time, without reading PostgreSQL, or
+    ``None`` when that is not known here. A saved version's profile is the one validated then;
+    a profile file is looked up again, as every resolution does, so an edited file is seen."""
+    try:
+        seen = _SEEN[(owner, name)]
+    except KeyError:
+        return None
+    if seen is None:
+        try:
+            profile = find_profile(profiles_dir, name, known_actions=known_actions)
+        except (ProfileNotFound, ProfileInvalid):
+            return None
+        return ResolvedPipeline(profile, None, None)
+    pipeline_id, version = seen
+    saved = _RESOLVED.get((pipeline_id, version, frozenset(known_actions)))
+    return None if saved is None else ResolvedPipeline(saved, pipeline_id, version)

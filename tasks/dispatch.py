@@ -1,7 +1,9 @@
 """Publishing: always after the job's transaction committed, always from PostgreSQL's view."""
 
+import asyncio
 import uuid
 
+import redis.asyncio
 from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
@@ -14,7 +16,7 @@ from service.plan import JobPlan, load_plan
 from service.runtime import Runtime
 from service.settle import settle_job
 from tasks.canvas import send_plan
-from tasks.messages import direct_broker, plain_steps, plan_messages, push
+from tasks.messages import direct_broker, plain_steps, plan_messages, push, push_async
 
 
 def publish_plan(app: Celery, plan: JobPlan) -> None:
@@ -27,10 +29,7 @@ def publish_plan(app: Celery, plan: JobPlan) -> None:
         else:
             send_plan(app, plan)
     except (KombuOperationalError, RedisError, ConnectionError) as exc:
-        raise BrokerUnavailable(
-            "the broker is unreachable; the job is stored and will be sent when it returns",
-            {"job_id": str(plan.job_id)},
-        ) from exc
+        raise _unavailable(plan) from exc
 
 
 def publish_new_job(app: Celery, rt: Runtime, plan: JobPlan) -> None:
@@ -38,9 +37,36 @@ def publish_new_job(app: Celery, rt: Runtime, plan: JobPlan) -> None:
     try:
         publish_plan(app, plan)
     except BrokerUnavailable:
-        with unit_of_work(rt.sessions) as session:
-            mark_dispatched(session, plan.job_id, None)
+        _mark_unsent(rt, plan.job_id)
         raise
+
+
+async def publish_new_job_async(
+    app: Celery, rt: Runtime, broker: redis.asyncio.Redis, plan: JobPlan
+) -> None:
+    """``publish_new_job`` for a caller on an event loop, with ``broker`` a client of the app's
+    broker on that loop: plain steps are pushed without leaving the loop, anything else is
+    published by Celery in a thread."""
+    if direct_broker(app) is None or not plain_steps(plan):
+        await asyncio.to_thread(publish_new_job, app, rt, plan)
+        return
+    try:
+        await push_async(broker, plan_messages(app, plan))
+    except (RedisError, ConnectionError) as exc:
+        await asyncio.to_thread(_mark_unsent, rt, plan.job_id)
+        raise _unavailable(plan) from exc
+
+
+def _mark_unsent(rt: Runtime, job_id: uuid.UUID) -> None:
+    with unit_of_work(rt.sessions) as session:
+        mark_dispatched(session, job_id, None)
+
+
+def _unavailable(plan: JobPlan) -> BrokerUnavailable:
+    return BrokerUnavailable(
+        "the broker is unreachable; the job is stored and will be sent when it returns",
+        {"job_id": str(plan.job_id)},
+    )
 
 
 def publish_or_defer(app: Celery, rt: Runtime, plan: JobPlan) -> bool:
@@ -51,8 +77,7 @@ def publish_or_defer(app: Celery, rt: Runtime, plan: JobPlan) -> bool:
     try:
         publish_plan(app, plan)
     except BrokerUnavailable:
-        with unit_of_work(rt.sessions) as session:
-            mark_dispatched(session, plan.job_id, None)
+        _mark_unsent(rt, plan.job_id)
         return False
     return True
 

@@ -23,6 +23,8 @@ from functools import lru_cache
 from typing import Any
 
 import redis
+import redis.asyncio
+import redis.asyncio.retry
 from celery import Celery, signals
 from celery.utils.nodenames import anon_nodename
 from redis.backoff import ConstantBackoff
@@ -39,6 +41,7 @@ from service.plan import JobPlan, StepPlan
 from service.steps import StepKey
 from tasks.canvas import readable, step_limits
 
+DIRECT_BROKER_SCHEME = "redis://"
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _PUBLISH_SIGNALS = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
 _DELIVERY_MODE_PERSISTENT = 2
@@ -67,7 +70,7 @@ def _configured_broker(app: Celery) -> str | None:
     url = conf.broker_write_url
     plain = (
         isinstance(url, str)
-        and url.startswith("redis://")
+        and url.startswith(DIRECT_BROKER_SCHEME)
         and conf.task_protocol == 2
         and conf.task_serializer == "json"
         and conf.task_compression is None
@@ -152,3 +155,17 @@ def push(url: str, messages: Sequence[str]) -> None:
     """Oldest first: ``LPUSH a b`` leaves ``a`` rightmost, where workers pop from."""
     if messages:
         broker_client(url).lpush(QUEUE_STEPS, *messages)
+
+
+def async_broker_client(url: str) -> redis.asyncio.Redis:
+    """For one event loop: its connections belong to the loop that opened them."""
+    retry = redis.asyncio.retry.Retry(
+        ConstantBackoff(BROKER_PUBLISH_RETRY_INTERVAL_S), BROKER_PUBLISH_RETRIES
+    )
+    return redis.asyncio.Redis.from_url(url, retry=retry)
+
+
+async def push_async(client: redis.asyncio.Redis, messages: Sequence[str]) -> None:
+    """``push`` on an event loop."""
+    if messages:
+        await client.lpush(QUEUE_STEPS, *messages)

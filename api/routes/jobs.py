@@ -16,7 +16,7 @@ from api.errors import ApiError
 from api.openapi import errors
 from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
 from api.streams import listener_of, wait_until_final
-from api.submit import accept_job
+from api.submit import LoopIO, accept_job, accept_job_on_loop
 from service.auth import Principal
 from service.clock import utcnow
 from service.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
@@ -88,9 +88,15 @@ async def create_job(
 
     With ``"mode": "sync"`` the request waits, up to ``wait_s``, for the job to be final:
     200 with the final job, else 202 with the job as it stands."""
-    job, status_code = await run_in_threadpool(
-        accept_job, body, principal, session, runtime, settings, celery_app
-    )
+    io: LoopIO | None = request.app.state.loop_io
+    accepted = None
+    if io is not None:
+        accepted = await accept_job_on_loop(body, principal, runtime, settings, celery_app, io)
+    if accepted is None:
+        accepted = await run_in_threadpool(
+            accept_job, body, principal, session, runtime, settings, celery_app
+        )
+    job, status_code = accepted
     if body.mode == "async" or job.status in JOB_FINAL:
         return _envelope(job, status_code)
     listener = await run_in_threadpool(listener_of, request.app)
