@@ -262,6 +262,43 @@ def test_broker_down_keeps_the_job(
     assert job_count() == before + 1
 
 
+def test_a_job_of_a_name_seen_before_is_accepted_on_the_event_loop_alike(
+    client: TestClient, writer: Headers, monkeypatch: pytest.MonkeyPatch, broker: redis.Redis
+) -> None:
+    first = _submit(client, writer)
+
+    def in_the_thread(*_: object) -> None:
+        raise AssertionError("accepted in the thread pool")
+
+    monkeypatch.setattr("api.routes.jobs.accept_job", in_the_thread)
+    second = _submit(client, writer)
+
+    assert (first.status_code, second.status_code) == (202, 202)
+    jobs = [answer.json()["job"] for answer in (first, second)]
+    fresh = {"id", "created_at"}
+    assert [{k: v for k, v in job.items() if k not in fresh} for job in jobs] == [
+        {k: v for k, v in jobs[0].items() if k not in fresh}
+    ] * 2
+    queued = [json.loads(raw)["headers"]["argsrepr"] for raw in broker.lrange(QUEUE, 0, -1)]
+    assert f"job={jobs[1]['id']} step=first" in queued
+
+
+def test_broker_down_on_the_event_loop_keeps_the_job_unsent(
+    broken_broker_client: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    headers = {"Authorization": f"Bearer {make_key('write')}"}
+    ids = [
+        _error(_submit(broken_broker_client, headers), 503, "broker_unavailable")["details"][
+            "job_id"
+        ]
+        for _ in range(2)
+    ]
+
+    with runtime.sessions() as session:
+        rows = [session.get(JobRow, uuid.UUID(job_id)) for job_id in ids]
+        assert [row is not None and row.dispatched_at is None for row in rows] == [True, True]
+
+
 def test_unknown_route_and_method(client: TestClient, writer: Headers) -> None:
     _error(client.get("/v1/nothing", headers=writer), 404, "not_found")
     _error(client.delete("/v1/jobs", headers=writer), 405, "method_not_allowed")

@@ -280,6 +280,51 @@ def test_a_job_records_the_version_it_ran(
         assert row is not None and row.pipeline_version == 2
 
 
+def _run(client: TestClient, headers: Headers, name: str, runtime: Runtime) -> tuple[int, Any]:
+    """Steps and (pipeline, version) of a job of ``name``, as stored."""
+    from service.models import JobRow
+
+    response = client.post("/v1/jobs", json={"pipeline": name}, headers=headers)
+    assert response.status_code == 202, response.text
+    job = response.json()["job"]
+    with runtime.sessions() as session:
+        row = session.get(JobRow, uuid.UUID(job["id"]))
+        assert row is not None
+        return len(job["steps"]), (row.pipeline_id, row.pipeline_version)
+
+
+def test_a_new_version_is_run_by_the_next_job_however_often_the_old_one_ran(
+    client: TestClient, writer: Headers, runtime: Runtime
+) -> None:
+    """The API remembers what a name resolved to and checks it in the statement that stores
+    the job: a version saved since is never missed."""
+    name = unique_name()
+    put(client, writer, name, profile_text(name))
+    runs = [_run(client, writer, name, runtime) for _ in range(3)]
+    put(client, writer, name, profile_text(name, steps=3))
+    after = [_run(client, writer, name, runtime) for _ in range(2)]
+
+    [(pipeline_id, _)] = {ran for _, ran in runs}
+    assert [steps for steps, _ in runs] == [1, 1, 1]
+    assert after == [(3, (pipeline_id, 2))] * 2
+
+
+def test_an_own_pipeline_saved_after_a_shared_one_ran_is_run_instead(
+    client: TestClient, owner_key: Callable[..., Headers], runtime: Runtime
+) -> None:
+    alice_name, bob_name = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
+    alice, bob = owner_key(alice_name), owner_key(bob_name)
+    name = unique_name()
+    put(client, alice, name, profile_text(name))
+    client.put(f"/v1/pipelines/{name}/shares/{bob_name}", headers=alice)
+    shared = [_run(client, bob, name, runtime) for _ in range(2)]
+    put(client, bob, name, profile_text(name, steps=2))
+    own = [_run(client, bob, name, runtime) for _ in range(2)]
+
+    assert [steps for steps, _ in shared] == [1, 1] and [steps for steps, _ in own] == [2, 2]
+    assert len({ran for _, ran in shared + own}) == 2
+
+
 def test_delete_keeps_runs_unless_history_is_purged(client: TestClient, writer: Headers) -> None:
     kept, purged = unique_name(), unique_name()
     for name in (kept, purged):
