@@ -229,12 +229,7 @@ _JOB_COLUMNS = (
     "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
 )  # fmt: skip
-_INSERT_JOB = f"""
-    WITH new_job AS (
-        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
-        VALUES ({", ".join(f"%({column})s" for column in _JOB_COLUMNS)})
-        ON CONFLICT (owner, idempotency_key) DO NOTHING
-        RETURNING id
+_NEW_STEPS = f"""
     ), new_steps AS (
         INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on,
                                inputs_from, waiting_on, finished_at)
@@ -246,6 +241,16 @@ _INSERT_JOB = f"""
     )
     SELECT count(*) FROM new_job
     """
+"""The step rows of the job that the statement's ``new_job`` stored, if it stored one."""
+_INSERT_JOB = (
+    f"""
+    WITH new_job AS (
+        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
+        VALUES ({", ".join(f"%({column})s" for column in _JOB_COLUMNS)})
+        ON CONFLICT (owner, idempotency_key) DO NOTHING
+        RETURNING id"""
+    + _NEW_STEPS
+)
 
 
 _JOB_CASTS = {
@@ -255,7 +260,8 @@ _JOB_CASTS = {
     "scheduled_for": "timestamptz",
 }  # fmt: skip
 _OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
-_INSERT_JOB_IF_RESOLVED = f"""
+_INSERT_JOB_IF_RESOLVED = (
+    f"""
     WITH resolved AS ({OWN_OR_SHARED}
     ), allowed AS (
         SELECT 1
@@ -272,18 +278,9 @@ _INSERT_JOB_IF_RESOLVED = f"""
         SELECT {", ".join(f"%({c})s::{_JOB_CASTS.get(c, 'text')}" for c in _JOB_COLUMNS)}
           FROM allowed
         ON CONFLICT (owner, idempotency_key) DO NOTHING
-        RETURNING id
-    ), new_steps AS (
-        INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on,
-                               inputs_from, waiting_on, finished_at)
-        SELECT new_job.id, s.step_id, {SHARD_NONE}, s.status, 0, s.depends_on, s.inputs_from,
-               s.waiting_on, s.finished_at
-          FROM new_job, jsonb_to_recordset(%(steps)s)
-               AS s(step_id text, depends_on text[], inputs_from text[], status text,
-                    waiting_on int, finished_at timestamptz)
-    )
-    SELECT count(*) FROM new_job
-    """
+        RETURNING id"""
+    + _NEW_STEPS
+)
 
 
 def new_job_values(
