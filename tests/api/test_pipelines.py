@@ -211,14 +211,22 @@ def test_sharing_lets_another_owner_read_and_run_but_not_change(
            "pipeline_not_found")  # fmt: skip
 
 
-def test_a_grantee_saving_a_shared_name_gets_a_pipeline_of_their_own(
+def _shared_with_bob(
     client: TestClient, owner_key: Callable[..., Headers]
-) -> None:
+) -> tuple[Headers, Headers, str, str, str]:
+    """A pipeline Alice saved and shared with Bob: their keys, their names, the pipeline's."""
     alice_name, bob_name = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
     alice, bob = owner_key(alice_name), owner_key(bob_name)
     name = unique_name()
     put(client, alice, name, profile_text(name))
     client.put(f"/v1/pipelines/{name}/shares/{bob_name}", headers=alice)
+    return alice, bob, alice_name, bob_name, name
+
+
+def test_a_grantee_saving_a_shared_name_gets_a_pipeline_of_their_own(
+    client: TestClient, owner_key: Callable[..., Headers]
+) -> None:
+    alice, bob, alice_name, bob_name, name = _shared_with_bob(client, owner_key)
 
     saved = put(client, bob, name, profile_text(name, steps=2))
 
@@ -236,11 +244,7 @@ def test_a_grantee_saving_a_shared_name_gets_a_pipeline_of_their_own(
 def test_purging_history_keeps_the_runs_of_those_it_was_shared_with(
     client: TestClient, owner_key: Callable[..., Headers]
 ) -> None:
-    alice_name, bob_name = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
-    alice, bob = owner_key(alice_name), owner_key(bob_name)
-    name = unique_name()
-    put(client, alice, name, profile_text(name))
-    client.put(f"/v1/pipelines/{name}/shares/{bob_name}", headers=alice)
+    alice, bob, _, _, name = _shared_with_bob(client, owner_key)
     client.post("/v1/jobs", json={"pipeline": name}, headers=alice)
     bobs = client.post("/v1/jobs", json={"pipeline": name}, headers=bob).json()["job"]
 
@@ -312,11 +316,7 @@ def test_a_new_version_is_run_by_the_next_job_however_often_the_old_one_ran(
 def test_an_own_pipeline_saved_after_a_shared_one_ran_is_run_instead(
     client: TestClient, owner_key: Callable[..., Headers], runtime: Runtime
 ) -> None:
-    alice_name, bob_name = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
-    alice, bob = owner_key(alice_name), owner_key(bob_name)
-    name = unique_name()
-    put(client, alice, name, profile_text(name))
-    client.put(f"/v1/pipelines/{name}/shares/{bob_name}", headers=alice)
+    _, bob, _, _, name = _shared_with_bob(client, owner_key)
     shared = [_run(client, bob, name, runtime) for _ in range(2)]
     put(client, bob, name, profile_text(name, steps=2))
     own = [_run(client, bob, name, runtime) for _ in range(2)]
