@@ -3,6 +3,7 @@
 Every process under the command (API, worker and its pool, beat) is recorded while it runs;
 after the signal none of them may exist any more, not even as a zombie."""
 
+import contextlib
 import os
 import re
 import signal
@@ -57,27 +58,63 @@ def env(stack: Stack, tmp_path: Path) -> Iterator[dict[str, str]]:
     }
 
 
-def _start(argv: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+@pytest.fixture
+def commands() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The commands a test starts. Whatever a failed test left of them is killed, so that one
+    failure cannot leave a worker or beat taking the next tests' jobs from the same broker."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for command in started:
+        for pid in [*_descendants(command.pid), command.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        command.wait()
+
+
+def _start(
+    argv: list[str], env: dict[str, str], out: Path, commands: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
     with out.open("wb") as sink:
-        return subprocess.Popen(
+        command = subprocess.Popen(
             [sys.executable, "-m", "service.cli", *argv],
             env=env,
             cwd=ROOT,
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
+    commands.append(command)
+    return command
+
+
+def _exit_code(command: subprocess.Popen[bytes], out: Path) -> int:
+    """The command's exit code; a command still running after a minute fails the test with
+    its Python stacks, the one clue to where it hangs."""
+    try:
+        return command.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stacks = subprocess.run(
+            [str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", str(command.pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        pytest.fail(f"still running a minute after the signal:\n{stacks.stdout}{out.read_text()}")
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_dev_stops_every_process_it_started(
-    env: dict[str, str], tmp_path: Path, sig: signal.Signals
+    env: dict[str, str],
+    tmp_path: Path,
+    sig: signal.Signals,
+    commands: list[subprocess.Popen[bytes]],
 ) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     out = tmp_path / "dev.out"
-    dev = _start(["dev", "--port", str(port)], env, out)
+    dev = _start(["dev", "--port", str(port)], env, out, commands)
     log = tmp_path / "dev.log"
     wait_for(
         lambda: (
@@ -92,7 +129,7 @@ def test_dev_stops_every_process_it_started(
 
     dev.send_signal(sig)
 
-    assert dev.wait(timeout=60) == 0, out.read_text()
+    assert _exit_code(dev, out) == 0, out.read_text()
     assert _left(started) == set()
     printed = out.read_text()
     assert re.search(r"admin API key", printed), printed
@@ -109,17 +146,20 @@ def _api_up(port: int) -> bool:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_run_stops_its_worker_and_says_the_job_goes_on(
-    env: dict[str, str], tmp_path: Path, sig: signal.Signals
+    env: dict[str, str],
+    tmp_path: Path,
+    sig: signal.Signals,
+    commands: list[subprocess.Popen[bytes]],
 ) -> None:
     out = tmp_path / "run.out"
-    run = _start(["run", "slow", "-p", "hold_s=60", "--local-worker"], env, out)
+    run = _start(["run", "slow", "-p", "hold_s=60", "--local-worker"], env, out, commands)
     wait_for(lambda: re.search(r"slow\s+running", out.read_text()), 60, "the slow step to run")
     started = _descendants(run.pid)
     assert len(started) >= 2, started
 
     run.send_signal(sig)
 
-    assert run.wait(timeout=60) == 130, out.read_text()
+    assert _exit_code(run, out) == 130, out.read_text()
     assert _left(started) == set()
     [job_id] = re.findall(r"job (\S+) queued", out.read_text())
     assert f"job {job_id} is still running" in out.read_text()
