@@ -28,6 +28,7 @@ from api.routes.mcp import install_mcp, mcp_sessions
 from api.streams import stop_listener
 from api.submit import loop_io
 from api.telemetry import RequestMetrics
+from api.throttle import throttle
 from api.ui import install_ui
 from service import logs
 from service.auth import KeyCache
@@ -55,10 +56,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with mcp_sessions(app), loop_io(settings) as io:
+        async with mcp_sessions(app), loop_io(settings) as io, throttle(settings) as limits:
             app.state.loop_io = io
+            app.state.throttle = limits
             yield
             app.state.loop_io = None
+            app.state.throttle = None
         stop_listener(app)
         if owns_engine:
             bind = built.sessions.kw.get("bind")
@@ -77,7 +80,7 @@ def create_app(
     app.state.loop_io = None
     app.state.started_at = time.monotonic()
     app.state.keys = KeyCache(settings.auth_cache_s)
-    app.state.key_limiters = {}
+    app.state.throttle = None
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)

@@ -82,7 +82,7 @@ def require(scope: str) -> Callable[..., Awaitable[Principal]]:
         if principal is None:
             principal = await run_in_threadpool(keys.authenticate, session, token)
         principal.require(scope)
-        await check_rate(request.app, request.app.state.settings, principal)
+        await check_rate(request.app, principal)
         return principal
 
     return dependency

@@ -3,77 +3,98 @@
 A key, or a hook taking deliveries without a key, may send ``rate_limit_burst`` requests in any
 ``burst / rate`` seconds: bursts up to the burst, ``rate`` per second on average. The limiter
 is ``service.ratelimit``'s sliding window, so two API processes can never both grant the last
-slot. If Redis cannot be reached the request goes on: the limit protects the service, and
-refusing everything while Redis is down would be the outage it protects against (the routes
-that need Redis answer 503 themselves).
+slot. It runs on the event loop: through the thread pool, the check queued every request
+behind the pool's other work, and at 500 requests a second cost more than the request itself.
+If Redis cannot be reached in ``RATE_LIMIT_REDIS_TIMEOUT_S`` the request goes on: the limit
+protects the service, and refusing everything while Redis is down would be the outage it
+protects against (the routes that need Redis answer 503 themselves).
 """
 
 import logging
 import math
-import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import redis
+import redis.asyncio
 from fastapi import FastAPI
-from starlette.concurrency import run_in_threadpool
 
 from service.auth import Principal
+from service.constants import RATE_LIMIT_REDIS_TIMEOUT_S
 from service.errors import RateLimited
-from service.ratelimit import RateLimiter, redis_client
+from service.ratelimit import AsyncRateLimiter
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
 
+class Throttle:
+    """The limits of one app, on the event loop whose Redis connections it holds."""
 
-def _limiter(app: FastAPI, settings: Settings, name: str) -> RateLimiter:
-    with _lock:
-        limiters: dict[str, RateLimiter] = app.state.key_limiters
-        limiter = limiters.get(name)
-        if limiter is None:
-            limiter = _new_limiter(settings, name)
-            limiters[name] = limiter
-        return limiter
+    def __init__(self, settings: Settings, client: redis.asyncio.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.keys: dict[str, AsyncRateLimiter] = {}
 
-
-def _new_limiter(settings: Settings, name: str) -> RateLimiter:
-    return RateLimiter(
-        redis_client(settings.require_broker_url()),
-        name,
-        settings.rate_limit_burst,
-        settings.rate_limit_burst / settings.rate_limit_per_s,
-    )
-
-
-def _take(limiter: RateLimiter) -> float | None:
-    """Seconds to wait, or ``None`` when the request may go on."""
-    try:
-        granted, wait_s = limiter.try_acquire()
-    except (redis.RedisError, OSError) as exc:
-        log.warning("rate limit not checked, Redis unreachable: %s", exc)
-        return None
-    return None if granted else wait_s
-
-
-async def _check(limiter: RateLimiter, settings: Settings, who: str) -> None:
-    wait_s = await run_in_threadpool(_take, limiter)
-    if wait_s is not None:
-        raise RateLimited(
-            f"more than {settings.rate_limit_burst} requests in "
-            f"{settings.rate_limit_burst / settings.rate_limit_per_s:g} s {who}",
-            {"retry_after_s": max(1, math.ceil(wait_s))},
+    def limiter(self, name: str) -> AsyncRateLimiter:
+        return AsyncRateLimiter(
+            name,
+            self.settings.rate_limit_burst,
+            self.settings.rate_limit_burst / self.settings.rate_limit_per_s,
+            client=self.client,
         )
 
+    async def check(self, limiter: AsyncRateLimiter, who: str) -> None:
+        try:
+            granted, wait_s = await limiter.try_acquire()
+        except (redis.RedisError, OSError) as exc:
+            log.warning("rate limit not checked, Redis unreachable: %s", exc)
+            return
+        if not granted:
+            raise RateLimited(
+                f"more than {limiter.limit} requests in {limiter.window_s:g} s {who}",
+                {"retry_after_s": max(1, math.ceil(wait_s))},
+            )
 
-async def check_rate(app: FastAPI, settings: Settings, principal: Principal) -> None:
+
+@asynccontextmanager
+async def throttle(settings: Settings) -> AsyncIterator[Throttle | None]:
+    """The app's limits for its lifespan; ``None`` when the settings turn them off."""
     if settings.rate_limit_per_s <= 0:
+        yield None
         return
-    await _check(_limiter(app, settings, f"api-key:{principal.key_id}"), settings, "from this key")
+    client = redis.asyncio.Redis.from_url(
+        settings.require_broker_url(),
+        socket_connect_timeout=RATE_LIMIT_REDIS_TIMEOUT_S,
+        socket_timeout=RATE_LIMIT_REDIS_TIMEOUT_S,
+    )
+    try:
+        yield Throttle(settings, client)
+    finally:
+        await client.aclose()
 
 
-async def check_hook_rate(settings: Settings, hook: str) -> None:
+def _throttle(app: FastAPI) -> Throttle | None:
+    found: Throttle | None = app.state.throttle
+    if found is None and app.state.settings.rate_limit_per_s > 0:
+        raise RuntimeError("rate limits are on but the app's lifespan has not started them")
+    return found
+
+
+async def check_rate(app: FastAPI, principal: Principal) -> None:
+    limits = _throttle(app)
+    if limits is None:
+        return
+    name = f"api-key:{principal.key_id}"
+    limiter = limits.keys.get(name)
+    if limiter is None:
+        limiter = limits.keys[name] = limits.limiter(name)
+    await limits.check(limiter, "from this key")
+
+
+async def check_hook_rate(app: FastAPI, hook: str) -> None:
     """Counted before the signature is checked, so a flood of forged deliveries is limited
     too. The limiter is not cached: anyone can name a hook, and a cache would grow with them."""
-    if settings.rate_limit_per_s <= 0:
-        return
-    await _check(_new_limiter(settings, f"hook:{hook}"), settings, "to this hook")
+    limits = _throttle(app)
+    if limits is not None:
+        await limits.check(limits.limiter(f"hook:{hook}"), "to this hook")

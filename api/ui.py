@@ -70,7 +70,7 @@ async def _principal(request: Request, session: SessionDep) -> Principal:
         except Unauthorized:
             raise LoginRequired from None
     principal.require("read")
-    await check_rate(request.app, request.app.state.settings, principal)
+    await check_rate(request.app, principal)
     return principal
 
 

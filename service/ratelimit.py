@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import redis
+import redis.asyncio
+from redis.commands.core import AsyncScript
 
 from service.constants import RATE_LIMIT_KEY_PREFIX
 
@@ -42,31 +44,45 @@ def redis_client(url: str) -> redis.Redis:
 
 
 @dataclass
-class RateLimiter:
+class _Window:
     """At most ``limit`` grants in any window of ``window_s`` seconds, across all processes."""
 
-    client: redis.Redis
     name: str
     limit: int
     window_s: float = 1.0
-    _script: Callable[..., object] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.limit < 1 or self.window_s <= 0:
             raise ValueError("a rate limit needs limit >= 1 and a positive window")
-        self._script = self.client.register_script(_ACQUIRE)
 
     @property
     def key(self) -> str:
         return f"{RATE_LIMIT_KEY_PREFIX}{self.name}"
 
+    def _args(self) -> list[int | str]:
+        return [self.limit, int(self.window_s * 1_000_000), uuid.uuid4().hex]
+
+
+def _answer(reply: object) -> tuple[bool, float]:
+    """``(True, grant time in s on the Redis clock)`` or ``(False, seconds to wait)``."""
+    assert isinstance(reply, list)
+    granted, value = reply
+    return bool(granted), int(value) / 1_000_000
+
+
+@dataclass
+class RateLimiter(_Window):
+    """The limit for threads: a step that calls a rate-limited service waits for its slot."""
+
+    client: redis.Redis = field(kw_only=True)
+    _script: Callable[..., object] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._script = self.client.register_script(_ACQUIRE)
+
     def try_acquire(self) -> tuple[bool, float]:
-        """``(True, grant time in s on the Redis clock)`` or ``(False, seconds to wait)``."""
-        window_us = int(self.window_s * 1_000_000)
-        reply = self._script(keys=[self.key], args=[self.limit, window_us, uuid.uuid4().hex])
-        assert isinstance(reply, list)
-        granted, value = reply
-        return bool(granted), int(value) / 1_000_000
+        return _answer(self._script(keys=[self.key], args=self._args()))
 
     def acquire(
         self, sleep: Callable[[float], None] = time.sleep, timeout_s: float = 60.0
@@ -80,3 +96,20 @@ class RateLimiter:
             if time.monotonic() + value > deadline:
                 raise TimeoutError(f"rate limit {self.name!r}: no slot within {timeout_s}s")
             sleep(value)
+
+
+@dataclass
+class AsyncRateLimiter(_Window):
+    """The limit for an event loop: the API checks every request's key without a thread.
+
+    Its client belongs to the loop that opened it, as every ``redis.asyncio`` client does."""
+
+    client: redis.asyncio.Redis = field(kw_only=True)
+    _script: AsyncScript = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._script = self.client.register_script(_ACQUIRE)
+
+    async def try_acquire(self) -> tuple[bool, float]:
+        return _answer(await self._script(keys=[self.key], args=self._args()))

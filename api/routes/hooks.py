@@ -227,7 +227,7 @@ async def deliver(
     try:
         if not re.fullmatch(NAME_PATTERN, name):
             raise HookNotFound(f"no hook {name!r}", {"hook": name})
-        await check_hook_rate(settings, name)
+        await check_hook_rate(request.app, name)
         job, status_code = await run_in_threadpool(accept, await request.body())
     except FlowbeatError as exc:
         WEBHOOK_DELIVERIES.labels(exc.code).inc()

@@ -98,7 +98,7 @@ def _limiter(ctx: StepContext, provider: LlmProvider) -> RateLimiter | None:
     if provider.requests_per_minute <= 0:
         return None
     client = redis_client(ctx.settings.require_broker_url())
-    return RateLimiter(client, f"llm:{provider.name}", provider.requests_per_minute, 60.0)
+    return RateLimiter(f"llm:{provider.name}", provider.requests_per_minute, 60.0, client=client)
 
 
 def _take_slot(ctx: StepContext, limiter: RateLimiter, provider: LlmProvider) -> None:

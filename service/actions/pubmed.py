@@ -25,7 +25,7 @@ SORTS = frozenset({"relevance", "pub_date", "Author", "JournalName"})
 def ncbi_limiter(settings: Settings) -> RateLimiter:
     limit = settings.ncbi_rate_per_s_with_key if settings.ncbi_api_key else settings.ncbi_rate_per_s
     client = redis_client(settings.require_broker_url())
-    return RateLimiter(client, NCBI_RATE_LIMIT_NAME, limit, NCBI_RATE_WINDOW_S)
+    return RateLimiter(NCBI_RATE_LIMIT_NAME, limit, NCBI_RATE_WINDOW_S, client=client)
 
 
 def _common(settings: Settings) -> dict[str, str]:

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from service.models import JobRow
 from service.runtime import Runtime
 from service.settings import Settings
-from tests.api.conftest import KeyFactory
+from tests.api.conftest import CLOSED_PORT_REDIS, KeyFactory
 from tests.support.apps import api_client
 
 JOB = {"pipeline": "greet", "params": {"who": "limits"}}
@@ -46,6 +46,20 @@ def test_a_key_past_its_burst_is_told_to_come_back_later(
     assert refused.json()["error"]["code"] == "rate_limited"
     assert int(refused.headers["Retry-After"]) >= 1
     assert limited.get("/v1/jobs", headers=_auth(other)).status_code == 200
+
+
+def test_a_key_is_not_refused_while_the_limits_redis_is_unreachable(
+    settings: Settings, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    cut_off = settings.model_copy(
+        update={"rate_limit_per_s": 1.0, "rate_limit_burst": 1, "broker_url": CLOSED_PORT_REDIS}
+    )
+    key = make_key("read")
+
+    with api_client(cut_off, runtime) as client:
+        answers = [client.get("/v1/jobs", headers=_auth(key)) for _ in range(3)]
+
+    assert [a.status_code for a in answers] == [200, 200, 200]
 
 
 def test_health_is_never_limited(limited: TestClient) -> None:

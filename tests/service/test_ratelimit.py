@@ -1,13 +1,15 @@
 """The shared rate limit holds across threads and processes, on the real Redis."""
 
+import asyncio
 import multiprocessing
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+import redis.asyncio
 
-from service.ratelimit import RateLimiter
+from service.ratelimit import AsyncRateLimiter, RateLimiter
 from tests.conftest import Stack
 
 LIMIT = 5
@@ -17,7 +19,7 @@ PROCESSES = 3
 
 
 def _grants(url: str, name: str, out: "multiprocessing.Queue[list[float]]") -> None:
-    limiter = RateLimiter(redis.Redis.from_url(url), name, LIMIT)
+    limiter = RateLimiter(name, LIMIT, client=redis.Redis.from_url(url))
     with ThreadPoolExecutor(THREADS) as pool:
         batches = pool.map(
             lambda _: [limiter.acquire(timeout_s=30) for _ in range(GRANTS_PER_THREAD)],
@@ -53,7 +55,7 @@ def test_no_one_second_window_exceeds_the_limit_across_processes(stack: Stack) -
 
 
 def test_a_full_window_says_how_long_to_wait(stack: Stack) -> None:
-    limiter = RateLimiter(redis.Redis.from_url(stack.broker_url), f"t-{uuid.uuid4().hex}", 2)
+    limiter = RateLimiter(f"t-{uuid.uuid4().hex}", 2, client=redis.Redis.from_url(stack.broker_url))
     assert limiter.try_acquire()[0]
     assert limiter.try_acquire()[0]
     granted, wait_s = limiter.try_acquire()
@@ -62,7 +64,9 @@ def test_a_full_window_says_how_long_to_wait(stack: Stack) -> None:
 
 
 def test_acquire_gives_up_after_its_timeout(stack: Stack) -> None:
-    limiter = RateLimiter(redis.Redis.from_url(stack.broker_url), f"t-{uuid.uuid4().hex}", 1, 60)
+    limiter = RateLimiter(
+        f"t-{uuid.uuid4().hex}", 1, 60, client=redis.Redis.from_url(stack.broker_url)
+    )
     limiter.acquire()
     with pytest.raises(TimeoutError):
         limiter.acquire(timeout_s=0.2)
@@ -70,4 +74,23 @@ def test_acquire_gives_up_after_its_timeout(stack: Stack) -> None:
 
 def test_a_limit_below_one_is_refused(stack: Stack) -> None:
     with pytest.raises(ValueError):
-        RateLimiter(redis.Redis.from_url(stack.broker_url), "x", 0)
+        RateLimiter("x", 0, client=redis.Redis.from_url(stack.broker_url))
+
+
+def test_the_event_loop_limiter_shares_the_window_of_the_threads_one(stack: Stack) -> None:
+    name = f"t-{uuid.uuid4().hex}"
+    threads = RateLimiter(name, 2, client=redis.Redis.from_url(stack.broker_url))
+    assert threads.try_acquire()[0]
+
+    async def twice() -> list[tuple[bool, float]]:
+        client = redis.asyncio.Redis.from_url(stack.broker_url)
+        try:
+            loop = AsyncRateLimiter(name, 2, client=client)
+            return [await loop.try_acquire(), await loop.try_acquire()]
+        finally:
+            await client.aclose()
+
+    [(first, _), (second, wait_s)] = asyncio.run(twice())
+
+    assert first and not second
+    assert 0 < wait_s <= 1.0
