@@ -534,11 +534,11 @@ def _database_with_key(stack: ExitStack, admin_db: str) -> tuple[str, str]:
 def _start_api(
     stack: ExitStack, env: dict[str, str], tmp: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """uvicorn with the API factory as a subprocess; returns once /health answers 200."""
+    """The API as deployments start it (``flowbeat api``: uvicorn, an access log line for each
+    request), as a subprocess; returns once /health answers 200."""
     port = free_port()
-    api_argv = [sys.executable, "-m", "uvicorn", "--factory", "api.app:app_from_env"]
+    api_argv = [sys.executable, "-m", "service.cli", "api"]
     api_argv += ["--host", "127.0.0.1", "--port", str(port)]
-    api_argv += ["--log-level", "warning", "--no-access-log"]
     api_log = tmp / "api.log"
     api_proc = stack.enter_context(subprocess_group(api_argv, env, api_log, "flowbeat api"))
     base_url = f"http://127.0.0.1:{port}"

@@ -6,13 +6,14 @@
 The chain bench's clients are closed-loop (each waits for its answer before it sends the
 next), so a slow answer lowers the rate it measures at. Here requests arrive on a fixed
 schedule, request i at ``i / rate`` seconds, sent by enough client threads that one slow
-answer does not hold the next back, and each latency is counted from the moment the request
-was due, not from when it was sent, so queueing in the client counts against the API too.
-One API process (uvicorn), a fresh database, a Redis DB; ``--with-worker`` also runs the
+answer does not hold the next back, each on a connection it opened before the clock started.
+Each latency is counted from the moment the request was due, not from when it was sent, so
+queueing in the client counts against the API too. One API process started as deployments
+start it (``flowbeat api``), a fresh database, a Redis DB; ``--with-worker`` also runs the
 worker, as in production, which shares the two cores. The per-key rate limit is on, as in
-production, set above the arrival rate. Each round is calibrated before and
-after as the chain bench's are; a round run on a throttled or busy machine is printed as
-`DISTURBED` and left out, and the median p99 of the other rounds is the figure.
+production, set above the arrival rate. Each round is calibrated before and after as the
+chain bench's are; a round run on a throttled or busy machine is printed as `DISTURBED` and
+left out, and the median p99 of the other rounds is the figure.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from bench.chain_throughput import (
     start_flowbeat,
     workspace,
 )
+from bench.cpu import cpu_s
 
 CLIENT_THREADS = 16
 
@@ -60,6 +62,7 @@ def fire(base_url: str, key: str, rate: float, seconds: float) -> tuple[list[flo
 
     def client() -> None:
         conn = http.client.HTTPConnection(address.hostname or "", address.port, timeout=60.0)
+        conn.connect()
         while True:
             with lock:
                 i = next(counter, None)
@@ -123,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         fire(fb.base_url, fb.key, args.rate, 1.0)
         for number in range(args.rounds):
             before = calibrate()
+            api_cpu_s = cpu_s(fb.api.pid) or 0.0
             with py_spy(args.py_spy if number == 0 else None, fb.api.pid, "enqueue-api"):
                 latencies, errors = fire(fb.base_url, fb.key, args.rate, args.seconds)
-            rounds.append(_round(latencies, errors, before, calibrate()))
+            api_cpu_s = (cpu_s(fb.api.pid) or 0.0) - api_cpu_s
+            rounds.append(_round(latencies, errors, api_cpu_s, before, calibrate()))
             log(f"round {number + 1}: p99 {rounds[-1]['p99_ms']:.1f} ms")
     best = min(
         min(r["calibration"]["before"]["loop_ms"], r["calibration"]["after"]["loop_ms"])
@@ -166,12 +171,17 @@ def rate_limited(rate: float) -> dict[str, str]:
 
 
 def _round(
-    latencies: list[float], errors: int, before: dict[str, float], after: dict[str, float]
+    latencies: list[float],
+    errors: int,
+    api_cpu_s: float,
+    before: dict[str, float],
+    after: dict[str, float],
 ) -> dict[str, Any]:
     ms = sorted(x * 1000 for x in latencies)
     nan = float("nan")
     return {
         "accepted": len(ms),
+        "api_cpu_ms_per_job": 1000 * api_cpu_s / len(ms) if ms else nan,
         "errors": errors,
         "p50_ms": statistics.median(ms) if ms else nan,
         "p99_ms": pct(ms, 0.99) if ms else nan,
@@ -193,7 +203,8 @@ def _print(args: argparse.Namespace, figures: dict[str, Any], rounds: list[Any])
         before, after = r["calibration"]["before"], r["calibration"]["after"]
         print(
             f"  accepted {r['accepted']}, errors {r['errors']}; latency from due time "
-            f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.0f} ms "
+            f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.0f} ms; "
+            f"API CPU {r['api_cpu_ms_per_job']:.2f} ms a job "
             f"(loop {before['loop_ms']:.0f}/{after['loop_ms']:.0f} ms, background "
             f"{before['background_cores']:.2f}/{after['background_cores']:.2f} cores, "
             f"load {before['load_1m']:.2f}/{after['load_1m']:.2f})"
