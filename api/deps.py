@@ -11,7 +11,7 @@ from typing import Annotated
 
 import redis
 from celery import Celery
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -73,19 +73,25 @@ def require(scope: str) -> Callable[..., Awaitable[Principal]]:
         raise ValueError(f"unknown scope {scope!r}")
 
     async def dependency(
-        request: Request,
-        token: Annotated[str, Depends(bearer_token)],
-        session: Annotated[Session, Depends(get_session)],
+        request: Request, token: Annotated[str, Depends(bearer_token)]
     ) -> Principal:
         keys: KeyCache = request.app.state.keys
         principal = keys.cached(token)
         if principal is None:
-            principal = await run_in_threadpool(keys.authenticate, session, token)
+            principal = await run_in_threadpool(_authenticate, request.app, keys, token)
         principal.require(scope)
         await check_rate(request.app, principal)
         return principal
 
     return dependency
+
+
+def _authenticate(app: FastAPI, keys: KeyCache, token: str) -> Principal:
+    """A session of its own, opened only when the key is not cached: most requests of a
+    route that needs no database then open none."""
+    runtime: Runtime = app.state.runtime
+    with runtime.sessions() as session:
+        return keys.authenticate(session, token)
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -3,12 +3,12 @@ worker can never receive a message for a job that PostgreSQL does not hold yet."
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
+from celery import Celery
 from fastapi import APIRouter, Query, Request, Response
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, Writer
@@ -29,11 +29,10 @@ from service.jobs import (
 )
 from service.plan import JobPlan, load_plan
 from service.reruns import RerunRequest, rerun_job
+from service.runtime import Runtime
+from service.settings import Settings
 from service.states import JOB_FINAL, JobStatus
 from tasks.dispatch import publish_new_job, publish_or_defer
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,6 @@ async def create_job(
     request: Request,
     body: JobCreate,
     principal: Writer,
-    session: SessionDep,
     runtime: RuntimeDep,
     settings: SettingsDep,
     celery_app: CeleryDep,
@@ -93,22 +91,32 @@ async def create_job(
     if io is not None:
         accepted = await accept_job_on_loop(body, principal, runtime, settings, celery_app, io)
     if accepted is None:
-        accepted = await run_in_threadpool(
-            accept_job, body, principal, session, runtime, settings, celery_app
-        )
+        accepted = await run_in_threadpool(_accept, body, principal, runtime, settings, celery_app)
     job, status_code = accepted
     if body.mode == "async" or job.status in JOB_FINAL:
         return _envelope(job, status_code)
     listener = await run_in_threadpool(listener_of, request.app)
     await wait_until_final(runtime, listener, job.id, body.wait_s)
-    job = await run_in_threadpool(_read, session, job.id)
+    job = await run_in_threadpool(_read, runtime, job.id)
     return _envelope(job, 200 if job.status in JOB_FINAL else 202)
 
 
-def _read(session: Session, job_id: uuid.UUID) -> JobPublic:
-    job = JobPublic.of(job_view(session, get_job(session, job_id)))
-    session.commit()
-    return job
+def _accept(
+    body: JobCreate,
+    principal: Principal,
+    runtime: Runtime,
+    settings: Settings,
+    celery_app: Celery,
+) -> tuple[JobPublic, int]:
+    """``accept_job`` in a session of its own: a job accepted on the event loop needs none,
+    and the session a route declares is made for every request."""
+    with runtime.sessions() as session:
+        return accept_job(body, principal, session, runtime, settings, celery_app)
+
+
+def _read(runtime: Runtime, job_id: uuid.UUID) -> JobPublic:
+    with runtime.sessions() as session:
+        return JobPublic.of(job_view(session, get_job(session, job_id)))
 
 
 def _envelope(job: JobPublic, status_code: int) -> Response:
