@@ -312,10 +312,7 @@ async def insert_job_if_resolved(
     """
     seen = "" if job["pipeline_id"] is None else f"{job['pipeline_id']} {job['pipeline_version']}"
     values = {
-        **job,
-        "profile": Jsonb(job["profile"]),
-        "params": Jsonb(job["params"]),
-        "steps": Jsonb(steps),
+        **_insert_values(job, steps),
         "name": name,
         "viewer": job["owner"],
         "seen": seen,
@@ -347,17 +344,21 @@ def step_rows(
     ]
 
 
-def insert_job(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
-    """The job and its steps in one constant statement; ``False`` if its idempotency key was
-    taken first. ``ON CONFLICT`` waits for a concurrent holder of the key to commit or roll
-    back, so a key is never stored twice and no savepoint is needed."""
-    values = {
+def _insert_values(job: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters both job inserts share: the job's row and its steps' rows."""
+    return {
         **job,
         "profile": Jsonb(job["profile"]),
         "params": Jsonb(job["params"]),
         "steps": Jsonb(steps),
     }
-    row = driver(session).execute(_INSERT_JOB, values).fetchone()
+
+
+def insert_job(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+    """The job and its steps in one constant statement; ``False`` if its idempotency key was
+    taken first. ``ON CONFLICT`` waits for a concurrent holder of the key to commit or roll
+    back, so a key is never stored twice and no savepoint is needed."""
+    row = driver(session).execute(_INSERT_JOB, _insert_values(job, steps)).fetchone()
     inserted = row is not None and row[0] == 1
     if inserted:
         counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
