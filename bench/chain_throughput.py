@@ -842,6 +842,26 @@ def calibrate() -> dict[str, float]:
     }
 
 
+def interpreter() -> str:
+    """Every figure here moves by a tenth or more with the interpreter's build: Debian's
+    python3.11 and the image's python:3.11-slim are built with PGO and LTO, a default pyenv
+    build with neither, and with libpython as a shared library."""
+    return (
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"{os.path.realpath(sys.executable)}, libpython {_libpython()}"
+    )
+
+
+def _libpython() -> str:
+    """Linked in or loaded as a shared library: what the process maps, not what sysconfig
+    says (Debian builds the shared library too, but links its interpreter statically)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "unknown"
+    return "shared" if "libpython" in maps else "static"
+
+
 def _round_line(r: Round) -> str:
     figures = (
         f"{r.raw.tasks_per_s:.0f}/{r.fb.steps_per_s:.0f}={r.ratio:.2f}"
@@ -873,7 +893,7 @@ def report(
     from service.settings import Settings
 
     figures = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "python": interpreter()},
         "worker": {
             "pool": "prefork",
             "processes": args.workers,
@@ -926,7 +946,7 @@ def _print_report(
     print(
         f"chain throughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps, "
         f"{args.workers} prefork worker(s) of concurrency {WORKER_CONCURRENCY}, "
-        f"{os.cpu_count()} cpus"
+        f"{os.cpu_count()} cpus, {interpreter()}"
     )
     x = f"{raw.tasks_per_s:.0f}" if raw else "-"
     y = f"{fb.steps_per_s:.0f}" if fb else "-"

@@ -36,6 +36,7 @@ from bench.chain_throughput import (
     PROFILE_YAML,
     calibrate,
     disturbed,
+    interpreter,
     log,
     on_sigterm,
     pct,
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         r["disturbed"] = disturbed(r["calibration"]["before"], r["calibration"]["after"], best)
     clean = [r for r in rounds if not r["disturbed"]] or rounds
     figures = {
+        "python": interpreter(),
         "rate_jobs_per_s": args.rate,
         "seconds": args.seconds,
         "with_worker": args.with_worker,
@@ -195,7 +197,7 @@ def _print(args: argparse.Namespace, figures: dict[str, Any], rounds: list[Any])
     print()
     print(
         f"enqueue at {args.rate:.0f} jobs/s, {len(rounds)} rounds of {args.seconds:.0f} s, "
-        f"one API process, {worker}: median p99 {figures['median_p99_ms']:.1f} ms "
+        f"one API process, {worker}, {interpreter()}: median p99 {figures['median_p99_ms']:.1f} ms "
         f"of {figures['median_of']} "
         f"(target < {TARGET_P99_MS:.0f} ms)"
     )
