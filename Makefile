@@ -51,7 +51,7 @@ chaos: setup
 	$(BIN)/python -m tests.chaos.report .chaos.jsonl README.md
 
 bench: setup
-	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 3
+	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 5
 
 bench-fanout: setup
 	$(BIN)/python -m bench.fanout --items 10000
