@@ -1,7 +1,7 @@
 # One entry point for people, CI and hooks.
 # The venv's interpreter: Debian's python3.11 where it has venv, else python3. Debian builds it
 # with PGO and LTO and links it statically, as the image's python:3.11-slim is optimised; a
-# default pyenv build is neither, and runs the API about a tenth slower (README, Benchmarks).
+# default pyenv build is neither, and its API used 17 % more CPU a job (README, Benchmarks).
 PYTHON ?= $(shell /usr/bin/python3.11 -c 'import ensurepip' 2>/dev/null && echo /usr/bin/python3.11 || echo python3)
 VENV ?= .venv
 BIN := $(VENV)/bin

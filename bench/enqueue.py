@@ -1,6 +1,6 @@
 """Enqueue latency of one API process at a fixed arrival rate.
 
-    python -m bench.enqueue [--rate 500] [--seconds 10] [--rounds 3] [--with-worker]
+    python -m bench.enqueue [--rate 500] [--seconds 10] [--rounds 5] [--with-worker]
                             [--py-spy DIR] [--json]
 
 The chain bench's clients are closed-loop (each waits for its answer before it sends the
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rate", type=float, default=500.0, help="jobs per second")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3, help="the median round is reported")
+    parser.add_argument("--rounds", type=int, default=5, help="the median round is reported")
     parser.add_argument("--with-worker", action="store_true")
     parser.add_argument("--py-spy", type=Path, default=None, help="write flame graphs here")
     parser.add_argument("--json", action="store_true")
