@@ -104,6 +104,11 @@ BROKER_PUBLISH_RETRIES: Final = 3
 default publish retry policy makes."""
 BROKER_PUBLISH_RETRY_INTERVAL_S: Final = 0.2
 """The pause before each of those retries (Celery's policy: 0, 0.2 and 0.4 s)."""
+BROKER_PUSH_TIMEOUT_S: Final = 1.0
+"""How long a step message pushed without Celery waits for Redis to connect or to answer. A
+broker that stops answering without closing its connections (a partition, a failover behind
+a proxy) held a request for about 21 s under redis-py's default of 5 s, four attempts in all;
+a healthy Redis answers a push in well under a millisecond."""
 API_LOOP_DB_WAIT_S: Final = 1.0
 """How long a job accepted on the API's event loop waits for a connection of its async pool
 before it is accepted in the thread pool instead (which answers 503 if the database is down)."""

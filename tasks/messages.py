@@ -33,6 +33,7 @@ from redis.retry import Retry
 from service.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUBLISH_RETRY_INTERVAL_S,
+    BROKER_PUSH_TIMEOUT_S,
     HEADER_SENT_AT,
     QUEUE_STEPS,
     TASK_RUN_STEP,
@@ -148,7 +149,12 @@ def _retry() -> Retry:
 @lru_cache(maxsize=4)
 def broker_client(url: str) -> redis.Redis:
     """One pool per broker and process; redis-py replaces its connections after a fork."""
-    return redis.Redis.from_url(url, retry=_retry())
+    return redis.Redis.from_url(
+        url,
+        retry=_retry(),
+        socket_timeout=BROKER_PUSH_TIMEOUT_S,
+        socket_connect_timeout=BROKER_PUSH_TIMEOUT_S,
+    )
 
 
 def push(url: str, messages: Sequence[str]) -> None:
@@ -162,7 +168,12 @@ def async_broker_client(url: str) -> redis.asyncio.Redis:
     retry = redis.asyncio.retry.Retry(
         ConstantBackoff(BROKER_PUBLISH_RETRY_INTERVAL_S), BROKER_PUBLISH_RETRIES
     )
-    return redis.asyncio.Redis.from_url(url, retry=retry)
+    return redis.asyncio.Redis.from_url(
+        url,
+        retry=retry,
+        socket_timeout=BROKER_PUSH_TIMEOUT_S,
+        socket_connect_timeout=BROKER_PUSH_TIMEOUT_S,
+    )
 
 
 async def push_async(client: redis.asyncio.Redis, messages: Sequence[str]) -> None:

@@ -1,9 +1,11 @@
 import io
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -11,10 +13,18 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from service import logs
+from service.constants import (
+    BROKER_PUBLISH_RETRIES,
+    BROKER_PUSH_TIMEOUT_S,
+    RATE_LIMIT_REDIS_TIMEOUT_S,
+)
 from service.db import unit_of_work
 from service.models import JobRow
 from service.runtime import Runtime
+from service.settings import Settings
 from tests.api.conftest import GREET, MAX_BODY, KeyFactory
+from tests.support.apps import api_client
+from tests.support.tcpproxy import TcpProxy
 
 Headers = dict[str, str]
 QUEUE = "flowbeat.steps"
@@ -297,6 +307,30 @@ def test_broker_down_on_the_event_loop_keeps_the_job_unsent(
     with runtime.sessions() as session:
         rows = [session.get(JobRow, uuid.UUID(job_id)) for job_id in ids]
         assert [row is not None and row.dispatched_at is None for row in rows] == [True, True]
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_that_stops_answering_is_unavailable_within_seconds(
+    settings: Settings, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    """A partition drops packets without closing a connection: the push gives up after its
+    timeout and retries, the answer is 503 and the job is kept for the sweeper to send."""
+    broker = urlsplit(settings.broker_url or "")
+    with TcpProxy(broker.hostname or "", broker.port or 6379) as proxy:
+        through = broker._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+        headers = {"Authorization": f"Bearer {make_key('write')}"}
+        with api_client(settings.model_copy(update={"broker_url": through}), runtime) as client:
+            assert _submit(client, headers).status_code == 202
+            proxy.stall()
+            started = time.monotonic()
+            error = _error(_submit(client, headers), 503, "broker_unavailable")
+            waited = time.monotonic() - started
+
+    attempts = BROKER_PUBLISH_RETRIES + 1
+    assert waited < attempts * (BROKER_PUSH_TIMEOUT_S + 1) + RATE_LIMIT_REDIS_TIMEOUT_S
+    with runtime.sessions() as session:
+        row = session.get(JobRow, uuid.UUID(error["details"]["job_id"]))
+        assert row is not None and row.dispatched_at is None
 
 
 def test_unknown_route_and_method(client: TestClient, writer: Headers) -> None:

@@ -1,5 +1,6 @@
 """A TCP proxy a test controls: ``cut()`` drops every connection through it and refuses new
-ones, as a network partition or a dead server looks to a client, until ``heal()``."""
+ones, as a dead server looks to a client; ``stall()`` keeps every connection open and takes
+new ones but passes no byte, as a partition that drops packets looks; ``heal()`` ends both."""
 
 import contextlib
 import socket
@@ -15,6 +16,8 @@ class TcpProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
         self._cut = threading.Event()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
@@ -27,12 +30,18 @@ class TcpProxy:
                 _close(sock)
             self._open.clear()
 
+    def stall(self) -> None:
+        self._flowing.clear()
+
     def heal(self) -> None:
         self._cut.clear()
+        self._flowing.set()
 
     def close(self) -> None:
+        """Held bytes are dropped with their connections, never delivered late."""
         self._closed.set()
         self.cut()
+        self._flowing.set()
         _close(self.listener)
 
     def __enter__(self) -> "TcpProxy":
@@ -67,6 +76,7 @@ class TcpProxy:
         try:
             with contextlib.suppress(OSError):
                 while chunk := source.recv(CHUNK_BYTES):
+                    self._flowing.wait()
                     target.sendall(chunk)
         finally:
             for sock in (source, target):

@@ -7,13 +7,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 from celery import Celery
 from celery.signals import before_task_publish
 
-from service.constants import CHAIN_SLICE_S, HEADER_SENT_AT, QUEUE_STEPS, STEP_TIMEOUT_GRACE_S
+from service.constants import (
+    BROKER_PUBLISH_RETRIES,
+    BROKER_PUSH_TIMEOUT_S,
+    CHAIN_SLICE_S,
+    HEADER_SENT_AT,
+    QUEUE_STEPS,
+    STEP_TIMEOUT_GRACE_S,
+)
 from service.errors import BrokerUnavailable
 from service.plan import JobPlan, StepPlan
 from service.settings import get_settings
@@ -22,6 +30,7 @@ from tasks.dispatch import publish_plan
 from tasks.messages import direct_broker, plan_messages, push
 from tests.conftest import Stack
 from tests.support.servers import allocate_redis_db, redis_base_url, release_redis_db
+from tests.support.tcpproxy import TcpProxy
 
 JOB = uuid.uuid4()
 CLOSED_PORT_REDIS = "redis://127.0.0.1:1/0"
@@ -185,3 +194,26 @@ def test_a_push_the_broker_refuses_is_broker_unavailable(
             publish_plan(app, JobPlan(JOB, [StepPlan("a", 10)]))
     finally:
         app.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_that_stops_answering_fails_a_push_instead_of_holding_it(
+    broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition drops packets without closing a connection: the push gives up after its
+    timeout and retries, and the caller hears that the broker is unavailable."""
+    broker = urlsplit(broker_url)
+    with TcpProxy(broker.hostname or "", broker.port or 6379) as proxy:
+        app = _app(broker._replace(netloc=f"127.0.0.1:{proxy.port}").geturl(), monkeypatch)
+        plan = JobPlan(JOB, [StepPlan("a", 10)])
+        try:
+            publish_plan(app, plan)
+            proxy.stall()
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailable):
+                publish_plan(app, plan)
+            waited = time.monotonic() - started
+        finally:
+            app.close()
+
+    assert waited < (BROKER_PUBLISH_RETRIES + 1) * (BROKER_PUSH_TIMEOUT_S + 1)
