@@ -12,6 +12,7 @@ protects against (the routes that need Redis answer 503 themselves).
 
 import logging
 import math
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -34,7 +35,7 @@ class Throttle:
     def __init__(self, settings: Settings, client: redis.asyncio.Redis) -> None:
         self.settings = settings
         self.client = client
-        self.keys: dict[str, AsyncRateLimiter] = {}
+        self._keys: dict[str, AsyncRateLimiter] = {}
 
     def limiter(self, name: str) -> AsyncRateLimiter:
         return AsyncRateLimiter(
@@ -43,6 +44,14 @@ class Throttle:
             self.settings.rate_limit_burst / self.settings.rate_limit_per_s,
             client=self.client,
         )
+
+    def for_key(self, key_id: uuid.UUID) -> AsyncRateLimiter:
+        """Kept per key, as only authenticated keys reach here and their number is bounded."""
+        name = f"api-key:{key_id}"
+        limiter = self._keys.get(name)
+        if limiter is None:
+            limiter = self._keys[name] = self.limiter(name)
+        return limiter
 
     async def check(self, limiter: AsyncRateLimiter, who: str) -> None:
         try:
@@ -83,13 +92,8 @@ def _throttle(app: FastAPI) -> Throttle | None:
 
 async def check_rate(app: FastAPI, principal: Principal) -> None:
     limits = _throttle(app)
-    if limits is None:
-        return
-    name = f"api-key:{principal.key_id}"
-    limiter = limits.keys.get(name)
-    if limiter is None:
-        limiter = limits.keys[name] = limits.limiter(name)
-    await limits.check(limiter, "from this key")
+    if limits is not None:
+        await limits.check(limits.for_key(principal.key_id), "from this key")
 
 
 async def check_hook_rate(app: FastAPI, hook: str) -> None:
