@@ -93,6 +93,14 @@ class BrokerUnavailable(FlowbeatError):
     code = "broker_unavailable"
 
 
+class ServersHalfSet(FlowbeatError):
+    """One of the two server settings without the other. It is a mistake (a misspelt name, a
+    variable not exported), not a request for the embedded default: falling back would put the
+    jobs in a database the operator never pointed at, and ``migrate`` would say all is well."""
+
+    code = "settings_incomplete"
+
+
 class ActionNotFound(FlowbeatError):
     code = "unknown_action"
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.constants import EVENT_KEEPALIVE_S
+from service.errors import ServersHalfSet
 
 
 class LlmProvider(BaseModel):
@@ -171,6 +172,19 @@ class Settings(BaseSettings):
             if not (user and sep and password):
                 raise ValueError("expected user:password (several separated by commas)")
         return value
+
+    def embedded(self) -> bool:
+        """Whether this process runs on the embedded servers: neither server is set."""
+        if bool(self.database_url) != bool(self.broker_url):
+            given, missing = ("DATABASE_URL", "BROKER_URL")
+            if not self.database_url:
+                given, missing = missing, given
+            raise ServersHalfSet(
+                f"FLOWBEAT_{given} is set but FLOWBEAT_{missing} is not: set both to use your "
+                "servers, or neither for the embedded default",
+                {"missing": f"FLOWBEAT_{missing}"},
+            )
+        return not self.database_url
 
     def require_database_url(self) -> str:
         if not self.database_url:

@@ -63,10 +63,10 @@ def print_refusal(exc: FlowbeatError) -> None:
 
 
 def load_settings() -> Settings:
-    """Settings from the environment; with no servers configured, the embedded default, its
+    """Settings from the environment; with neither server set, the embedded default, its
     schema brought up to date, so any command works on a data directory made a moment ago."""
     settings = get_settings()
-    if settings.database_url and settings.broker_url:
+    if not settings.embedded():
         return settings
     from service.embedded import start_embedded
 

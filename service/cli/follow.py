@@ -57,7 +57,7 @@ def run(
     ),
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
-    embedded = not (get_settings().database_url and get_settings().broker_url)
+    embedded = get_settings().embedded()
     adopt_orphans()
     settings = load_settings()
     migrate_schema(settings)

@@ -165,6 +165,23 @@ def test_a_profiles_dir_that_does_not_exist_is_named_at_start_without_a_tracebac
     assert "Traceback" not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("unset", ["FLOWBEAT_BROKER_URL", "FLOWBEAT_DATABASE_URL"])
+def test_one_server_set_without_the_other_is_refused_not_replaced_by_the_embedded_default(
+    flowbeat: Cli, tmp_path: Path, unset: str
+) -> None:
+    data_dir = tmp_path / "data"
+    overrides = {unset: "", "FLOWBEAT_DATA_DIR": str(data_dir)}
+    for command in (["migrate"], ["run", "dag", "--no-wait"]):
+        done = flowbeat(*command, **overrides)
+
+        assert done.returncode == 2, done.stdout + done.stderr
+        said = " ".join(done.stdout.split())
+        assert "settings_incomplete" in said
+        assert f"{unset} is not" in said
+        assert "Traceback" not in done.stdout + done.stderr
+    assert not data_dir.exists(), "no embedded server was started in its place"
+
+
 def test_beat_check_reports_the_leader_and_fails_without_one(flowbeat: Cli, stack: Stack) -> None:
     import redis
 
