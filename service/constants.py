@@ -109,6 +109,18 @@ BROKER_PUSH_TIMEOUT_S: Final = 1.0
 broker that stops answering without closing its connections (a partition, a failover behind
 a proxy) held a request for about 21 s under redis-py's default of 5 s, four attempts in all;
 a healthy Redis answers a push in well under a millisecond."""
+REDIS_SOCKET_TIMEOUT_S: Final = 5.0
+"""How long Celery's own connections to Redis (the broker's commands, the result backend) wait
+to connect or for an answer. kombu waits forever by default and Celery's result backend
+120 s, so a worker whose connections a NAT, a firewall or a failover left open but silent
+hung in an ack or a fan-out's publish and ran nothing more. It must outlast the 1 s of
+kombu's BRPOP, which is read with the same timeout when a worker drains without its event
+loop."""
+REDIS_HEALTH_CHECK_S: Final = 5
+"""kombu's checks of its long-lived connections, every this many seconds: a BRPOP whose answer
+is overdue by this much past its own 1 s is dropped and made again (with kombu's default of
+25 s a worker whose connection went silent took no message for up to 51 s), and the pub/sub
+connection is pinged. redis-py also pings a connection idle this long before using it."""
 API_LOOP_DB_WAIT_S: Final = 1.0
 """How long a job accepted on the API's event loop waits for a connection of its async pool
 before it is accepted in the thread pool instead (which answers 503 if the database is down)."""

@@ -13,7 +13,13 @@ from celery import Celery
 from celery.signals import worker_before_create_process, worker_process_init
 from kombu.entity import Exchange, Queue
 
-from service.constants import QUEUE_CONTROL, QUEUE_STEPS, TASK_SWEEP
+from service.constants import (
+    QUEUE_CONTROL,
+    QUEUE_STEPS,
+    REDIS_HEALTH_CHECK_S,
+    REDIS_SOCKET_TIMEOUT_S,
+    TASK_SWEEP,
+)
 from service.settings import Settings, get_settings
 from tasks import runtime, telemetry  # noqa: F401
 from tasks.backend import backend_url
@@ -50,8 +56,16 @@ def create_celery(settings: Settings) -> Celery:
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": settings.unacked_restore_interval_s,
             "unacked_restore_throttle": 1,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": REDIS_SOCKET_TIMEOUT_S,
+            "socket_keepalive": True,
+            "health_check_interval": REDIS_HEALTH_CHECK_S,
         },
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        redis_socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        redis_socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+        redis_socket_keepalive=True,
+        redis_backend_health_check_interval=REDIS_HEALTH_CHECK_S,
         broker_connection_retry_on_startup=True,
         result_expires=timedelta(seconds=settings.result_expires_s),
         result_extended=False,

@@ -1,6 +1,9 @@
 """A TCP proxy a test controls: ``cut()`` drops every connection through it and refuses new
 ones, as a dead server looks to a client; ``stall()`` keeps every connection open and takes
-new ones but passes no byte, as a partition that drops packets looks; ``heal()`` ends both."""
+new ones but passes no byte, as a partition that drops packets looks; ``heal()`` ends both.
+``strand()`` silently drops every byte of the connections open now, for good, while new ones
+flow: what a client sees when a NAT or firewall forgets its connections, or the server fails
+over to another address, and nothing tells the client its sockets are dead."""
 
 import contextlib
 import socket
@@ -21,6 +24,7 @@ class TcpProxy:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
+        self._stranded: set[socket.socket] = set()
         threading.Thread(target=self._accept, name="tcpproxy", daemon=True).start()
 
     def cut(self) -> None:
@@ -29,6 +33,10 @@ class TcpProxy:
             for sock in self._open:
                 _close(sock)
             self._open.clear()
+
+    def strand(self) -> None:
+        with self._lock:
+            self._stranded |= self._open
 
     def stall(self) -> None:
         self._flowing.clear()
@@ -77,12 +85,14 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 while chunk := source.recv(CHUNK_BYTES):
                     self._flowing.wait()
-                    target.sendall(chunk)
+                    if source not in self._stranded:
+                        target.sendall(chunk)
         finally:
             for sock in (source, target):
                 _close(sock)
             with self._lock:
                 self._open -= {source, target}
+                self._stranded -= {source, target}
 
 
 def _close(sock: socket.socket) -> None:
