@@ -6,7 +6,8 @@ accepted succeeds.
 
 The shared server cannot be restarted under other tests' feet, so a restart is played by the
 proxy; a real restart looks the same to the clients (every connection dropped, then refused
-until the server is back)."""
+until the server is back), and ``test_database_restarts`` crashes and restarts a server of its
+own."""
 
 import time
 

@@ -17,6 +17,7 @@ import redis
 from playwright.sync_api import Browser
 from sqlalchemy import func, select
 
+from service.settings import Settings
 from tests.conftest import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,12 +167,13 @@ class Cluster:
 class Client:
     """Submits jobs through the same service and publish path as the API, and reads them back."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, settings: Settings | None = None) -> None:
+        """``settings`` in place of the stack's, for a scenario on a database of its own."""
         from service.runtime import Runtime
         from service.settings import get_settings
         from tasks.app import app
 
-        self.settings = get_settings()
+        self.settings = settings or get_settings()
         self.rt = Runtime.start(self.settings)
         self.app = app
         self.counters = redis.Redis.from_url(stack.broker_url.rsplit("/", 1)[0] + "/0")
