@@ -53,6 +53,13 @@ class Findings:
     def doubled(self) -> int:
         return self.concurrent + self.ran_twice
 
+    def assert_exactly_once(self) -> None:
+        """What every scenario holds each step to, past the kills and outages ``examine``
+        excuses: its checkpoint and what follows it happened once."""
+        assert self.concurrent == 0, "a step ran in two copies at once"
+        assert self.ran_twice == 0, "a step ran to its end again after another one's checkpoint"
+        assert self.unmatched == 0, "a step ran to its end but its checkpoint is of another run"
+
 
 def executions(counters: redis.Redis, job_ids: Iterable[uuid.UUID]) -> dict[str, list[Execution]]:
     """Per ``chaos:<job>:<step>:<tail>`` key, its executions in the order they started."""

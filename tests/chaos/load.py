@@ -73,6 +73,12 @@ def finished(client: Client, job_ids: list[uuid.UUID]) -> Finished:
         return {i: (s, f.timestamp() if f else None) for i, s, f in rows}
 
 
+def lost_jobs(accepted: list[uuid.UUID], done: Finished) -> list[uuid.UUID]:
+    """Accepted jobs that did not succeed, or that the database no longer has at all (a commit
+    it forgot): either way, jobs the system took and did not do."""
+    return [job for job in accepted if done.get(job, ("forgotten", None))[0] != "succeeded"]
+
+
 def await_settled(
     client: Client, job_ids: list[uuid.UUID], timeout_s: float, procs: Sequence[Proc] = ()
 ) -> Finished:

@@ -218,9 +218,7 @@ def test_random_worker_kills_under_load_lose_and_double_nothing(
     assert not lost, f"{len(lost)} jobs did not end as their shape says:\n" + describe(
         client, lost[:10]
     )
-    assert findings.concurrent == 0, "a step ran in two copies at once"
-    assert findings.ran_twice == 0, "a step ran to its end again after another one's checkpoint"
-    assert findings.unmatched == 0, "a step ran to its end but its checkpoint is of another run"
+    findings.assert_exactly_once()
     assert not [key for key in runs if ":extra:" in key], "a step skipped by its condition ran"
     assert findings.unrecovered == 0, "an execution cut short by a kill never ran again"
     assert max(findings.recovery_s, default=0.0) <= RECOVERY_BOUND_S
