@@ -513,7 +513,29 @@ def post_jobs(
             future.result()
 
 
-def _database_with_key(stack: ExitStack, admin_db: str) -> tuple[str, str]:
+EVENT_TRIGGERS = {
+    "jobs": ("jobs_created_event", "jobs_status_event"),
+    "step_runs": ("step_runs_status_event", "step_runs_created_event"),
+}
+"""The event log's triggers on the rows a chain changes (migration 0011)."""
+
+
+def disable_event_log(db_url: str) -> None:
+    """For measuring only, never a way to run: what flowbeat costs with no event appended,
+    the most any cheaper event log could save. Streams and run history read the log."""
+    with psycopg.connect(_libpq(db_url), autocommit=True) as conn:
+        for table, triggers in EVENT_TRIGGERS.items():
+            for trigger in triggers:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} DISABLE TRIGGER {}").format(
+                        sql.Identifier(table), sql.Identifier(trigger)
+                    )
+                )
+
+
+def _database_with_key(
+    stack: ExitStack, admin_db: str, without_event_log: bool = False
+) -> tuple[str, str]:
     """A fresh, migrated database (dropped when ``stack`` closes) and an admin API key in it."""
     from service.auth import create_api_key
     from service.db import make_engine, make_session_factory, unit_of_work
@@ -522,6 +544,8 @@ def _database_with_key(stack: ExitStack, admin_db: str) -> tuple[str, str]:
     db_url = stack.enter_context(fresh_database(admin_db))
     log("B: migrating")
     upgrade(db_url)
+    if without_event_log:
+        disable_event_log(db_url)
     engine = make_engine(db_url, pool_size=1)
     try:
         with unit_of_work(make_session_factory(engine)) as session:
@@ -585,6 +609,7 @@ def start_flowbeat(
     tmp: Path,
     settings: dict[str, str] | None = None,
     workers: int = 1,
+    without_event_log: bool = False,
 ) -> FlowbeatStack:
     """Everything is stopped and dropped when ``stack`` closes. ``profiles`` maps a name to
     the YAML of a profile the API serves as shipped; each is validated here first.
@@ -601,7 +626,7 @@ def start_flowbeat(
     for name, text in profiles.items():
         (profiles_dir / f"{name}.yaml").write_text(text)
         load_profile_file(profiles_dir / f"{name}.yaml")
-    db_url, key = _database_with_key(stack, admin_db)
+    db_url, key = _database_with_key(stack, admin_db, without_event_log)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("FLOWBEAT_")},
         "FLOWBEAT_DATABASE_URL": db_url,
@@ -639,10 +664,19 @@ def run_flowbeat(
     timeout_s: float,
     spy_dir: Path | None,
     workers: int = 1,
+    without_event_log: bool = False,
 ) -> FlowbeatResult:
     with ExitStack() as stack:
         profiles = {PIPELINE: PROFILE_YAML}
-        fb = start_flowbeat(stack, profiles, redis_url, admin_db, tmp, workers=workers)
+        fb = start_flowbeat(
+            stack,
+            profiles,
+            redis_url,
+            admin_db,
+            tmp,
+            workers=workers,
+            without_event_log=without_event_log,
+        )
         if warmup:
             errors: list[str] = []
             post_jobs(fb.base_url, fb.key, warmup, min(threads, warmup), [], errors)
@@ -902,6 +936,7 @@ def report(
         },
         "jobs": args.jobs,
         "clients": args.clients,
+        "without_event_log": args.without_event_log,
         "raw_celery": asdict(raw) if raw else None,
         "flowbeat": asdict(fb) if fb else None,
         "ratio": ratio,
@@ -947,6 +982,7 @@ def _print_report(
         f"chain throughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps, "
         f"{args.workers} prefork worker(s) of concurrency {WORKER_CONCURRENCY}, "
         f"{os.cpu_count()} cpus, {interpreter()}"
+        + (", flowbeat WITHOUT its event log" if args.without_event_log else "")
     )
     x = f"{raw.tasks_per_s:.0f}" if raw else "-"
     y = f"{fb.steps_per_s:.0f}" if fb else "-"
@@ -1014,6 +1050,12 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes per side, each of concurrency BENCH_CONCURRENCY (2)",
     )
     parser.add_argument(
+        "--without-event-log",
+        action="store_true",
+        help="disable the event log's triggers on flowbeat's side: what any cheaper event log "
+        "could at most save (for measuring; streams and run history need the log)",
+    )
+    parser.add_argument(
         "--py-spy",
         type=Path,
         metavar="DIR",
@@ -1047,6 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.timeout,
                 args.py_spy,
                 args.workers,
+                args.without_event_log,
             )
             log(f"B: {result.steps_per_s:.0f} persisted steps/s")
             return result

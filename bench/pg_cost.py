@@ -36,14 +36,11 @@ from bench.chain_throughput import (
     PIPELINE,
     PROFILE_YAML,
     calibrate,
+    disable_event_log,
     fresh_database,
 )
 from bench.cpu import CpuMeter
 
-EVENT_TRIGGERS = {
-    "jobs": ("jobs_created_event", "jobs_status_event"),
-    "step_runs": ("step_runs_status_event", "step_runs_created_event"),
-}
 VARIANTS = ("as migrated", "without event triggers")
 OWNER = "bench"
 WARMUP_JOBS = 20
@@ -71,13 +68,6 @@ def runtime_on(db_url: str, profiles: Path) -> Iterator[Any]:
         yield rt
     finally:
         rt.sessions.kw["bind"].dispose()
-
-
-def _disable_event_triggers(conninfo: str) -> None:
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        for table, triggers in EVENT_TRIGGERS.items():
-            for trigger in triggers:
-                conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
 
 
 def _first_job(rt: Any) -> uuid.UUID:
@@ -136,7 +126,7 @@ def measure(admin_db: str, profiles: Path, variant: str, jobs: int) -> Cost:
     with fresh_database(admin_db) as db_url:
         upgrade(db_url)
         if variant != VARIANTS[0]:
-            _disable_event_triggers(libpq_url(db_url))
+            disable_event_log(db_url)
         with runtime_on(db_url, profiles) as rt:
             return asyncio.run(_measured(rt, libpq_url(db_url), variant, jobs))
 
