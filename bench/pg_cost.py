@@ -6,8 +6,8 @@ The chain bench's job (three no-op steps) is accepted with the API's one-stateme
 run by the worker's own service calls (a claim, two checkpoints that each claim the next step,
 a checkpoint that settles the job), in this one process, one job after another, with no HTTP,
 Celery or Redis around them. What the PostgreSQL backends of the database spend in between is
-the database's own cost of a job, without the contention and cache misses of the full bench,
-where the same backends spend more.
+the database's own cost of a job, to set beside what the full bench reads for the same
+backends while everything else competes for the cores.
 
 Each round runs twice on fresh databases, in alternating order: as migrated, and with the event
 log's triggers disabled. The difference is the most that any change to how events are appended
