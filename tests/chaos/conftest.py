@@ -1,8 +1,13 @@
 """The chaos suite drives the same real processes as the end-to-end tests, with their fixtures."""
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import pytest
+from sqlalchemy import make_url
 
 from tests.e2e.conftest import Cluster, browser, client, cluster, shared_worker
+from tests.support.tcpproxy import TcpProxy
 
 __all__ = ["browser", "client", "cluster", "shared_worker"]
 
@@ -14,3 +19,20 @@ def _keep_every_run(cluster: Cluster) -> None:
     """A full-scale scenario runs thousands of jobs of one pipeline; retention would delete all
     but the newest of them (and their checkpoints) before they are examined."""
     cluster.env["FLOWBEAT_RUNS_KEPT_PER_PIPELINE"] = RUNS_KEPT
+
+
+@dataclass(frozen=True)
+class ProxiedRedis:
+    proxy: TcpProxy
+    url: str
+    """The stack's broker, reached through ``proxy``."""
+
+
+@pytest.fixture
+def redis_proxy(cluster: Cluster) -> Iterator[ProxiedRedis]:
+    """The stack's Redis behind a TCP proxy the test controls. The drill action records its
+    executions on Redis directly, so what the proxy does to a worker never loses the record."""
+    broker = make_url(cluster.stack.broker_url)
+    cluster.env["DRILL_REDIS_URL"] = cluster.stack.broker_url.rsplit("/", 1)[0] + "/0"
+    with TcpProxy(broker.host or "127.0.0.1", broker.port or 6379) as proxy:
+        yield ProxiedRedis(proxy, f"redis://127.0.0.1:{proxy.port}/{broker.database}")

@@ -14,13 +14,12 @@ import uuid
 from functools import partial
 
 import pytest
-from sqlalchemy import make_url
 
+from tests.chaos.conftest import ProxiedRedis
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import finished, first_finish_after, lost_jobs
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
-from tests.support.tcpproxy import TcpProxy
 
 CUTS = scaled(ci=1, full=5)
 JOBS_PER_CUT = 6
@@ -47,39 +46,35 @@ def _running_in(client: Client, jobs: list[uuid.UUID], worker: Proc) -> bool:
 @pytest.mark.drill
 @pytest.mark.timeout(scaled(ci=180, full=900))
 def test_a_worker_cut_off_from_redis_past_the_lease_never_runs_a_step_alongside_another(
-    client: Client, cluster: Cluster
+    client: Client, cluster: Cluster, redis_proxy: ProxiedRedis
 ) -> None:
-    broker = make_url(cluster.stack.broker_url)
-    with TcpProxy(broker.host or "127.0.0.1", broker.port or 6379) as proxy:
-        through = f"redis://127.0.0.1:{proxy.port}/{broker.database}"
-        cluster.env["DRILL_REDIS_URL"] = cluster.stack.broker_url.rsplit("/", 1)[0] + "/0"
-        cluster.beat(**QUICK)
-        cut_off = cluster.worker(concurrency=2, broker_url=through, **QUICK)
-        direct = None
-        jobs: list[uuid.UUID] = []
-        healed = []
-        for _ in range(CUTS):
-            batch = [client.submit("chaos-chain", hold_s=HOLD_S) for _ in range(JOBS_PER_CUT)]
-            jobs += batch
-            wait_for(
-                partial(_running_in, client, batch, cut_off),
-                30,
-                "a step running on the worker to be cut off",
-            )
-            proxy.cut()
-            cut_at = time.monotonic()
-            if direct is None:
-                direct = cluster.worker(concurrency=2, **QUICK)
-            time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
-            proxy.heal()
-            healed.append(time.time())
+    cluster.beat(**QUICK)
+    cut_off = cluster.worker(concurrency=2, broker_url=redis_proxy.url, **QUICK)
+    direct = None
+    jobs: list[uuid.UUID] = []
+    healed = []
+    for _ in range(CUTS):
+        batch = [client.submit("chaos-chain", hold_s=HOLD_S) for _ in range(JOBS_PER_CUT)]
+        jobs += batch
+        wait_for(
+            partial(_running_in, client, batch, cut_off),
+            30,
+            "a step running on the worker to be cut off",
+        )
+        redis_proxy.proxy.cut()
+        cut_at = time.monotonic()
+        if direct is None:
+            direct = cluster.worker(concurrency=2, **QUICK)
+        time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
+        redis_proxy.proxy.heal()
+        healed.append(time.time())
 
-        def settled() -> bool:
-            return all(s in FINAL for s, _ in finished(client, jobs).values())
+    def settled() -> bool:
+        return all(s in FINAL for s, _ in finished(client, jobs).values())
 
-        deadline = time.monotonic() + scaled(ci=120, full=600)
-        while not settled() and time.monotonic() < deadline:
-            time.sleep(0.2)
+    deadline = time.monotonic() + scaled(ci=120, full=600)
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.2)
     done = finished(client, jobs)
     lost = lost_jobs(jobs, done)
     runs = executions(client.counters, jobs)

@@ -14,13 +14,12 @@ import uuid
 from functools import partial
 
 import pytest
-from sqlalchemy import make_url
 
+from tests.chaos.conftest import ProxiedRedis
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import Finished, finished, lost_jobs
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
-from tests.support.tcpproxy import TcpProxy
 
 STRANDINGS = scaled(ci=1, full=5)
 JOBS_PER_STRANDING = 4
@@ -43,28 +42,24 @@ def _started(client: Client, jobs: list[uuid.UUID]) -> bool:
 @pytest.mark.drill
 @pytest.mark.timeout(scaled(ci=240, full=900))
 def test_a_worker_whose_redis_connections_go_silent_reconnects_and_finishes_every_job(
-    client: Client, cluster: Cluster
+    client: Client, cluster: Cluster, redis_proxy: ProxiedRedis
 ) -> None:
-    broker = make_url(cluster.stack.broker_url)
-    with TcpProxy(broker.host or "127.0.0.1", broker.port or 6379) as proxy:
-        through = f"redis://127.0.0.1:{proxy.port}/{broker.database}"
-        cluster.env["DRILL_REDIS_URL"] = cluster.stack.broker_url.rsplit("/", 1)[0] + "/0"
-        cluster.beat(**QUICK)
-        cluster.worker(concurrency=2, broker_url=through, **QUICK)
-        jobs: list[uuid.UUID] = []
-        batches: list[tuple[float, list[uuid.UUID]]] = []
-        for _ in range(STRANDINGS):
-            batch = [client.submit("chaos-chain", hold_s=0.5) for _ in range(JOBS_PER_STRANDING)]
-            batch += [client.submit("chaos-fan", items=[1, 2, 3, 4, 5, 6], hold_s=0.3)]
-            jobs += batch
-            wait_for(partial(_started, client, batch), 30, "a step of the batch to start")
-            proxy.strand()
-            batches.append((time.time(), batch))
-            batch_done = time.monotonic() + RECOVERY_BOUND_S + 30
-            while time.monotonic() < batch_done:
-                if all(s in FINAL for s, _ in finished(client, batch).values()):
-                    break
-                time.sleep(0.2)
+    cluster.beat(**QUICK)
+    cluster.worker(concurrency=2, broker_url=redis_proxy.url, **QUICK)
+    jobs: list[uuid.UUID] = []
+    batches: list[tuple[float, list[uuid.UUID]]] = []
+    for _ in range(STRANDINGS):
+        batch = [client.submit("chaos-chain", hold_s=0.5) for _ in range(JOBS_PER_STRANDING)]
+        batch += [client.submit("chaos-fan", items=[1, 2, 3, 4, 5, 6], hold_s=0.3)]
+        jobs += batch
+        wait_for(partial(_started, client, batch), 30, "a step of the batch to start")
+        redis_proxy.proxy.strand()
+        batches.append((time.time(), batch))
+        batch_done = time.monotonic() + RECOVERY_BOUND_S + 30
+        while time.monotonic() < batch_done:
+            if all(s in FINAL for s, _ in finished(client, batch).values()):
+                break
+            time.sleep(0.2)
     done = finished(client, jobs)
     lost = lost_jobs(jobs, done)
     runs = executions(client.counters, jobs)
