@@ -108,7 +108,7 @@ def app_from_env() -> FastAPI:
     Left in the oldest one, each full collection walked all of it, about 0.1 s with the GIL
     held, and every request in flight waited for it: the tail of the enqueue latency."""
     settings = get_settings()
-    logs.configure(settings.log_format, settings.log_level)
+    logs.configure(settings.log_format, settings.log_level, background=True)
     app = create_app(settings)
     gc.collect()
     gc.freeze()

@@ -124,3 +124,9 @@ connection is pinged. redis-py also pings a connection idle this long before usi
 API_LOOP_DB_WAIT_S: Final = 1.0
 """How long a job accepted on the API's event loop waits for a connection of its async pool
 before it is accepted in the thread pool instead (which answers 503 if the database is down)."""
+
+LOG_QUEUE_RECORDS: Final = 10_000
+"""Log records the API's event loop may leave for its writer thread before it drops new ones:
+a stalled stderr then costs lines, counted on the next one written, never the loop."""
+LOG_FLUSH_S: Final = 2.0
+"""How long a process that exits waits for its writer thread to write what is queued."""

@@ -9,12 +9,18 @@ carries them without being passed down.
 
 import contextlib
 import contextvars
+import copy
 import json
 import logging
+import queue
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from logging.handlers import QueueHandler
 from typing import Any, TextIO
+
+from service.constants import LOG_FLUSH_S, LOG_QUEUE_RECORDS
 
 JOB_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_id", default=None)
 STEP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("step_id", default=None)
@@ -66,10 +72,10 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "process": record.process,
         }
-        for name, var in _CONTEXT.items():
-            value = var.get()
-            if value is not None:
-                line[name] = value
+        line.update(_ids(record))
+        dropped = _dropped_before(record)
+        if dropped:
+            line["dropped_before"] = dropped
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
@@ -81,21 +87,94 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        ids = " ".join(f"{name}={var.get()}" for name, var in _CONTEXT.items() if var.get())
+        ids = " ".join(f"{name}={value}" for name, value in _ids(record).items())
+        dropped = _dropped_before(record)
+        if dropped:
+            text = f"{text} ({dropped} lines dropped before this one)"
         return f"{text} [{ids}]" if ids else text
+
+
+def _current_ids() -> dict[str, Any]:
+    return {name: value for name, var in _CONTEXT.items() if (value := var.get()) is not None}
+
+
+def _ids(record: logging.LogRecord) -> dict[str, Any]:
+    """The ids of the context that logged ``record``: read then, if it was handed over."""
+    ids: dict[str, Any] | None = getattr(record, "ids", None)
+    return _current_ids() if ids is None else ids
+
+
+def _dropped_before(record: logging.LogRecord) -> int:
+    return int(getattr(record, "dropped_before", 0))
+
+
+class _Handoff(QueueHandler):
+    """Hands each record to a writer thread, for a process whose event loop must never wait
+    on its stderr: a full pipe or a stalled log collector would otherwise stop every request.
+
+    The record is completed here, in the context that logged it (its message, its ids). When
+    ``LOG_QUEUE_RECORDS`` are waiting, a new record is dropped, and the next one that gets
+    through says how many were. ``emit`` runs under the handler's lock, so the count is safe.
+    """
+
+    def __init__(self, writer: logging.Handler, capacity: int) -> None:
+        self._records: queue.Queue[logging.LogRecord | None] = queue.Queue(capacity)
+        super().__init__(self._records)
+        self._writer = writer
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._write, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        prepared = copy.copy(record)
+        prepared.message = record.getMessage()
+        prepared.msg, prepared.args = prepared.message, None
+        prepared.ids = _current_ids()
+        prepared.dropped_before = self._dropped
+        return prepared
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self._records.put_nowait(record)
+        except queue.Full:
+            self._dropped += 1
+        else:
+            self._dropped = 0
+
+    def _write(self) -> None:
+        while (record := self._records.get()) is not None:
+            self._writer.handle(record)
+
+    def close(self) -> None:
+        """Write what is queued, waiting ``LOG_FLUSH_S`` at most for a stalled stream."""
+        with contextlib.suppress(queue.Full):
+            self._records.put(None, timeout=LOG_FLUSH_S)
+        self._thread.join(LOG_FLUSH_S)
+        super().close()
 
 
 def wants_json(log_format: str, stream: TextIO) -> bool:
     return log_format == "json" or (log_format == "auto" and not stream.isatty())
 
 
-def configure(log_format: str, level: str, stream: TextIO = sys.stderr) -> None:
-    """One handler on the root logger, replacing ours from an earlier call (never another's)."""
+def configure(
+    log_format: str,
+    level: str,
+    stream: TextIO = sys.stderr,
+    *,
+    background: bool = False,
+    capacity: int = LOG_QUEUE_RECORDS,
+) -> None:
+    """One handler on the root logger, replacing ours from an earlier call (never another's).
+
+    ``background`` writes from a thread of its own (``_Handoff``), for an event loop."""
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
-        root.removeHandler(handler)
-    handler = logging.StreamHandler(stream)
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+        old.close()
+    writer = logging.StreamHandler(stream)
+    writer.setFormatter(JsonFormatter() if wants_json(log_format, stream) else TextFormatter())
+    handler = _Handoff(writer, capacity) if background else writer
     handler.set_name(_HANDLER_NAME)
-    handler.setFormatter(JsonFormatter() if wants_json(log_format, stream) else TextFormatter())
     root.addHandler(handler)
     root.setLevel(level)

@@ -5,7 +5,9 @@ command, so the rest of ``service/`` stays free of FastAPI and Celery.
 """
 
 import os
+import signal
 import sys
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -39,6 +41,7 @@ def api(host: str = "127.0.0.1", port: int = 8000) -> None:
     settings = load_settings()
     import uvicorn
 
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     uvicorn.run(
         "api.app:app_from_env",
         factory=True,
@@ -48,6 +51,13 @@ def api(host: str = "127.0.0.1", port: int = 8000) -> None:
         proxy_headers=True,
         forwarded_allow_ips=settings.forwarded_allow_ips,
     )
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    """uvicorn raises the SIGTERM it caught again once it has shut down, to die of it. Exiting
+    instead (with the status a shell gives that death) lets the API's log writer thread write
+    uvicorn's last lines first (``logs.configure(background=True)``)."""
+    raise SystemExit(128 + signum)
 
 
 @cli.command()

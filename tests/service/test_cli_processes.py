@@ -1,4 +1,5 @@
-"""``flowbeat dev`` and ``flowbeat run`` leave nothing behind when stopped by SIGINT or SIGTERM.
+"""``flowbeat dev`` and ``flowbeat run`` leave nothing behind when stopped by SIGINT or SIGTERM,
+and ``flowbeat api`` writes its last lines before it exits.
 
 Every process under the command (API, worker and its pool, beat) is recorded while it runs;
 after the signal none of them may exist any more, not even as a zombie."""
@@ -134,6 +135,32 @@ def test_dev_stops_every_process_it_started(
     printed = out.read_text()
     assert re.search(r"admin API key", printed), printed
     assert "celery@" not in printed and "Uvicorn" not in printed, "logs on the terminal"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 0), (signal.SIGTERM, 143)])
+def test_the_api_writes_its_last_lines_before_it_exits(
+    env: dict[str, str],
+    tmp_path: Path,
+    sig: signal.Signals,
+    code: int,
+    commands: list[subprocess.Popen[bytes]],
+) -> None:
+    """The API writes its log from a thread of its own, which must finish before the process
+    does: a SIGTERM that uvicorn raised again would otherwise kill it with lines queued."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "api.out"
+    api = _start(
+        ["api", "--port", str(port)], {**env, "FLOWBEAT_LOG_FORMAT": "text"}, out, commands
+    )
+    wait_for(lambda: _api_up(port), 60, "the API")
+
+    api.send_signal(sig)
+
+    assert _exit_code(api, out) == code, out.read_text()
+    assert "Finished server process" in out.read_text().splitlines()[-1], out.read_text()
 
 
 def _api_up(port: int) -> bool:

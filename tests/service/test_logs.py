@@ -3,6 +3,7 @@
 import io
 import json
 import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -20,8 +21,38 @@ def restore_root() -> Iterator[logging.Logger]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield root
+    for handler in [h for h in root.handlers if h not in handlers]:
+        handler.close()
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+class _Stalled(io.StringIO):
+    """A stream whose writes wait until it is let go: a full pipe, a stalled log collector."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.let_go = threading.Event()
+        self.writing = threading.Event()
+        self._written = threading.Condition()
+
+    def write(self, text: str) -> int:
+        self.writing.set()
+        self.let_go.wait(10)
+        with self._written:
+            count = super().write(text)
+            self._written.notify_all()
+        return count
+
+    def lines_when_written(self, count: int) -> list[str]:
+        with self._written:
+            assert self._written.wait_for(lambda: self.getvalue().count("\n") >= count, 10)
+        return self.getvalue().splitlines()
+
+
+def _flushed() -> None:
+    """Closing the handler of an earlier ``configure`` writes what it still holds."""
+    logs.configure("json", "INFO", io.StringIO())
 
 
 @pytest.mark.parametrize(
@@ -66,3 +97,67 @@ def test_text_lines_end_with_the_ids_and_configuring_twice_keeps_one_handler(
 
     [line] = out.getvalue().splitlines()
     assert line.endswith("actions: hello [job_id=job-1 step_id=fetch attempt=1]")
+
+
+def test_in_the_background_a_stalled_stream_holds_up_no_caller_and_loses_no_id(
+    restore_root: logging.Logger,
+) -> None:
+    """The API writes its lines from a thread of its own: its event loop must not wait on a
+    full pipe or a stalled collector, and each line still names the work it was logged in."""
+    out = _Stalled()
+    logs.configure("json", "INFO", out, background=True)
+    with logs.bound(job_id="job-1"):
+        for number in range(3):
+            logging.getLogger("api").info("request %d", number)
+    logging.getLogger("api").info("after")
+
+    assert out.getvalue() == ""
+    out.let_go.set()
+    _flushed()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["message"], line.get("job_id")) for line in lines] == [
+        ("request 0", "job-1"),
+        ("request 1", "job-1"),
+        ("request 2", "job-1"),
+        ("after", None),
+    ]
+
+
+def test_lines_dropped_while_the_queue_was_full_are_counted_on_the_next_line(
+    restore_root: logging.Logger,
+) -> None:
+    out = _Stalled()
+    logs.configure("text", "INFO", out, background=True, capacity=2)
+    log = logging.getLogger("api")
+    log.info("taken by the writer")
+    assert out.writing.wait(10)
+    for number in range(5):
+        log.info("line %d", number)
+    out.let_go.set()
+    out.lines_when_written(3)
+    log.info("after the stall")
+    _flushed()
+
+    lines = out.getvalue().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "taken by the writer",
+        "line 0",
+        "line 1",
+        "after the stall (3 lines dropped before this one)",
+    ]
+
+
+def test_an_exception_logged_in_the_background_keeps_its_traceback(
+    restore_root: logging.Logger,
+) -> None:
+    out = io.StringIO()
+    logs.configure("json", "INFO", out, background=True)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("api").exception("failed")
+    _flushed()
+
+    [line] = [json.loads(text) for text in out.getvalue().splitlines()]
+    assert line["message"] == "failed"
+    assert "ValueError: boom" in line["exception"]
