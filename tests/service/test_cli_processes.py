@@ -163,6 +163,31 @@ def test_the_api_writes_its_last_lines_before_it_exits(
     assert "Finished server process" in out.read_text().splitlines()[-1], out.read_text()
 
 
+@pytest.mark.timeout(120)
+def test_the_api_answers_while_nobody_reads_its_log(
+    env: dict[str, str], commands: list[subprocess.Popen[bytes]]
+) -> None:
+    """Its stderr is a pipe nobody reads: the pipe fills after a few hundred access lines, and
+    an API that wrote them on its event loop would stop answering there."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    api = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "api", "--port", str(port)],
+        env={**env, "FLOWBEAT_LOG_FORMAT": "json"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    commands.append(api)
+    wait_for(lambda: _api_up(port), 60, "the API")
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        answers = [client.get("/health").status_code for _ in range(800)]
+
+    assert answers == [200] * 800
+
+
 def _api_up(port: int) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
