@@ -36,6 +36,7 @@ from service.errors import ActionError, RetryLater, StepCancelled, StopChain
 from service.loops import complete_round
 from service.models import JobRow
 from service.plan import JobPlan
+from service.profiles import RetryPolicy
 from service.runtime import Runtime
 from service.settings import Settings
 from service.settle import settle_job, sink_settles_job
@@ -398,11 +399,19 @@ def _error(code: str, message: str, details: dict[str, Any]) -> dict[str, Any]:
     return {"code": code, "message": message, "details": dict(details)}
 
 
-def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> JobPlan:
-    policy, attempt, error = claim.retry, claim.lease.attempt, failure.error
+def _retry_in_s(policy: RetryPolicy, attempt: int, failure: _Failure) -> float | None:
+    """Seconds until a failed attempt runs again; ``None`` when it is not to: the failure is
+    permanent, its code or exception type is listed as such, or the attempts are spent."""
+    error = failure.error
     blocked = {error["code"], error["details"].get("type")} & set(policy.non_retryable)
-    retry = failure.retryable and not blocked and attempt < policy.attempts
-    delay = policy.delay_s(attempt) if retry else None
+    if not failure.retryable or blocked or attempt >= policy.attempts:
+        return None
+    return policy.delay_s(attempt)
+
+
+def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> JobPlan:
+    attempt, error = claim.lease.attempt, failure.error
+    delay = _retry_in_s(claim.retry, attempt, failure)
     with unit_of_work(rt.sessions) as session:
         failed = fail_step(
             session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow()
@@ -435,27 +444,28 @@ def run_compensation(
         if not isinstance(claim, CompensationClaim):
             return claim
         with logs.bound(step_id=claim.step_id, attempt=claim.attempt):
-            try:
-                failure = _undo(rt, claim, timeout_errors)
-            except BaseException:
-                with unit_of_work(rt.sessions) as session:
-                    release(session, claim, utcnow())
-                raise
-            policy, error = claim.spec.retry, None if failure is None else failure.error
-            delay = None
-            if failure is not None and failure.retryable and claim.attempt < policy.attempts:
-                blocked = {failure.error["code"], failure.error["details"].get("type")}
-                delay = (
-                    None if blocked & set(policy.non_retryable) else policy.delay_s(claim.attempt)
-                )
-            with unit_of_work(rt.sessions) as session:
-                record_outcome(session, claim, error, delay, utcnow())
-            if delay is not None and error is not None:
-                raise RetryLater(
-                    delay, f"compensation of {claim.step_id} failed: {error['message']}"
-                )
+            _compensate(rt, claim, timeout_errors)
             with unit_of_work(rt.sessions) as session:
                 return next_due(session, job_id, profile)
+
+
+def _compensate(
+    rt: Runtime, claim: CompensationClaim, timeout_errors: tuple[type[BaseException], ...]
+) -> None:
+    """One attempt of a claimed compensation, and its outcome recorded; ``RetryLater`` when it
+    is to be tried again."""
+    try:
+        failure = _undo(rt, claim, timeout_errors)
+    except BaseException:
+        with unit_of_work(rt.sessions) as session:
+            release(session, claim, utcnow())
+        raise
+    error = None if failure is None else failure.error
+    delay = None if failure is None else _retry_in_s(claim.spec.retry, claim.attempt, failure)
+    with unit_of_work(rt.sessions) as session:
+        record_outcome(session, claim, error, delay, utcnow())
+    if error is not None and delay is not None:
+        raise RetryLater(delay, f"compensation of {claim.step_id} failed: {error['message']}")
 
 
 def _undo(
