@@ -126,7 +126,9 @@ API_LOOP_DB_WAIT_S: Final = 1.0
 before it is accepted in the thread pool instead (which answers 503 if the database is down)."""
 
 LOG_QUEUE_RECORDS: Final = 10_000
-"""Log records the API's event loop may leave for its writer thread before it drops new ones:
-a stalled stderr then costs lines, counted on the next one written, never the loop."""
+"""Log lines the API's event loop may leave for its writer thread before it drops new ones:
+a stalled stderr then costs lines, and a line that says how many, never the loop."""
+LOG_WRITE_INTERVAL_S: Final = 0.05
+"""How often at most the writer thread wakes: the lines of a busy stretch go out together."""
 LOG_FLUSH_S: Final = 2.0
-"""How long a process that exits waits for its writer thread to write what is queued."""
+"""How long a process that exits waits for its writer thread to write what is waiting."""

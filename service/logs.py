@@ -7,20 +7,19 @@ its settlement, so every line logged meanwhile (the engine's, an action's, a lib
 carries them without being passed down.
 """
 
+import collections
 import contextlib
 import contextvars
-import copy
 import json
 import logging
-import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from logging.handlers import QueueHandler
 from typing import Any, TextIO
 
-from service.constants import LOG_FLUSH_S, LOG_QUEUE_RECORDS
+from service.constants import LOG_FLUSH_S, LOG_QUEUE_RECORDS, LOG_WRITE_INTERVAL_S
 
 JOB_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_id", default=None)
 STEP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("step_id", default=None)
@@ -72,10 +71,10 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "process": record.process,
         }
-        line.update(_ids(record))
-        dropped = _dropped_before(record)
-        if dropped:
-            line["dropped_before"] = dropped
+        for name, var in _CONTEXT.items():
+            value = var.get()
+            if value is not None:
+                line[name] = value
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
@@ -87,74 +86,83 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        ids = " ".join(f"{name}={value}" for name, value in _ids(record).items())
-        dropped = _dropped_before(record)
-        if dropped:
-            text = f"{text} ({dropped} lines dropped before this one)"
+        ids = " ".join(f"{name}={var.get()}" for name, var in _CONTEXT.items() if var.get())
         return f"{text} [{ids}]" if ids else text
-
-
-def _current_ids() -> dict[str, Any]:
-    return {name: value for name, var in _CONTEXT.items() if (value := var.get()) is not None}
-
-
-def _ids(record: logging.LogRecord) -> dict[str, Any]:
-    """The ids of the context that logged ``record``: read then, if it was handed over."""
-    ids: dict[str, Any] | None = getattr(record, "ids", None)
-    return _current_ids() if ids is None else ids
-
-
-def _dropped_before(record: logging.LogRecord) -> int:
-    return int(getattr(record, "dropped_before", 0))
-
-
-class _Handoff(QueueHandler):
-    """Hands each record to a writer thread, for a process whose event loop must never wait
-    on its stderr: a full pipe or a stalled log collector would otherwise stop every request.
-
-    The record is completed here, in the context that logged it (its message, its ids). When
-    ``LOG_QUEUE_RECORDS`` are waiting, a new record is dropped, and the next one that gets
-    through says how many were. ``emit`` runs under the handler's lock, so the count is safe.
-    """
-
-    def __init__(self, writer: logging.Handler, capacity: int) -> None:
-        self._records: queue.Queue[logging.LogRecord | None] = queue.Queue(capacity)
-        super().__init__(self._records)
-        self._writer = writer
-        self._dropped = 0
-        self._thread = threading.Thread(target=self._write, name="log-writer", daemon=True)
-        self._thread.start()
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        prepared = copy.copy(record)
-        prepared.message = record.getMessage()
-        prepared.msg, prepared.args = prepared.message, None
-        prepared.ids = _current_ids()
-        prepared.dropped_before = self._dropped
-        return prepared
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self._records.put_nowait(record)
-        except queue.Full:
-            self._dropped += 1
-        else:
-            self._dropped = 0
-
-    def _write(self) -> None:
-        while (record := self._records.get()) is not None:
-            self._writer.handle(record)
-
-    def close(self) -> None:
-        """Write what is queued, waiting ``LOG_FLUSH_S`` at most for a stalled stream."""
-        with contextlib.suppress(queue.Full):
-            self._records.put(None, timeout=LOG_FLUSH_S)
-        self._thread.join(LOG_FLUSH_S)
-        super().close()
 
 
 def wants_json(log_format: str, stream: TextIO) -> bool:
     return log_format == "json" or (log_format == "auto" and not stream.isatty())
+
+
+class _Background(logging.Handler):
+    """Formats each line where it is logged, and leaves the writing to a thread of its own:
+    for a process whose event loop must never wait on its stderr, which a full pipe or a
+    stalled log collector would otherwise stop, and every request with it.
+
+    The thread wakes at most every ``LOG_WRITE_INTERVAL_S`` and writes what gathered in one
+    call, so a busy loop pays no thread switch per line. Past ``capacity`` waiting lines new
+    ones are dropped, and a line saying how many takes their place once there is room.
+    ``emit`` runs under the handler's lock, so the count is safe.
+    """
+
+    def __init__(self, stream: TextIO, capacity: int) -> None:
+        super().__init__()
+        self._stream = stream
+        self._capacity = capacity
+        self._lines: collections.deque[str] = collections.deque()
+        self._dropped = 0
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._write, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        if len(self._lines) >= self._capacity:
+            self._dropped += 1
+            return
+        if self._dropped:
+            self._lines.append(self._dropped_line())
+        self._lines.append(line)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _dropped_line(self) -> str:
+        """Formatted outside the logging context, whose ids are not the dropped lines'."""
+        notice = logging.LogRecord(
+            __name__,
+            logging.WARNING,
+            __file__,
+            0,
+            "%d log lines dropped: the log stream did not take them in time",
+            (self._dropped,),
+            None,
+        )
+        self._dropped = 0
+        return contextvars.Context().run(self.format, notice)
+
+    def _write(self) -> None:
+        while not self._closing:
+            self._wake.wait()
+            if not self._closing:
+                time.sleep(LOG_WRITE_INTERVAL_S)
+            self._wake.clear()
+            lines = [self._lines.popleft() for _ in range(len(self._lines))]
+            if lines:
+                with contextlib.suppress(OSError, ValueError):
+                    self._stream.write("".join(f"{line}\n" for line in lines))
+                    self._stream.flush()
+
+    def close(self) -> None:
+        """Write what is waiting, giving a stalled stream ``LOG_FLUSH_S`` at most."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(LOG_FLUSH_S)
+        super().close()
 
 
 def configure(
@@ -167,14 +175,13 @@ def configure(
 ) -> None:
     """One handler on the root logger, replacing ours from an earlier call (never another's).
 
-    ``background`` writes from a thread of its own (``_Handoff``), for an event loop."""
+    ``background`` writes from a thread of its own (``_Background``), for an event loop."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
         root.removeHandler(old)
         old.close()
-    writer = logging.StreamHandler(stream)
-    writer.setFormatter(JsonFormatter() if wants_json(log_format, stream) else TextFormatter())
-    handler = _Handoff(writer, capacity) if background else writer
+    handler = _Background(stream, capacity) if background else logging.StreamHandler(stream)
     handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(JsonFormatter() if wants_json(log_format, stream) else TextFormatter())
     root.addHandler(handler)
     root.setLevel(level)

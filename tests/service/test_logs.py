@@ -123,7 +123,7 @@ def test_in_the_background_a_stalled_stream_holds_up_no_caller_and_loses_no_id(
     ]
 
 
-def test_lines_dropped_while_the_queue_was_full_are_counted_on_the_next_line(
+def test_lines_dropped_while_too_many_waited_are_counted_where_they_were(
     restore_root: logging.Logger,
 ) -> None:
     out = _Stalled()
@@ -143,7 +143,8 @@ def test_lines_dropped_while_the_queue_was_full_are_counted_on_the_next_line(
         "taken by the writer",
         "line 0",
         "line 1",
-        "after the stall (3 lines dropped before this one)",
+        "3 log lines dropped: the log stream did not take them in time",
+        "after the stall",
     ]
 
 
