@@ -876,6 +876,45 @@ def calibrate() -> dict[str, float]:
     }
 
 
+PACE_FILE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowbeat-bench.json"
+"""The fastest calibration loop each machine and interpreter has run, kept between runs."""
+
+
+def machine_pace(rounds_loop_ms: list[float]) -> dict[str, float]:
+    """This run's fastest calibration loop against the fastest that any earlier run on this
+    machine, with this interpreter, recorded in ``PACE_FILE``; the run's own when none did.
+
+    A round is marked disturbed against the run's own fastest loop, so a run that is slow
+    from start to end has no disturbed round: only this says it ran on a throttled machine.
+    """
+    key = f"{platform.node()}: {interpreter()}"
+    try:
+        known: dict[str, float] = json.loads(PACE_FILE.read_text())
+    except (OSError, ValueError):
+        known = {}
+    run_ms = min(rounds_loop_ms)
+    fastest = float(known.get(key, run_ms))
+    with suppress(OSError):
+        PACE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        PACE_FILE.write_text(json.dumps({**known, key: min(run_ms, fastest)}, indent=2))
+    return {"run_loop_ms": run_ms, "fastest_loop_ms": fastest, "slowdown": run_ms / fastest}
+
+
+def pace_line(pace: dict[str, float]) -> str:
+    slowdown = pace["slowdown"]
+    if slowdown > DISTURBED_SLOWDOWN:
+        verdict = "a throttled machine: a figure that needs its usual speed is not clean"
+    elif slowdown < 1:
+        verdict = "faster than any run recorded before"
+    else:
+        verdict = "within the recorded pace"
+    return (
+        f"  machine pace: the run's fastest calibration loop {pace['run_loop_ms']:.0f} ms, "
+        f"{slowdown:.2f} times the fastest of the runs recorded in {PACE_FILE} "
+        f"({pace['fastest_loop_ms']:.0f} ms): {verdict}"
+    )
+
+
 def interpreter() -> str:
     """Every figure here moves by a tenth or more with the interpreter's build: Debian's
     python3.11 and the image's python:3.11-slim are built with PGO and LTO, a default pyenv
@@ -926,8 +965,12 @@ def report(
     ratio = middle.ratio if middle else None
     from service.settings import Settings
 
+    pace = machine_pace(
+        [ms for r in rounds for ms in (r.before["loop_ms"], r.after["loop_ms"])]
+        or [calibration["before"]["loop_ms"]]
+    )
     figures = {
-        "machine": {"cpus": os.cpu_count(), "python": interpreter()},
+        "machine": {"cpus": os.cpu_count(), "python": interpreter(), "pace": pace},
         "worker": {
             "pool": "prefork",
             "processes": args.workers,
@@ -958,6 +1001,7 @@ def report(
         print(json.dumps(figures, indent=2))
     else:
         _print_report(args, rounds, calibration, middle)
+        print(pace_line(pace))
     failed = [r.fb for r in rounds if r.fb and (r.fb.http_errors or r.fb.not_succeeded)]
     for bad in failed:
         print(f"  problems: {bad.http_errors} POST errors, not succeeded: {bad.not_succeeded}")

@@ -38,7 +38,9 @@ from bench.chain_throughput import (
     disturbed,
     interpreter,
     log,
+    machine_pace,
     on_sigterm,
+    pace_line,
     pct,
     py_spy,
     start_flowbeat,
@@ -140,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in rounds:
         r["disturbed"] = disturbed(r["calibration"]["before"], r["calibration"]["after"], best)
     clean = [r for r in rounds if not r["disturbed"]] or rounds
+    pace = machine_pace(
+        [r["calibration"][moment]["loop_ms"] for r in rounds for moment in ("before", "after")]
+    )
     figures = {
         "python": interpreter(),
+        "pace": pace,
         "rate_jobs_per_s": args.rate,
         "seconds": args.seconds,
         "with_worker": args.with_worker,
@@ -156,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures, indent=2))
     else:
         _print(args, figures, rounds)
+        print(pace_line(pace))
     log("done")
     return 1 if any(r["errors"] for r in rounds) else 0
 
