@@ -63,11 +63,11 @@ PROFILE_SUFFIXES = (".yaml", ".yml")
 ParamType = Literal["string", "integer", "number", "boolean", "array", "object"]
 ErrorEntry = dict[str, Any]
 
-VERIFY_ROOTS = frozenset({"output", "params"})
+VERIFY_ROOTS = frozenset({"output", "params", "trigger"})
+"""A verify ``expr`` checks the step's own output, so it names ``output`` (and params, and in a
+job another's success started, ``trigger``), never another step."""
 WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger"})
 UNTIL_ROOTS = frozenset({"params", "steps", "loop", "trigger"})
-"""A verify ``expr`` checks the step's own output, so it names ``output`` (and params), never
-another step."""
 RULE_KINDS = ("not_empty", "min_items", "max_items", "json_schema", "expr")
 MAX_VERIFY_RULES = 50
 _OWN_ERROR_CODES = frozenset({"bad_reference", "condition_invalid", "json_schema_invalid"})

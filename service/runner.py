@@ -376,7 +376,7 @@ def _call_action(
         with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
             with timed:
                 output = rt.registry.call(claim.action, ctx, claim.inputs)
-            unverified = verify.check(spec.verify, output, ctx.params)
+            unverified = verify.check(spec.verify, output, ctx.params, claim.trigger)
         if unverified is None:
             return output
         error = _error("verification_failed", unverified.message, unverified.details)

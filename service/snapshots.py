@@ -41,7 +41,8 @@ class StepFacts(NamedTuple):
     ends_round: bool
     """It is the last step of a loop: its checkpoint closes a round."""
     reads_trigger: bool
-    """Its inputs or its ``when`` read ``trigger.job_id`` or ``trigger.result``."""
+    """Its inputs, its ``when`` or its verify rules read ``trigger.job_id`` or
+    ``trigger.result``."""
     plain: bool
     """It starts from a one-statement claim with no transaction (``steps.ready_claim``): no
     fan-out, gate or ``when``, and its inputs read no decision, loop or trigger."""
@@ -67,10 +68,11 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
             _FACTS.clear()
         spec = profile.step(step_id)
         refs = parse_refs(spec.with_) + (spec.condition.refs() if spec.condition else [])
+        verify_refs = [ref for rule in spec.verify if rule.expr for ref in rule.condition.refs()]
         children = tuple(other.id for other in profile.steps if step_id in other.depends_on)
         decided = frozenset(ref.name for ref in refs if ref.root == "approval" and ref.name)
         reads_loop = any(ref.root == "loop" for ref in refs)
-        reads_trigger = any(ref.root == "trigger" for ref in refs)
+        reads_trigger = any(ref.root == "trigger" for ref in [*refs, *verify_refs])
         gated = spec.for_each is not None or spec.approval is not None or spec.when is not None
         facts = _FACTS[cache_key] = StepFacts(
             frozenset(ref.name for ref in refs if ref.root == "steps" and ref.name),

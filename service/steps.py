@@ -10,7 +10,7 @@ too, come and go in ``service.shards``.
 """
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
@@ -61,6 +61,8 @@ class Claimed:
     retry: RetryPolicy
     sink: bool
     profile: Profile
+    trigger: dict[str, Any] = field(default_factory=dict)
+    """What ``trigger.*`` reads, loaded for a step that reads it (its verify rules too)."""
 
 
 @dataclass(frozen=True)
@@ -384,6 +386,7 @@ def _claim_of(
         retry=spec.retry,
         sink=facts.sink and key.shard == SHARD_NONE,
         profile=profile,
+        trigger=trigger or {},
     )
 
 

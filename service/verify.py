@@ -6,7 +6,8 @@ inside the attempt, lets a failed rule take the retry path of any other failure.
 for_each step each shard is an attempt, so the rules apply to each item's output, not to the
 list the fan-out gathers.
 
-Pure: the runner passes the output and the job's params, and gets back what failed, if anything.
+Pure: the runner passes the output, the job's params and, in a job another's success started,
+what ``trigger.*`` reads, and gets back what failed, if anything.
 """
 
 from collections.abc import Mapping, Sequence
@@ -43,10 +44,16 @@ class _Problem:
     path: str | None
 
 
-def check(rules: Sequence[VerifyRule], output: Any, params: Mapping[str, Any]) -> Unverified | None:
+def check(
+    rules: Sequence[VerifyRule],
+    output: Any,
+    params: Mapping[str, Any],
+    trigger: Mapping[str, Any] | None = None,
+) -> Unverified | None:
     """The first failed rule in ``rules`` order, or ``None`` when the output passes them all."""
+    context = ExprContext(params=params, outputs={}, output=output, trigger=trigger or {})
     for index, rule in enumerate(rules):
-        problem = _problem(rule, output, params)
+        problem = _problem(rule, output, context)
         if problem is not None:
             kind = rule.kind
             message = rule.message or f"verify rule {index} ({kind}) failed: {problem.reason}"
@@ -55,7 +62,7 @@ def check(rules: Sequence[VerifyRule], output: Any, params: Mapping[str, Any]) -
     return None
 
 
-def _problem(rule: VerifyRule, output: Any, params: Mapping[str, Any]) -> _Problem | None:
+def _problem(rule: VerifyRule, output: Any, context: ExprContext) -> _Problem | None:
     if rule.not_empty is not None:
         return _not_empty(output, rule.not_empty)
     if rule.min_items is not None:
@@ -65,7 +72,7 @@ def _problem(rule: VerifyRule, output: Any, params: Mapping[str, Any]) -> _Probl
     if rule.json_schema is not None:
         return _json_schema(output, rule.json_schema)
     try:
-        if evaluate(rule.condition, ExprContext(params=params, outputs={}, output=output)):
+        if evaluate(rule.condition, context):
             return None
     except ExpressionError as exc:
         return _Problem(exc.message, None)

@@ -249,6 +249,46 @@ def test_a_when_reading_the_upstream_result_runs_or_skips_the_step(runtime: Runt
     assert outcome == {"holds": "succeeded", "fails": "skipped"}
 
 
+VERIFIED = """\
+name: NAME
+on:
+  succeeded: [up]
+steps:
+  - id: b
+    action: noop
+    with: {count: 2}
+    verify:
+      - expr: "RULE"
+        retry: false
+"""
+
+
+def test_a_verify_rule_reading_the_upstream_result_passes_or_fails_the_step(
+    runtime: Runtime,
+) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    for name, operator in (("enough", ">="), ("short", ">")):
+        rule = f"${{{{ output.count }}}} {operator} ${{{{ trigger.result.a.found[1] }}}}"
+        _save(runtime, owner, VERIFIED.replace("NAME", name).replace("RULE", rule))
+    _succeed_up(runtime, owner)
+    _fire(runtime)
+
+    outcome = {}
+    for pipeline in ("enough", "short"):
+        [job] = _downstream(runtime, owner, pipeline)
+        run_step(runtime, StepKey(job.id, "b"), task_id=uuid.uuid4().hex)
+        with unit_of_work(runtime.sessions) as session:
+            outcome[pipeline] = session.execute(
+                select(StepRunRow.status, StepRunRow.error).where(
+                    StepRunRow.job_id == job.id, StepRunRow.step_id == "b"
+                )
+            ).one()
+    assert outcome["enough"].status == "succeeded"
+    assert outcome["short"].status == "failed"
+    assert outcome["short"].error["code"] == "verification_failed"
+
+
 ROUNDS_FROM_UPSTREAM = """\
 name: rounds
 on:
@@ -360,6 +400,11 @@ def test_a_save_that_closes_a_cycle_is_refused_and_stores_nothing(runtime: Runti
         (
             "name: lost\nloops: [{steps: [s], until: '${{ trigger.job_id }} != \"\"'}]\n"
             "steps: [{id: s, action: noop}]\n",
+            "bad_reference",
+        ),
+        (
+            "name: lost\nsteps: [{id: s, action: noop, "
+            "verify: [{expr: '${{ trigger.job_id }} != \"\"'}]}]\n",
             "bad_reference",
         ),
         (
