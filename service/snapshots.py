@@ -45,7 +45,8 @@ class StepFacts(NamedTuple):
     ``trigger.result``."""
     plain: bool
     """It starts from a one-statement claim with no transaction (``steps.ready_claim``): no
-    fan-out, gate or ``when``, and its inputs read no decision, loop or trigger."""
+    fan-out, gate or ``when``, its inputs read no decision, loop or trigger, and its verify
+    rules no trigger."""
     follows: str | None
     """The child its worker may claim in its checkpoint and run next, without a message
     (``steps.Follow``): the first one whose only upstream it is and that needs no transaction
