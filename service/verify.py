@@ -51,6 +51,8 @@ def check(
     trigger: Mapping[str, Any] | None = None,
 ) -> Unverified | None:
     """The first failed rule in ``rules`` order, or ``None`` when the output passes them all."""
+    if not rules:
+        return None
     context = ExprContext(params=params, outputs={}, output=output, trigger=trigger or {})
     for index, rule in enumerate(rules):
         problem = _problem(rule, output, context)

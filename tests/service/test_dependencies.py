@@ -216,6 +216,16 @@ def test_a_success_starts_each_waiting_pipeline_once_with_the_upstream_result(
     assert done.result == {"b": {"from": str(upstream), "got": [1, 2]}}
 
 
+def _run_b(rt: Runtime, owner: str, pipeline: str) -> StepRunRow:
+    """Step ``b`` of the one job ``pipeline`` has, run once, as it stands afterwards."""
+    [job] = _downstream(rt, owner, pipeline)
+    run_step(rt, StepKey(job.id, "b"), task_id=uuid.uuid4().hex)
+    with unit_of_work(rt.sessions) as session:
+        return session.scalars(
+            select(StepRunRow).where(StepRunRow.job_id == job.id, StepRunRow.step_id == "b")
+        ).one()
+
+
 def _gated(name: str, condition: str) -> str:
     return f"""\
 name: {name}
@@ -236,16 +246,7 @@ def test_a_when_reading_the_upstream_result_runs_or_skips_the_step(runtime: Runt
     _succeed_up(runtime, owner)
     _fire(runtime)
 
-    outcome = {}
-    for pipeline in ("holds", "fails"):
-        [job] = _downstream(runtime, owner, pipeline)
-        run_step(runtime, StepKey(job.id, "b"), task_id=uuid.uuid4().hex)
-        with unit_of_work(runtime.sessions) as session:
-            outcome[pipeline] = session.scalar(
-                select(StepRunRow.status).where(
-                    StepRunRow.job_id == job.id, StepRunRow.step_id == "b"
-                )
-            )
+    outcome = {pipeline: _run_b(runtime, owner, pipeline).status for pipeline in ("holds", "fails")}
     assert outcome == {"holds": "succeeded", "fails": "skipped"}
 
 
@@ -274,19 +275,11 @@ def test_a_verify_rule_reading_the_upstream_result_passes_or_fails_the_step(
     _succeed_up(runtime, owner)
     _fire(runtime)
 
-    outcome = {}
-    for pipeline in ("enough", "short"):
-        [job] = _downstream(runtime, owner, pipeline)
-        run_step(runtime, StepKey(job.id, "b"), task_id=uuid.uuid4().hex)
-        with unit_of_work(runtime.sessions) as session:
-            outcome[pipeline] = session.execute(
-                select(StepRunRow.status, StepRunRow.error).where(
-                    StepRunRow.job_id == job.id, StepRunRow.step_id == "b"
-                )
-            ).one()
+    outcome = {pipeline: _run_b(runtime, owner, pipeline) for pipeline in ("enough", "short")}
     assert outcome["enough"].status == "succeeded"
     assert outcome["short"].status == "failed"
-    assert outcome["short"].error["code"] == "verification_failed"
+    error = outcome["short"].error
+    assert error is not None and error["code"] == "verification_failed"
 
 
 ROUNDS_FROM_UPSTREAM = """\
