@@ -56,7 +56,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with mcp_sessions(app), loop_io(settings) as io, throttle(settings) as limits:
+        io_of_loop = loop_io(settings, built, celery_app)
+        async with mcp_sessions(app), io_of_loop as io, throttle(settings) as limits:
             app.state.loop_io = io
             app.state.throttle = limits
             yield

@@ -6,6 +6,7 @@ message for a job that PostgreSQL does not hold yet.
 
 import logging
 import re
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -14,31 +15,33 @@ import redis.asyncio
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy.orm import Session
 
+from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
 from service import logs
 from service.auth import Principal
-from service.constants import API_LOOP_DB_WAIT_S
+from service.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
 from service.db import autocommit, libpq_url
 from service.egress import check_escalation_urls, check_notify_url
 from service.errors import FlowbeatError
 from service.jobs import (
     JobRequest,
+    NewJob,
     check_open_jobs,
-    insert_job_if_resolved,
+    insert_jobs_if_resolved,
     job_view,
-    new_job_values,
+    new_job,
     new_job_view,
     submit_job,
 )
 from service.models import JobRow
 from service.notices import validate_notify_url
 from service.pipelines import seen_resolution
-from service.plan import initial_plan
+from service.plan import JobPlan, initial_plan
 from service.profiles import NAME_PATTERN, load_profile_text, validate_profile
 from service.runtime import Runtime
 from service.settings import Settings
 from service.snapshots import job_profile
-from tasks.dispatch import publish_new_job, publish_new_job_async
+from tasks.dispatch import publish_new_job, publish_new_jobs_async
 from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
 
 if TYPE_CHECKING:
@@ -108,15 +111,25 @@ def accept_job(
 
 
 @dataclass(frozen=True)
+class Submission:
+    job: NewJob
+    plan: JobPlan
+
+
+@dataclass(frozen=True)
 class LoopIO:
-    """PostgreSQL and the broker for the event loop that opened them."""
+    """PostgreSQL and the broker for the event loop that opened them, and the jobs queued up
+    for them."""
 
     pool: AsyncConnectionPool
     broker: redis.asyncio.Redis
+    jobs: Coalescer[Submission, bool]
 
 
 @asynccontextmanager
-async def loop_io(settings: Settings) -> "AsyncIterator[LoopIO | None]":
+async def loop_io(
+    settings: Settings, runtime: Runtime, celery_app: "Celery"
+) -> "AsyncIterator[LoopIO | None]":
     """``None`` where jobs are not pushed without Celery (a broker other than plain Redis):
     every job goes the thread's way."""
     broker_url = settings.broker_url
@@ -133,8 +146,25 @@ async def loop_io(settings: Settings) -> "AsyncIterator[LoopIO | None]":
     )
     await pool.open(wait=False)
     broker = async_broker_client(broker_url)
+
+    async def store_and_send(batch: Sequence[Submission]) -> list[bool | BaseException]:
+        """For each job: whether it was stored and sent, or the error its caller raises."""
+        try:
+            async with pool.connection() as conn:
+                stored = await insert_jobs_if_resolved(
+                    conn,
+                    [s.job for s in batch],
+                    open_jobs_limit=settings.max_open_jobs_per_owner,
+                )
+        except PoolTimeout:
+            return [False] * len(batch)
+        sent = [s for s in batch if s.job.id in stored]
+        outcomes = await publish_new_jobs_async(celery_app, runtime, broker, [s.plan for s in sent])
+        failed = {s.job.id: o for s, o in zip(sent, outcomes, strict=True) if o is not None}
+        return [failed.get(s.job.id, s.job.id in stored) for s in batch]
+
     try:
-        yield LoopIO(pool, broker)
+        yield LoopIO(pool, broker, Coalescer(store_and_send, API_JOB_BATCH_MAX))
     finally:
         await broker.aclose()
         await pool.close()
@@ -145,15 +175,15 @@ async def accept_job_on_loop(
     principal: Principal,
     runtime: Runtime,
     settings: Settings,
-    celery_app: "Celery",
     io: LoopIO,
 ) -> tuple[JobPublic, int] | None:
     """A new job of a pipeline name, accepted without leaving the event loop: the hop to the
     thread pool, the session and the separate lookup, count and insert were most of what the
-    API spent on a job. ``None`` when it cannot be taken this way (an inline profile, a notify
-    URL, a name not resolved here before or resolving differently now, the open-jobs cap
-    reached, an idempotency key already taken, a request ``submit_job`` refuses, no free
-    connection): ``accept_job`` then decides, and answers exactly as it always has."""
+    API spent on a job, and jobs that arrive together are stored and sent together. ``None``
+    when it cannot be taken this way (an inline profile, a notify URL, a name not resolved here
+    before or resolving differently now, the open-jobs cap reached, an idempotency key already
+    taken, a request ``submit_job`` refuses, no free connection): ``accept_job`` then decides,
+    and answers exactly as it always has."""
     name = body.pipeline
     if not isinstance(name, str) or body.notify_url is not None:
         return None
@@ -175,21 +205,12 @@ async def accept_job_on_loop(
         diff_mode=body.diff_mode,
     )
     try:
-        job, steps = new_job_values(request, resolved, owner=principal.owner)
+        job = new_job(request, resolved, owner=principal.owner, name=name)
     except FlowbeatError:
         return None
-    try:
-        async with io.pool.connection() as conn:
-            stored = await insert_job_if_resolved(
-                conn, job, steps, name=name, open_jobs_limit=settings.max_open_jobs_per_owner
-            )
-    except PoolTimeout:
-        return None
-    if not stored:
-        return None
     profile = resolved.profile
-    with logs.bound(job_id=str(job["id"])):
-        plan = initial_plan(profile, job["id"])
-        await publish_new_job_async(celery_app, runtime, io.broker, plan)
+    with logs.bound(job_id=str(job.id)):
+        if not await io.jobs.submit(Submission(job, initial_plan(profile, job.id))):
+            return None
         log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
-    return JobPublic.of(new_job_view(JobRow(**job), profile)), 202
+    return JobPublic.of(new_job_view(JobRow(**job.values), profile)), 202

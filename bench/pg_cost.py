@@ -87,7 +87,7 @@ def _first_job(rt: Any) -> uuid.UUID:
 
 
 async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> list[uuid.UUID]:
-    from service.jobs import JobRequest, insert_job_if_resolved, new_job_values
+    from service.jobs import JobRequest, insert_jobs_if_resolved, new_job
     from service.pipelines import seen_resolution
 
     resolved = seen_resolution(
@@ -99,10 +99,11 @@ async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> lis
     assert resolved is not None
     ids = []
     for _ in range(jobs):
-        job, steps = new_job_values(JobRequest(pipeline=PIPELINE, params={}), resolved, owner=OWNER)
-        stored = await insert_job_if_resolved(conn, job, steps, name=PIPELINE, open_jobs_limit=0)
-        assert stored
-        ids.append(job["id"])
+        request = JobRequest(pipeline=PIPELINE, params={})
+        job = new_job(request, resolved, owner=OWNER, name=PIPELINE)
+        stored = await insert_jobs_if_resolved(conn, [job], open_jobs_limit=0)
+        assert stored == {job.id}
+        ids.append(job.id)
     return ids
 
 

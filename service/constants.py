@@ -124,6 +124,9 @@ connection is pinged. redis-py also pings a connection idle this long before usi
 API_LOOP_DB_WAIT_S: Final = 1.0
 """How long a job accepted on the API's event loop waits for a connection of its async pool
 before it is accepted in the thread pool instead (which answers 503 if the database is down)."""
+API_JOB_BATCH_MAX: Final = 64
+"""Most jobs the API's event loop stores in one statement and sends in one push: the jobs that
+queued up while the previous batch was in flight (``api.batching``)."""
 
 LOG_QUEUE_RECORDS: Final = 10_000
 """Log lines the API's event loop may leave for its writer thread before it drops new ones:

@@ -33,7 +33,7 @@ from service.errors import (
 )
 from service.models import JobRow, StepRunRow
 from service.notices import validate_notify_url
-from service.pipelines import OWN_OR_SHARED, ResolvedPipeline, resolve_pipeline
+from service.pipelines import ResolvedPipeline, own_or_shared, resolve_pipeline
 from service.profiles import Profile, resolve_params, validate_profile
 from service.rounds import rounds_of
 from service.settle import close_open_steps
@@ -229,19 +229,23 @@ _JOB_COLUMNS = (
     "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
 )  # fmt: skip
-_NEW_STEPS = f"""
+_STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
+                    waiting_on int, finished_at timestamptz"""
+
+
+def _new_steps(steps_from: str) -> str:
+    """The step rows of the jobs that the statement's ``new_job`` stored, from ``steps_from``:
+    the job's ``new_job`` row and the recordset of its steps."""
+    return f"""
     ), new_steps AS (
         INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on,
                                inputs_from, waiting_on, finished_at)
         SELECT new_job.id, s.step_id, {SHARD_NONE}, s.status, 0, s.depends_on, s.inputs_from,
                s.waiting_on, s.finished_at
-          FROM new_job, jsonb_to_recordset(%(steps)s)
-               AS s(step_id text, depends_on text[], inputs_from text[], status text,
-                    waiting_on int, finished_at timestamptz)
-    )
-    SELECT count(*) FROM new_job
-    """
-"""The step rows of the job that the statement's ``new_job`` stored, if it stored one."""
+          FROM {steps_from} AS s({_STEP_COLUMNS})
+    )"""
+
+
 _INSERT_JOB = (
     f"""
     WITH new_job AS (
@@ -249,81 +253,110 @@ _INSERT_JOB = (
         VALUES ({", ".join(f"%({column})s" for column in _JOB_COLUMNS)})
         ON CONFLICT (owner, idempotency_key) DO NOTHING
         RETURNING id"""
-    + _NEW_STEPS
+    + _new_steps("new_job, jsonb_to_recordset(%(steps)s)")
+    + " SELECT count(*) FROM new_job"
 )
 
 
-_JOB_CASTS = {
+_JOB_TYPES = {
     "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid",
     "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
     "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
     "scheduled_for": "timestamptz",
 }  # fmt: skip
+_BATCH_COLUMNS = ", ".join(
+    [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in _JOB_COLUMNS]
+    + ["ord int", "name text", "seen text", "steps jsonb"]
+)
 _OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
-_INSERT_JOB_IF_RESOLVED = (
+_INSERT_JOBS_IF_RESOLVED = (
     f"""
-    WITH resolved AS ({OWN_OR_SHARED}
+    WITH batch AS (
+        SELECT b.*, row_number() OVER (PARTITION BY b.owner ORDER BY b.ord) AS owner_rank
+          FROM jsonb_to_recordset(%(jobs)s) AS b({_BATCH_COLUMNS})
     ), allowed AS (
-        SELECT 1
-         WHERE coalesce((SELECT id::text || ' ' || current_version FROM resolved), '')
-               = %(seen)s
+        SELECT * FROM batch
+         WHERE coalesce((SELECT id::text || ' ' || current_version
+                           FROM ({own_or_shared("batch.name", "batch.owner")}) AS resolved), '')
+               = batch.seen
            AND (%(cap)s <= 0 OR (
                 SELECT count(*) FROM (
                     SELECT 1 FROM jobs
-                     WHERE owner = %(owner)s AND status IN ({_OPEN_STATUSES})
+                     WHERE owner = batch.owner AND status IN ({_OPEN_STATUSES})
                      LIMIT greatest(%(cap)s, 0)
-                ) AS open_jobs) < %(cap)s)
+                ) AS open_jobs) + batch.owner_rank <= %(cap)s)
     ), new_job AS (
         INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
-        SELECT {", ".join(f"%({c})s::{_JOB_CASTS.get(c, 'text')}" for c in _JOB_COLUMNS)}
-          FROM allowed
+        SELECT {", ".join(_JOB_COLUMNS)} FROM allowed ORDER BY ord
         ON CONFLICT (owner, idempotency_key) DO NOTHING
         RETURNING id"""
-    + _NEW_STEPS
+    + _new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
+    + " SELECT id FROM new_job"
 )
 
 
-def new_job_values(
-    request: JobRequest, resolved: ResolvedPipeline, *, owner: str
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The row of a job to be sent right after it is stored, and its step rows, as
-    ``submit_job`` would store them."""
+@dataclass(frozen=True)
+class NewJob:
+    """A job to be sent right after it is stored (``insert_jobs_if_resolved``): its row, its
+    step rows, and the pipeline name it was asked for by."""
+
+    values: dict[str, Any]
+    steps: list[dict[str, Any]]
+    name: str
+
+    @property
+    def id(self) -> uuid.UUID:
+        job_id: uuid.UUID = self.values["id"]
+        return job_id
+
+
+def new_job(request: JobRequest, resolved: ResolvedPipeline, *, owner: str, name: str) -> NewJob:
+    """The job ``submit_job`` would store for ``request``, asked for by the pipeline ``name``."""
     params = resolve_params(resolved.profile, request.params)
     request_hash = _request_hash(resolved.profile, params, request)
-    job = _job_values(request, resolved, params, request_hash, owner, True)
-    return job, step_rows(resolved.profile)
+    values = _job_values(request, resolved, params, request_hash, owner, True)
+    return NewJob(values, step_rows(resolved.profile), name)
 
 
-async def insert_job_if_resolved(
-    conn: psycopg.AsyncConnection[Any],
-    job: dict[str, Any],
-    steps: list[dict[str, Any]],
-    *,
-    name: str,
-    open_jobs_limit: int,
-) -> bool:
-    """Store the job, in one statement on an autocommitted connection, only if ``name`` still
-    resolves for its owner to the saved pipeline and version of ``job`` (or still to no saved
-    pipeline), the owner is under ``open_jobs_limit`` and its idempotency key is free.
+async def insert_jobs_if_resolved(
+    conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], *, open_jobs_limit: int
+) -> set[uuid.UUID]:
+    """The ids of the jobs stored, in one statement on an autocommitted connection. A job is
+    stored only if its name still resolves for its owner to the saved pipeline and version of
+    its row (or still to no saved pipeline), its owner is under ``open_jobs_limit`` counting the
+    batch's earlier jobs, and its idempotency key is free.
 
-    ``False`` says only that nothing was stored: ``submit_job`` then finds out which and
+    A job left out says only that it was not stored: ``submit_job`` then finds out why and
     answers as it always does. One statement instead of the lookup, the open-jobs count and
-    the insert: one round trip, and the lookup can be skipped safely from a hint.
+    the insert, for every job of the batch: one round trip and one commit, and the lookup can
+    be skipped safely from a hint.
     """
-    seen = "" if job["pipeline_id"] is None else f"{job['pipeline_id']} {job['pipeline_version']}"
-    values = {
-        **_insert_values(job, steps),
-        "name": name,
-        "viewer": job["owner"],
-        "seen": seen,
-        "cap": open_jobs_limit,
-    }
-    cursor = await conn.execute(_INSERT_JOB_IF_RESOLVED, values)
-    row = await cursor.fetchone()
-    inserted = row is not None and row[0] == 1
-    if inserted:
-        metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"]).inc()
-    return inserted
+    rows = [_batch_row(ord_, job) for ord_, job in enumerate(jobs)]
+    cursor = await conn.execute(
+        _INSERT_JOBS_IF_RESOLVED, {"jobs": Jsonb(rows), "cap": open_jobs_limit}
+    )
+    stored = {row[0] for row in await cursor.fetchall()}
+    for job in jobs:
+        if job.id in stored:
+            metrics.JOBS_SUBMITTED.labels(job.values["pipeline"], job.values["trigger"]).inc()
+    return stored
+
+
+def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
+    values = job.values
+    pipeline_id = values["pipeline_id"]
+    seen = "" if pipeline_id is None else f"{pipeline_id} {values['pipeline_version']}"
+    row = {column: _json_value(values[column]) for column in _JOB_COLUMNS}
+    row.update(ord=ord_, name=job.name, seen=seen, steps=job.steps)
+    return row
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
 
 
 def step_rows(

@@ -56,7 +56,7 @@ jobs that re-run a pipeline skip reading and validating its stored profile again
 _SEEN: dict[tuple[str, str], tuple[uuid.UUID, int] | None] = {}
 """What a name last resolved to for an owner: the saved pipeline and its current version, or
 ``None`` for a profile file. A hint only: ``seen_resolution`` callers must check it against
-PostgreSQL in the statement that stores their job (``service.jobs.insert_job_if_resolved``)."""
+PostgreSQL in the statement that stores their job (``service.jobs.insert_jobs_if_resolved``)."""
 
 
 @dataclass(frozen=True)
@@ -287,13 +287,19 @@ def _visible_row(
     ).first()
 
 
-OWN_OR_SHARED = """
+def own_or_shared(name: str, viewer: str) -> str:
+    """The pipeline ``name`` resolves to for ``viewer`` (``_visible_row``'s order), as SQL over
+    the two expressions given: parameters here, a batch's columns in ``service.jobs``."""
+    return f"""
     SELECT id, name, owner, current_version FROM pipelines
-     WHERE name = %(name)s
-       AND (owner = %(viewer)s OR shared_with @> ARRAY[%(viewer)s]::varchar[])
-     ORDER BY owner <> %(viewer)s, created_at, owner
+     WHERE name = {name}
+       AND (owner = {viewer} OR shared_with @> ARRAY[{viewer}]::varchar[])
+     ORDER BY owner <> {viewer}, created_at, owner
      LIMIT 1
     """
+
+
+OWN_OR_SHARED = own_or_shared("%(name)s", "%(viewer)s")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 
 import redis.asyncio
 from celery import Celery
@@ -41,25 +42,46 @@ def publish_new_job(app: Celery, rt: Runtime, plan: JobPlan) -> None:
         raise
 
 
-async def publish_new_job_async(
-    app: Celery, rt: Runtime, broker: redis.asyncio.Redis, plan: JobPlan
-) -> None:
-    """``publish_new_job`` for a caller on an event loop, with ``broker`` a client of the app's
-    broker on that loop: plain steps are pushed without leaving the loop, anything else is
+async def publish_new_jobs_async(
+    app: Celery, rt: Runtime, broker: redis.asyncio.Redis, plans: Sequence[JobPlan]
+) -> list[BrokerUnavailable | None]:
+    """``publish_new_job`` for jobs stored together by a caller on an event loop, with
+    ``broker`` a client of the app's broker on that loop; for each plan, what its caller should
+    raise. Plain steps go out in one ``LPUSH`` without leaving the loop, anything else is
     published by Celery in a thread."""
-    if direct_broker(app) is None or not plain_steps(plan):
-        await asyncio.to_thread(publish_new_job, app, rt, plan)
-        return
+    direct = direct_broker(app) is not None
+    outcomes: dict[uuid.UUID, BrokerUnavailable | None] = {}
+    for plan in plans:
+        if not (direct and plain_steps(plan)):
+            outcomes[plan.job_id] = await _publish_in_thread(app, rt, plan)
+    pushed = [plan for plan in plans if plan.job_id not in outcomes]
     try:
-        await push_async(broker, plan_messages(app, plan))
+        await push_async(broker, [m for plan in pushed for m in plan_messages(app, plan)])
     except (RedisError, ConnectionError) as exc:
-        await asyncio.to_thread(_mark_unsent, rt, plan.job_id)
-        raise _unavailable(plan) from exc
+        await asyncio.to_thread(_mark_all_unsent, rt, [plan.job_id for plan in pushed])
+        for plan in pushed:
+            unavailable = _unavailable(plan)
+            unavailable.__cause__ = exc
+            outcomes[plan.job_id] = unavailable
+    return [outcomes.get(plan.job_id) for plan in plans]
+
+
+async def _publish_in_thread(app: Celery, rt: Runtime, plan: JobPlan) -> BrokerUnavailable | None:
+    try:
+        await asyncio.to_thread(publish_new_job, app, rt, plan)
+    except BrokerUnavailable as exc:
+        return exc
+    return None
 
 
 def _mark_unsent(rt: Runtime, job_id: uuid.UUID) -> None:
+    _mark_all_unsent(rt, [job_id])
+
+
+def _mark_all_unsent(rt: Runtime, job_ids: Sequence[uuid.UUID]) -> None:
     with unit_of_work(rt.sessions) as session:
-        mark_dispatched(session, job_id, None)
+        for job_id in job_ids:
+            mark_dispatched(session, job_id, None)
 
 
 def _unavailable(plan: JobPlan) -> BrokerUnavailable:

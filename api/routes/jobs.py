@@ -89,7 +89,7 @@ async def create_job(
     io: LoopIO | None = request.app.state.loop_io
     accepted = None
     if io is not None:
-        accepted = await accept_job_on_loop(body, principal, runtime, settings, celery_app, io)
+        accepted = await accept_job_on_loop(body, principal, runtime, settings, io)
     if accepted is None:
         accepted = await run_in_threadpool(_accept, body, principal, runtime, settings, celery_app)
     job, status_code = accepted

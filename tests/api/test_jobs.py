@@ -1,9 +1,11 @@
+import asyncio
 import io
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,6 +21,7 @@ from service.constants import (
     RATE_LIMIT_REDIS_TIMEOUT_S,
 )
 from service.db import unit_of_work
+from service.jobs import NewJob, insert_jobs_if_resolved, new_job
 from service.models import JobRow
 from service.runtime import Runtime
 from service.settings import Settings
@@ -291,6 +294,40 @@ def test_a_job_of_a_name_seen_before_is_accepted_on_the_event_loop_alike(
     ] * 2
     queued = [json.loads(raw)["headers"]["argsrepr"] for raw in broker.lrange(QUEUE, 0, -1)]
     assert f"job={jobs[1]['id']} step=first" in queued
+
+
+def test_jobs_that_arrive_together_are_stored_and_sent_together_and_answered_each(
+    client: TestClient, writer: Headers, monkeypatch: pytest.MonkeyPatch, broker: redis.Redis
+) -> None:
+    together = 8
+    assert _submit(client, writer).status_code == 202
+    made: list[uuid.UUID] = []
+    batches: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> NewJob:
+        job = new_job(*args, **kwargs)
+        made.append(job.id)
+        return job
+
+    async def held(conn: Any, jobs: list[NewJob], *, open_jobs_limit: int) -> set[uuid.UUID]:
+        """The first batch waits until every request has queued its job behind it."""
+        batches.append(len(jobs))
+        deadline = time.monotonic() + 10
+        while len(batches) == 1 and len(made) < together and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return await insert_jobs_if_resolved(conn, jobs, open_jobs_limit=open_jobs_limit)
+
+    monkeypatch.setattr("api.submit.new_job", counted)
+    monkeypatch.setattr("api.submit.insert_jobs_if_resolved", held)
+    with ThreadPoolExecutor(together) as pool:
+        answers = list(pool.map(lambda _: _submit(client, writer), range(together)))
+
+    assert [answer.status_code for answer in answers] == [202] * together
+    ids = {answer.json()["job"]["id"] for answer in answers}
+    assert ids == {str(job_id) for job_id in made}
+    assert sum(batches) == together and max(batches) > 1
+    queued = [json.loads(raw)["headers"]["argsrepr"] for raw in broker.lrange(QUEUE, 0, -1)]
+    assert all(f"job={job_id} step=first" in queued for job_id in ids)
 
 
 def test_broker_down_on_the_event_loop_keeps_the_job_unsent(

@@ -1,16 +1,20 @@
 """Accepting jobs: a job and its steps are stored together; an idempotency key holds one job."""
 
+import asyncio
 import threading
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import func, select
 
-from service.db import unit_of_work
+from service.db import libpq_url, unit_of_work
 from service.errors import IdempotencyConflict
-from service.jobs import JobRequest, submit_job
+from service.jobs import JobRequest, NewJob, insert_jobs_if_resolved, new_job, submit_job
 from service.models import JobRow, StepRunRow
+from service.pipelines import ResolvedPipeline
+from service.profiles import find_profile
 from service.runtime import Runtime
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
@@ -109,3 +113,72 @@ def test_keys_are_per_owner(runtime: Runtime, leftovers: list[uuid.UUID]) -> Non
     leftovers.extend((first[0], second[0]))
     assert first[1] and second[1]
     assert first[0] != second[0]
+
+
+def store_together(rt: Runtime, jobs: list[NewJob], open_jobs_limit: int = 0) -> set[uuid.UUID]:
+    async def insert() -> set[uuid.UUID]:
+        url = libpq_url(rt.settings.require_database_url())
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            return await insert_jobs_if_resolved(conn, jobs, open_jobs_limit=open_jobs_limit)
+
+    return asyncio.run(insert())
+
+
+def slow_jobs(rt: Runtime, owner: str, keys: list[str | None]) -> list[NewJob]:
+    profile = find_profile(PROFILES, "slow", known_actions=rt.registry.names())
+    resolved = ResolvedPipeline(profile, None, None)
+    return [
+        new_job(
+            JobRequest(pipeline="slow", params={}, idempotency_key=key),
+            resolved,
+            owner=owner,
+            name="slow",
+        )
+        for key in keys
+    ]
+
+
+def test_jobs_stored_together_each_get_their_own_steps(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    jobs = slow_jobs(runtime, owner, [None, None, None])
+    leftovers.extend(job.id for job in jobs)
+
+    assert store_together(runtime, jobs) == {job.id for job in jobs}
+    assert stored(runtime, owner) == (3, 9)
+
+
+def test_jobs_stored_together_count_each_other_against_the_open_jobs_cap(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    jobs = slow_jobs(runtime, owner, [None, None, None])
+    leftovers.extend(job.id for job in jobs)
+
+    assert store_together(runtime, jobs, open_jobs_limit=2) == {jobs[0].id, jobs[1].id}
+    assert stored(runtime, owner) == (2, 6)
+
+
+def test_jobs_stored_together_hold_one_job_per_idempotency_key(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    jobs = slow_jobs(runtime, owner, ["k", "k", None])
+    leftovers.extend(job.id for job in jobs)
+
+    assert store_together(runtime, jobs) == {jobs[0].id, jobs[2].id}
+    assert stored(runtime, owner) == (2, 6)
+
+
+def test_a_job_whose_name_resolves_elsewhere_now_is_left_out_alone(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    jobs = slow_jobs(runtime, owner, [None, None])
+    saved_elsewhere = {**jobs[1].values, "pipeline_id": uuid.uuid4(), "pipeline_version": 1}
+    stale = NewJob(saved_elsewhere, jobs[1].steps, "slow")
+    leftovers.extend(job.id for job in jobs)
+
+    assert store_together(runtime, [jobs[0], stale]) == {jobs[0].id}
+    assert stored(runtime, owner) == (1, 3)
