@@ -5,6 +5,7 @@ A key, or a hook taking deliveries without a key, may send ``rate_limit_burst`` 
 is ``service.ratelimit``'s sliding window, so two API processes can never both grant the last
 slot. It runs on the event loop: through the thread pool, the check queued every request
 behind the pool's other work, and at 500 requests a second cost more than the request itself.
+Checks that queue up while one is in flight go to Redis together, in one round trip.
 If Redis cannot be reached in ``RATE_LIMIT_REDIS_TIMEOUT_S`` the request goes on: the limit
 protects the service, and refusing everything while Redis is down would be the outage it
 protects against (the routes that need Redis answer 503 themselves).
@@ -13,17 +14,18 @@ protects against (the routes that need Redis answer 503 themselves).
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import redis
 import redis.asyncio
 from fastapi import FastAPI
 
+from api.batching import Coalescer
 from service.auth import Principal
-from service.constants import RATE_LIMIT_REDIS_TIMEOUT_S
+from service.constants import RATE_LIMIT_BATCH_MAX, RATE_LIMIT_REDIS_TIMEOUT_S
 from service.errors import RateLimited
-from service.ratelimit import AsyncRateLimiter
+from service.ratelimit import AsyncRateLimiter, try_acquire_all
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,14 @@ class Throttle:
         self.settings = settings
         self.client = client
         self._keys: dict[str, AsyncRateLimiter] = {}
+        self._checks: Coalescer[AsyncRateLimiter, tuple[bool, float]] = Coalescer(
+            self._check_all, RATE_LIMIT_BATCH_MAX
+        )
+
+    async def _check_all(
+        self, limiters: Sequence[AsyncRateLimiter]
+    ) -> list[tuple[bool, float] | BaseException]:
+        return await try_acquire_all(self.client, limiters)
 
     def limiter(self, name: str) -> AsyncRateLimiter:
         return AsyncRateLimiter(
@@ -55,7 +65,7 @@ class Throttle:
 
     async def check(self, limiter: AsyncRateLimiter, who: str) -> None:
         try:
-            granted, wait_s = await limiter.try_acquire()
+            granted, wait_s = await self._checks.submit(limiter)
         except (redis.RedisError, OSError) as exc:
             log.warning("rate limit not checked, Redis unreachable: %s", exc)
             return

@@ -9,13 +9,14 @@ different machines do not matter. ``acquire`` blocks until a slot is free.
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import redis
 import redis.asyncio
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from service.constants import RATE_LIMIT_KEY_PREFIX
 
@@ -113,3 +114,27 @@ class AsyncRateLimiter(_Window):
 
     async def try_acquire(self) -> tuple[bool, float]:
         return _answer(await self._script(keys=[self.key], args=self._args()))
+
+
+async def try_acquire_all(
+    client: redis.asyncio.Redis, limiters: Sequence[AsyncRateLimiter]
+) -> list[tuple[bool, float] | BaseException]:
+    """``try_acquire`` of each limiter, in one round trip. A limiter whose script Redis does
+    not hold (it restarted) asks again on its own, which loads the script: a reply of
+    ``NOSCRIPT`` means nothing ran."""
+    pipe = client.pipeline(transaction=False)
+    for limiter in limiters:
+        pipe.evalsha(limiter._script.sha, 1, limiter.key, *limiter._args())
+    replies = await pipe.execute(raise_on_error=False)
+    answers: list[tuple[bool, float] | BaseException] = []
+    for limiter, reply in zip(limiters, replies, strict=True):
+        if isinstance(reply, NoScriptError):
+            try:
+                answers.append(await limiter.try_acquire())
+            except redis.RedisError as exc:
+                answers.append(exc)
+        elif isinstance(reply, BaseException):
+            answers.append(reply)
+        else:
+            answers.append(_answer(reply))
+    return answers

@@ -9,7 +9,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from service.ratelimit import AsyncRateLimiter, RateLimiter
+from service.constants import RATE_LIMIT_KEY_PREFIX
+from service.ratelimit import AsyncRateLimiter, RateLimiter, try_acquire_all
 from tests.conftest import Stack
 
 LIMIT = 5
@@ -94,3 +95,42 @@ def test_the_event_loop_limiter_shares_the_window_of_the_threads_one(stack: Stac
 
     assert first and not second
     assert 0 < wait_s <= 1.0
+
+
+def test_checks_sent_together_are_granted_in_order_in_one_window(stack: Stack) -> None:
+    shared, alone = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
+
+    async def together() -> list[tuple[bool, float] | BaseException]:
+        client = redis.asyncio.Redis.from_url(stack.broker_url)
+        try:
+            limiters = [AsyncRateLimiter(shared, 2, client=client) for _ in range(3)]
+            limiters.append(AsyncRateLimiter(alone, 1, client=client))
+            return await try_acquire_all(client, limiters)
+        finally:
+            await client.aclose()
+
+    answers = asyncio.run(together())
+
+    assert [a[0] for a in answers if isinstance(a, tuple)] == [True, True, False, True]
+    refused = answers[2]
+    assert isinstance(refused, tuple) and 0 < refused[1] <= 1.0
+
+
+def test_a_check_whose_script_redis_does_not_hold_is_asked_again_and_counted_once(
+    stack: Stack,
+) -> None:
+    name = f"t-{uuid.uuid4().hex}"
+
+    async def unknown_script() -> list[tuple[bool, float] | BaseException]:
+        client = redis.asyncio.Redis.from_url(stack.broker_url)
+        try:
+            limiter = AsyncRateLimiter(name, 2, client=client)
+            limiter._script.sha = "0" * 40
+            return await try_acquire_all(client, [limiter])
+        finally:
+            await client.aclose()
+
+    [answer] = asyncio.run(unknown_script())
+
+    assert isinstance(answer, tuple) and answer[0]
+    assert redis.Redis.from_url(stack.broker_url).zcard(RATE_LIMIT_KEY_PREFIX + name) == 1
