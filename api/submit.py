@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 import redis.asyncio
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy.orm import Session
@@ -148,7 +149,9 @@ async def loop_io(
     broker = async_broker_client(broker_url)
 
     async def store_and_send(batch: Sequence[Submission]) -> list[bool | BaseException]:
-        """For each job: whether it was stored and sent, or the error its caller raises."""
+        """For each job: whether it was stored and sent, or the error its caller raises. A
+        value PostgreSQL refuses (text with a NUL) fails the whole statement; the jobs are then
+        stored one by one, so only the request that brought the value is refused."""
         try:
             async with pool.connection() as conn:
                 stored = await insert_jobs_if_resolved(
@@ -158,6 +161,10 @@ async def loop_io(
                 )
         except PoolTimeout:
             return [False] * len(batch)
+        except psycopg.DataError as exc:
+            if len(batch) == 1:
+                return [exc]
+            return [answer for s in batch for answer in await store_and_send([s])]
         sent = [s for s in batch if s.job.id in stored]
         outcomes = await publish_new_jobs_async(celery_app, runtime, broker, [s.plan for s in sent])
         failed = {s.job.id: o for s, o in zip(sent, outcomes, strict=True) if o is not None}

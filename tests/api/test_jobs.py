@@ -296,38 +296,66 @@ def test_a_job_of_a_name_seen_before_is_accepted_on_the_event_loop_alike(
     assert f"job={jobs[1]['id']} step=first" in queued
 
 
+class HeldBatches:
+    """Holds the event loop's first batch of jobs until ``together`` jobs have been made, so
+    the others queue up behind it and go out together; records every batch's size."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, together: int) -> None:
+        self.together = together
+        self.made: list[uuid.UUID] = []
+        self.sizes: list[int] = []
+        monkeypatch.setattr("api.submit.new_job", self._counted)
+        monkeypatch.setattr("api.submit.insert_jobs_if_resolved", self._held)
+
+    def _counted(self, *args: Any, **kwargs: Any) -> NewJob:
+        job = new_job(*args, **kwargs)
+        self.made.append(job.id)
+        return job
+
+    async def _held(self, conn: Any, jobs: list[NewJob], *, open_jobs_limit: int) -> set[uuid.UUID]:
+        self.sizes.append(len(jobs))
+        deadline = time.monotonic() + 10
+        while len(self.sizes) == 1 and len(self.made) < self.together:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        return await insert_jobs_if_resolved(conn, jobs, open_jobs_limit=open_jobs_limit)
+
+
 def test_jobs_that_arrive_together_are_stored_and_sent_together_and_answered_each(
     client: TestClient, writer: Headers, monkeypatch: pytest.MonkeyPatch, broker: redis.Redis
 ) -> None:
     together = 8
     assert _submit(client, writer).status_code == 202
-    made: list[uuid.UUID] = []
-    batches: list[int] = []
-
-    def counted(*args: Any, **kwargs: Any) -> NewJob:
-        job = new_job(*args, **kwargs)
-        made.append(job.id)
-        return job
-
-    async def held(conn: Any, jobs: list[NewJob], *, open_jobs_limit: int) -> set[uuid.UUID]:
-        """The first batch waits until every request has queued its job behind it."""
-        batches.append(len(jobs))
-        deadline = time.monotonic() + 10
-        while len(batches) == 1 and len(made) < together and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return await insert_jobs_if_resolved(conn, jobs, open_jobs_limit=open_jobs_limit)
-
-    monkeypatch.setattr("api.submit.new_job", counted)
-    monkeypatch.setattr("api.submit.insert_jobs_if_resolved", held)
+    batches = HeldBatches(monkeypatch, together)
     with ThreadPoolExecutor(together) as pool:
         answers = list(pool.map(lambda _: _submit(client, writer), range(together)))
 
     assert [answer.status_code for answer in answers] == [202] * together
     ids = {answer.json()["job"]["id"] for answer in answers}
-    assert ids == {str(job_id) for job_id in made}
-    assert sum(batches) == together and max(batches) > 1
+    assert ids == {str(job_id) for job_id in batches.made}
+    assert sum(batches.sizes) == together and max(batches.sizes) > 1
     queued = [json.loads(raw)["headers"]["argsrepr"] for raw in broker.lrange(QUEUE, 0, -1)]
     assert all(f"job={job_id} step=first" in queued for job_id in ids)
+
+
+def test_a_job_the_database_refuses_fails_alone_not_the_jobs_that_came_with_it(
+    client: TestClient,
+    writer: Headers,
+    monkeypatch: pytest.MonkeyPatch,
+    job_count: Callable[[], int],
+) -> None:
+    assert _submit(client, writer).status_code == 202
+    whos = ["ada", "grace", "nul\x00", "alan"]
+    batches = HeldBatches(monkeypatch, len(whos))
+    before = job_count()
+    with ThreadPoolExecutor(len(whos)) as pool:
+        answers = list(pool.map(lambda who: _submit(client, writer, params={"who": who}), whos))
+
+    assert max(batches.sizes) > 1
+    assert [answer.status_code for answer in answers] == [202, 202, 422, 202]
+    _error(answers[2], 422, "validation_error")
+    assert job_count() == before + 3
 
 
 def test_broker_down_on_the_event_loop_keeps_the_job_unsent(
