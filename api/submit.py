@@ -150,8 +150,9 @@ async def loop_io(
 
     async def store_and_send(batch: Sequence[Submission]) -> list[bool | BaseException]:
         """For each job: whether it was stored and sent, or the error its caller raises. A
-        value PostgreSQL refuses (text with a NUL) fails the whole statement; the jobs are then
-        stored one by one, so only the request that brought the value is refused."""
+        value PostgreSQL refuses (text with a NUL), or a saved pipeline deleted while its job
+        was being stored, fails the whole statement; the jobs are then stored one by one, so
+        only the request it concerns is refused."""
         try:
             async with pool.connection() as conn:
                 stored = await insert_jobs_if_resolved(
@@ -161,7 +162,7 @@ async def loop_io(
                 )
         except PoolTimeout:
             return [False] * len(batch)
-        except psycopg.DataError as exc:
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:
             if len(batch) == 1:
                 return [exc]
             return [answer for s in batch for answer in await store_and_send([s])]
