@@ -44,13 +44,13 @@ def publish_new_job(app: Celery, rt: Runtime, plan: JobPlan) -> None:
 
 async def publish_new_jobs_async(
     app: Celery, rt: Runtime, broker: redis.asyncio.Redis, plans: Sequence[JobPlan]
-) -> list[BrokerUnavailable | None]:
+) -> list[Exception | None]:
     """``publish_new_job`` for jobs stored together by a caller on an event loop, with
     ``broker`` a client of the app's broker on that loop; for each plan, what its caller should
-    raise. Plain steps go out in one ``LPUSH`` without leaving the loop, anything else is
-    published by Celery in a thread."""
+    raise, so that one job's failure is not the others'. Plain steps go out in one ``LPUSH``
+    without leaving the loop, anything else is published by Celery in a thread."""
     direct = direct_broker(app) is not None
-    outcomes: dict[uuid.UUID, BrokerUnavailable | None] = {}
+    outcomes: dict[uuid.UUID, Exception | None] = {}
     for plan in plans:
         if not (direct and plain_steps(plan)):
             outcomes[plan.job_id] = await _publish_in_thread(app, rt, plan)
@@ -66,10 +66,10 @@ async def publish_new_jobs_async(
     return [outcomes.get(plan.job_id) for plan in plans]
 
 
-async def _publish_in_thread(app: Celery, rt: Runtime, plan: JobPlan) -> BrokerUnavailable | None:
+async def _publish_in_thread(app: Celery, rt: Runtime, plan: JobPlan) -> Exception | None:
     try:
         await asyncio.to_thread(publish_new_job, app, rt, plan)
-    except BrokerUnavailable as exc:
+    except Exception as exc:
         return exc
     return None
 

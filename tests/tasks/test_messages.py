@@ -1,6 +1,7 @@
 """A plain step's message pushed without Celery is, field by field, the one kombu writes for
 the same task through the app's own configuration (router, transport, queues)."""
 
+import asyncio
 import base64
 import json
 import time
@@ -24,10 +25,11 @@ from service.constants import (
 )
 from service.errors import BrokerUnavailable
 from service.plan import JobPlan, StepPlan
+from service.runtime import Runtime
 from service.settings import get_settings
 from tasks.canvas import send_plan
-from tasks.dispatch import publish_plan
-from tasks.messages import direct_broker, plan_messages, push
+from tasks.dispatch import publish_new_jobs_async, publish_plan
+from tasks.messages import async_broker_client, direct_broker, plan_messages, push
 from tests.conftest import Stack
 from tests.support.servers import allocate_redis_db, redis_base_url, release_redis_db
 from tests.support.tcpproxy import TcpProxy
@@ -217,3 +219,33 @@ def test_a_broker_that_stops_answering_fails_a_push_instead_of_holding_it(
             app.close()
 
     assert waited < (BROKER_PUBLISH_RETRIES + 1) * (BROKER_PUSH_TIMEOUT_S + 1)
+
+
+def test_jobs_published_together_answer_each_for_itself(
+    app: Celery, queue: redis.Redis, broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("celery could not build the fan-out")
+
+    monkeypatch.setattr("tasks.dispatch.publish_new_job", broken)
+    first = JobPlan(uuid.uuid4(), [StepPlan("a", 10)], pipeline="digest")
+    fanned = JobPlan(uuid.uuid4(), [StepPlan("b", 10, shards=[0], max_parallel=1)])
+    last = JobPlan(uuid.uuid4(), [StepPlan("c", 10)], pipeline="digest")
+
+    runtime = Runtime.start(get_settings())
+
+    async def together() -> list[Exception | None]:
+        client = async_broker_client(broker_url)
+        try:
+            return await publish_new_jobs_async(app, runtime, client, [first, fanned, last])
+        finally:
+            await client.aclose()
+
+    try:
+        outcomes = asyncio.run(together())
+    finally:
+        runtime.sessions.kw["bind"].dispose()
+
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], RuntimeError)
+    assert [_next(queue)["headers"]["shadow"] for _ in range(2)] == ["digest/a", "digest/c"]
