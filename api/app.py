@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 
 from api.deps import text_parameters
 from api.errors import install_error_handlers
+from api.lane import SubmitLane
 from api.limits import BodySizeLimit
 from api.mcp import McpDeps
 from api.openapi import install_openapi
@@ -84,6 +85,7 @@ def create_app(
     app.state.throttle = None
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SubmitLane, api=app, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)
     app.include_router(health.router)
     app.include_router(jobs.router)

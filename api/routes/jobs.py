@@ -6,12 +6,12 @@ import uuid
 from typing import Annotated, Literal
 
 from celery import Celery
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, Writer
+from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
 from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
@@ -75,30 +75,33 @@ def visible_to(principal: Principal) -> str | None:
     },
 )
 async def create_job(
-    request: Request,
-    body: JobCreate,
-    principal: Writer,
-    runtime: RuntimeDep,
-    settings: SettingsDep,
-    celery_app: CeleryDep,
+    request: Request, body: JobCreate, principal: Writer, runtime: RuntimeDep
 ) -> Response:
     """202 for a new job; 200 with the first job when the idempotency key was seen before.
 
     With ``"mode": "sync"`` the request waits, up to ``wait_s``, for the job to be final:
     200 with the final job, else 202 with the job as it stands."""
-    io: LoopIO | None = request.app.state.loop_io
-    accepted = None
-    if io is not None:
-        accepted = await accept_job_on_loop(body, principal, runtime, settings, io)
-    if accepted is None:
-        accepted = await run_in_threadpool(_accept, body, principal, runtime, settings, celery_app)
-    job, status_code = accepted
+    job, status_code = await accept(request.app, body, principal)
     if body.mode == "async" or job.status in JOB_FINAL:
-        return _envelope(job, status_code)
+        return job_response(job, status_code)
     listener = await run_in_threadpool(listener_of, request.app)
     await wait_until_final(runtime, listener, job.id, body.wait_s)
     job = await run_in_threadpool(_read, runtime, job.id)
-    return _envelope(job, 200 if job.status in JOB_FINAL else 202)
+    return job_response(job, 200 if job.status in JOB_FINAL else 202)
+
+
+async def accept(app: FastAPI, body: JobCreate, principal: Principal) -> tuple[JobPublic, int]:
+    """On the event loop where the job can be taken there, else in the thread pool. The route
+    and ``api.lane.SubmitLane`` both accept jobs through here."""
+    state = app.state
+    io: LoopIO | None = state.loop_io
+    if io is not None:
+        accepted = await accept_job_on_loop(body, principal, state.runtime, state.settings, io)
+        if accepted is not None:
+            return accepted
+    return await run_in_threadpool(
+        _accept, body, principal, state.runtime, state.settings, state.celery_app
+    )
 
 
 def _accept(
@@ -119,7 +122,7 @@ def _read(runtime: Runtime, job_id: uuid.UUID) -> JobPublic:
         return JobPublic.of(job_view(session, get_job(session, job_id)))
 
 
-def _envelope(job: JobPublic, status_code: int) -> Response:
+def job_response(job: JobPublic, status_code: int) -> Response:
     body = JobEnvelope(job=job).model_dump_json()
     return Response(body, status_code=status_code, media_type="application/json")
 
