@@ -11,7 +11,9 @@ from tests.support.servers import (
     admin_database_url,
     allocate_redis_db,
     create_test_database,
+    drop_counters,
     drop_test_database,
+    job_ids,
     redis_base_url,
     release_redis_db,
 )
@@ -72,4 +74,7 @@ def stack() -> Iterator[Stack]:
                 os.environ[key] = value
         get_settings.cache_clear()
         release_redis_db(base, db, owner)
-        drop_test_database(admin, name)
+        try:
+            drop_counters(base, job_ids(database_url))
+        finally:
+            drop_test_database(admin, name)

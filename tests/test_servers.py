@@ -1,4 +1,5 @@
-"""Redis DB numbers are claimed exclusively, and test databases are created and dropped."""
+"""Redis DB numbers are claimed exclusively, test databases are created and dropped, and a run
+deletes the side-effect counters of its own jobs, never another run's."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.support.servers import (
     admin_database_url,
     allocate_redis_db,
     create_test_database,
+    drop_counters,
     drop_test_database,
     redis_base_url,
     redis_db_url,
@@ -114,3 +116,22 @@ def test_create_and_drop_database_with_open_session() -> None:
     ) as conn:
         row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
     assert row is None
+
+
+def test_a_run_drops_the_counters_of_its_own_jobs_and_no_others() -> None:
+    base = redis_base_url()
+    ours, theirs = str(uuid.uuid4()), str(uuid.uuid4())
+    keys = {
+        job: [f"drill:{job}:a:started", f"drill:{job}:a:pid", f"chaos:{job}:b:-1"]
+        for job in (ours, theirs)
+    }
+    db0 = redis.Redis.from_url(redis_db_url(base, 0))
+    try:
+        for key in keys[ours] + keys[theirs]:
+            db0.set(key, 1, ex=600)
+        assert drop_counters(base, {ours, str(uuid.uuid4())}) == 3
+        assert db0.exists(*keys[ours]) == 0
+        assert db0.exists(*keys[theirs]) == 3
+    finally:
+        db0.delete(*keys[theirs])
+        db0.close()

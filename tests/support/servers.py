@@ -118,6 +118,35 @@ def release_redis_db(redis_url: str, number: int, owner: str) -> None:
         client.close()
 
 
+COUNTER_PATTERNS = ("drill:*", "chaos:*")
+"""The side-effect counters of ``tests/drill_actions.py``: ``drill:<job id>:…``, ``chaos:<job
+id>:…``."""
+
+
+def job_ids(database_url: str) -> set[str]:
+    with psycopg.connect(_libpq_url(database_url)) as conn:
+        return {str(row[0]) for row in conn.execute("SELECT id FROM jobs")}
+
+
+def drop_counters(redis_url: str, jobs: set[str]) -> int:
+    """Delete the counters of ``jobs`` from DB 0, and only theirs: they live there, outside any
+    run's own DB, so that a drill flushing the broker's DB leaves them, and another run sharing
+    the server keeps its own. Their expiry is the backstop for a run that dies first."""
+    client = _client(redis_url, 0)
+    try:
+        doomed = [
+            key
+            for pattern in COUNTER_PATTERNS
+            for key in client.scan_iter(pattern, count=1000)
+            if key.decode().split(":")[1] in jobs
+        ]
+        for start in range(0, len(doomed), 1000):
+            client.delete(*doomed[start : start + 1000])
+    finally:
+        client.close()
+    return len(doomed)
+
+
 def redis_db_url(redis_url: str, number: int) -> str:
     """``redis_url`` pointed at DB ``number``."""
     base, _, _ = redis_url.partition("?")
