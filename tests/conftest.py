@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.servers import (
+    DRILL_RUN_ENV,
     admin_database_url,
     allocate_redis_db,
     create_test_database,
@@ -27,7 +28,7 @@ stack opens them to the egress policy the way an operator opens an internal host
 class Stack:
     """URLs and environment of one isolated test stack."""
 
-    def __init__(self, database_url: str, broker_url: str) -> None:
+    def __init__(self, database_url: str, broker_url: str, run: str) -> None:
         self.database_url = database_url
         self.broker_url = broker_url
         self.env = {
@@ -43,6 +44,7 @@ class Stack:
             "FLOWBEAT_WORKER_PREFETCH": "1",
             "FLOWBEAT_EGRESS_ALLOW_HTTP": "true",
             "FLOWBEAT_EGRESS_INTERNAL_HOSTS": LOCAL_HOSTS,
+            DRILL_RUN_ENV: run,
         }
 
 
@@ -58,7 +60,7 @@ def stack() -> Iterator[Stack]:
     from service.migrate import upgrade
 
     upgrade(database_url)
-    stack = Stack(database_url, broker_url)
+    stack = Stack(database_url, broker_url, owner)
     saved = {key: os.environ.get(key) for key in stack.env}
     os.environ.update(stack.env)
     from service.settings import get_settings
@@ -75,6 +77,6 @@ def stack() -> Iterator[Stack]:
         get_settings.cache_clear()
         release_redis_db(base, db, owner)
         try:
-            drop_counters(base, job_ids(database_url))
+            drop_counters(base, owner, job_ids(database_url))
         finally:
             drop_test_database(admin, name)

@@ -8,10 +8,12 @@ from typing import Any
 
 import psycopg
 import redis
+from redis.client import Pipeline
 from sqlalchemy import make_url
 
 from service.actions import StepContext, action
 from service.errors import ActionError
+from tests.support.servers import DRILL_RUN_ENV, run_jobs_key
 
 KEY_TTL_S = 3600
 """Counters outlive a flush of the broker's DB, not the test run that reads them."""
@@ -29,6 +31,14 @@ def _key(ctx: StepContext, name: str) -> str:
     return f"drill:{ctx.job_id}:{name}"
 
 
+def _note_job(client: redis.Redis | Pipeline, ctx: StepContext) -> None:
+    """Adds the job to its test run's set, which the run reads to delete its counters."""
+    run = os.environ.get(DRILL_RUN_ENV)
+    if run:
+        client.sadd(run_jobs_key(run), str(ctx.job_id))
+        client.expire(run_jobs_key(run), KEY_TTL_S)
+
+
 def _bump(client: redis.Redis, key: str) -> None:
     with client.pipeline() as pipe:
         pipe.incr(key)
@@ -41,6 +51,7 @@ def count(ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0) -
     """Count one execution in Redis DB 0 (which flushing the broker's DB does not touch)."""
     log.info("drill.count %s", name)
     client = _redis()
+    _note_job(client, ctx)
     _bump(client, _key(ctx, f"{name}:started"))
     client.set(_key(ctx, f"{name}:pid"), os.getpid(), ex=KEY_TTL_S)
     deadline = time.monotonic() + hold_s
@@ -72,6 +83,7 @@ def undo(ctx: StepContext, name: str, hold_s: float = 0.0, fail: bool = False) -
     """A compensation: counted, its order kept in a list, failing for good when asked to."""
     client = _redis()
     with client.pipeline() as pipe:
+        _note_job(pipe, ctx)
         pipe.rpush(_key(ctx, "undo-order"), name)
         pipe.expire(_key(ctx, "undo-order"), KEY_TTL_S)
         pipe.set(_key(ctx, f"{name}:key"), ctx.idempotency_key or "", ex=KEY_TTL_S)
@@ -148,6 +160,7 @@ def work(
             pipe.expire(key, KEY_TTL_S)
             pipe.execute()
 
+    _note_job(client, ctx)
     note("start")
     deadline = time.monotonic() + hold_s
     while time.monotonic() < deadline:

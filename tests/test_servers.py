@@ -23,6 +23,7 @@ from tests.support.servers import (
     redis_base_url,
     redis_db_url,
     release_redis_db,
+    run_jobs_key,
 )
 
 
@@ -120,17 +121,19 @@ def test_create_and_drop_database_with_open_session() -> None:
 
 def test_a_run_drops_the_counters_of_its_own_jobs_and_no_others() -> None:
     base = redis_base_url()
-    ours, theirs = str(uuid.uuid4()), str(uuid.uuid4())
+    run = _owner("run")
+    stored, pruned, theirs = (str(uuid.uuid4()) for _ in range(3))
     keys = {
         job: [f"drill:{job}:a:started", f"drill:{job}:a:pid", f"chaos:{job}:b:-1"]
-        for job in (ours, theirs)
+        for job in (stored, pruned, theirs)
     }
     db0 = redis.Redis.from_url(redis_db_url(base, 0))
     try:
-        for key in keys[ours] + keys[theirs]:
+        for key in keys[stored] + keys[pruned] + keys[theirs]:
             db0.set(key, 1, ex=600)
-        assert drop_counters(base, {ours, str(uuid.uuid4())}) == 3
-        assert db0.exists(*keys[ours]) == 0
+        db0.sadd(run_jobs_key(run), pruned)
+        assert drop_counters(base, run, {stored, str(uuid.uuid4())}) == 6
+        assert db0.exists(*keys[stored], *keys[pruned], run_jobs_key(run)) == 0
         assert db0.exists(*keys[theirs]) == 3
     finally:
         db0.delete(*keys[theirs])

@@ -121,6 +121,13 @@ def release_redis_db(redis_url: str, number: int, owner: str) -> None:
 COUNTER_PATTERNS = ("drill:*", "chaos:*")
 """The side-effect counters of ``tests/drill_actions.py``: ``drill:<job id>:…``, ``chaos:<job
 id>:…``."""
+DRILL_RUN_ENV = "DRILL_RUN"
+"""Names the test run whose processes write the counters, so that it can find them all."""
+
+
+def run_jobs_key(run: str) -> str:
+    """The set of the jobs whose counters ``run`` wrote, kept beside the counters."""
+    return f"drill-run:{run}"
 
 
 def job_ids(database_url: str) -> set[str]:
@@ -128,23 +135,32 @@ def job_ids(database_url: str) -> set[str]:
         return {str(row[0]) for row in conn.execute("SELECT id FROM jobs")}
 
 
-def drop_counters(redis_url: str, jobs: set[str]) -> int:
-    """Delete the counters of ``jobs`` from DB 0, and only theirs: they live there, outside any
-    run's own DB, so that a drill flushing the broker's DB leaves them, and another run sharing
-    the server keeps its own. Their expiry is the backstop for a run that dies first."""
+def drop_counters(redis_url: str, run: str, jobs: set[str]) -> int:
+    """Delete the counters of ``run``'s jobs from DB 0: those of ``jobs`` and of every job its
+    processes noted (retention deletes old jobs, but not their counters), and only theirs. They
+    live there, outside any run's own DB, so that a drill flushing the broker's DB leaves them,
+    and another run sharing the server keeps its own. Their expiry is the backstop for a run
+    that dies first."""
     client = _client(redis_url, 0)
     try:
+        noted = {_text(member) for member in client.smembers(run_jobs_key(run))}
+        ours = jobs | noted
         doomed = [
             key
             for pattern in COUNTER_PATTERNS
             for key in client.scan_iter(pattern, count=1000)
-            if key.decode().split(":")[1] in jobs
+            if _text(key).split(":")[1] in ours
         ]
         for start in range(0, len(doomed), 1000):
             client.delete(*doomed[start : start + 1000])
+        client.delete(run_jobs_key(run))
     finally:
         client.close()
     return len(doomed)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def redis_db_url(redis_url: str, number: int) -> str:
