@@ -40,8 +40,8 @@ class SubmitLane:
         if principal is None:
             await self.app(scope, receive, send)
             return
-        messages = await _read(receive, self.max_bytes)
-        body = _job_create(messages, self.max_bytes)
+        messages, raw = await _read(receive, self.max_bytes)
+        body = None if raw is None else _job_create(raw)
         if body is None:
             await self.app(scope, _replay(messages, receive), send)
             return
@@ -100,30 +100,27 @@ def _submit_route(routes: Iterable[BaseRoute]) -> BaseRoute:
     return next(route for route in routes if getattr(route, "endpoint", None) is jobs.create_job)
 
 
-async def _read(receive: Receive, max_bytes: int) -> list[Message]:
-    """The request's messages up to the end of its body, or up to the first that is not body or
-    passes the cap: the route then refuses it as it always has."""
+async def _read(receive: Receive, max_bytes: int) -> tuple[list[Message], bytes | None]:
+    """The request's messages up to the end of its body, and the body if it ended within the
+    cap; else up to the first message that is not body or passes the cap, and no body: the
+    route then refuses it as it always has."""
     messages: list[Message] = []
     size = 0
     while True:
         message = await receive()
         messages.append(message)
         if message["type"] != "http.request":
-            return messages
+            return messages, None
         size += len(message.get("body", b""))
-        if size > max_bytes or not message.get("more_body", False):
-            return messages
+        if size > max_bytes:
+            return messages, None
+        if not message.get("more_body", False):
+            return messages, b"".join(m.get("body", b"") for m in messages)
 
 
-def _job_create(messages: list[Message], max_bytes: int) -> JobCreate | None:
-    """The body as FastAPI reads it (``json.loads``, then the model), if it is complete, within
-    the cap, valid and asks for no wait."""
-    last = messages[-1]
-    if last["type"] != "http.request" or last.get("more_body", False):
-        return None
-    raw = b"".join(message.get("body", b"") for message in messages)
-    if len(raw) > max_bytes:
-        return None
+def _job_create(raw: bytes) -> JobCreate | None:
+    """The body as FastAPI reads it (``json.loads``, then the model), if it is valid and asks
+    for no wait."""
     try:
         body = JobCreate.model_validate(json.loads(raw))
     except (ValueError, ValidationError, RecursionError):

@@ -14,7 +14,6 @@ from tests.support.servers import (
     create_test_database,
     drop_counters,
     drop_test_database,
-    job_ids,
     redis_base_url,
     release_redis_db,
 )
@@ -77,6 +76,6 @@ def stack() -> Iterator[Stack]:
         get_settings.cache_clear()
         release_redis_db(base, db, owner)
         try:
-            drop_counters(base, owner, job_ids(database_url))
+            drop_counters(base, owner)
         finally:
             drop_test_database(admin, name)

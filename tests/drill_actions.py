@@ -8,7 +8,6 @@ from typing import Any
 
 import psycopg
 import redis
-from redis.client import Pipeline
 from sqlalchemy import make_url
 
 from service.actions import StepContext, action
@@ -31,7 +30,7 @@ def _key(ctx: StepContext, name: str) -> str:
     return f"drill:{ctx.job_id}:{name}"
 
 
-def _note_job(client: redis.Redis | Pipeline, ctx: StepContext) -> None:
+def _note_job(client: redis.Redis, ctx: StepContext) -> None:
     """Adds the job to its test run's set, which the run reads to delete its counters."""
     run = os.environ.get(DRILL_RUN_ENV)
     if run:
@@ -83,7 +82,6 @@ def undo(ctx: StepContext, name: str, hold_s: float = 0.0, fail: bool = False) -
     """A compensation: counted, its order kept in a list, failing for good when asked to."""
     client = _redis()
     with client.pipeline() as pipe:
-        _note_job(pipe, ctx)
         pipe.rpush(_key(ctx, "undo-order"), name)
         pipe.expire(_key(ctx, "undo-order"), KEY_TTL_S)
         pipe.set(_key(ctx, f"{name}:key"), ctx.idempotency_key or "", ex=KEY_TTL_S)

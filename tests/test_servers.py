@@ -131,8 +131,8 @@ def test_a_run_drops_the_counters_of_its_own_jobs_and_no_others() -> None:
     try:
         for key in keys[stored] + keys[pruned] + keys[theirs]:
             db0.set(key, 1, ex=600)
-        db0.sadd(run_jobs_key(run), pruned)
-        assert drop_counters(base, run, {stored, str(uuid.uuid4())}) == 6
+        db0.sadd(run_jobs_key(run), stored, pruned, str(uuid.uuid4()))
+        assert drop_counters(base, run) == 6
         assert db0.exists(*keys[stored], *keys[pruned], run_jobs_key(run)) == 0
         assert db0.exists(*keys[theirs]) == 3
     finally:

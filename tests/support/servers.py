@@ -122,7 +122,8 @@ COUNTER_PATTERNS = ("drill:*", "chaos:*")
 """The side-effect counters of ``tests/drill_actions.py``: ``drill:<job id>:…``, ``chaos:<job
 id>:…``."""
 DRILL_RUN_ENV = "DRILL_RUN"
-"""Names the test run whose processes write the counters, so that it can find them all."""
+"""Names the test run whose processes write the counters; each drill action notes its job in
+the run's set (``run_jobs_key``), so the run finds them all, even of jobs retention deleted."""
 
 
 def run_jobs_key(run: str) -> str:
@@ -130,21 +131,14 @@ def run_jobs_key(run: str) -> str:
     return f"drill-run:{run}"
 
 
-def job_ids(database_url: str) -> set[str]:
-    with psycopg.connect(_libpq_url(database_url)) as conn:
-        return {str(row[0]) for row in conn.execute("SELECT id FROM jobs")}
-
-
-def drop_counters(redis_url: str, run: str, jobs: set[str]) -> int:
-    """Delete the counters of ``run``'s jobs from DB 0: those of ``jobs`` and of every job its
-    processes noted (retention deletes old jobs, but not their counters), and only theirs. They
-    live there, outside any run's own DB, so that a drill flushing the broker's DB leaves them,
-    and another run sharing the server keeps its own. Their expiry is the backstop for a run
-    that dies first."""
+def drop_counters(redis_url: str, run: str) -> int:
+    """Delete from DB 0 the counters of the jobs ``run``'s processes noted, and only theirs.
+    They live there, outside any run's own DB, so that a drill flushing the broker's DB leaves
+    them, and another run sharing the server keeps its own. Their expiry is the backstop for
+    a run that dies first."""
     client = _client(redis_url, 0)
     try:
-        noted = {_text(member) for member in client.smembers(run_jobs_key(run))}
-        ours = jobs | noted
+        ours = {_text(member) for member in client.smembers(run_jobs_key(run))}
         doomed = [
             key
             for pattern in COUNTER_PATTERNS
