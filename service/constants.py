@@ -18,6 +18,11 @@ TASK_COMPENSATE: Final = "flowbeat.compensate"
 TASK_SWEEP: Final = "flowbeat.sweep"
 
 BROKER_EPOCH_KEY: Final = "flowbeat:broker-epoch"
+WORKERS_KEY: Final = "flowbeat:workers"
+"""Every worker's last heartbeat, in Redis's own clock (``tasks.liveness``)."""
+WORKER_HELD_KEY_PREFIX: Final = "flowbeat:held:"
+"""The delivery tags of the messages one worker has taken and not yet acknowledged."""
+WORKER_REAP_LOCK_PREFIX: Final = "flowbeat:reaping:"
 
 SHARD_NONE: Final = -1
 

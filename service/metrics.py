@@ -85,6 +85,10 @@ SWEEPER_REPUBLISHED = Counter(
     "timed_out).",
     ["cause"],
 )
+WORKER_MESSAGES_RESTORED = Counter(
+    "flowbeat_worker_messages_restored_total",
+    "Messages a dead worker had taken, sent back to their queues by a live one.",
+)
 API_REQUEST_SECONDS = Histogram(
     "flowbeat_api_request_duration_seconds",
     "API request latency by route template, method and status class (2xx, 4xx, 5xx).",

@@ -5,7 +5,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.constants import EVENT_KEEPALIVE_S
@@ -46,6 +46,11 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 300
     unacked_restore_interval_s: int = 10
     sweep_interval_s: float = 10.0
+    worker_heartbeat_s: float = Field(default=2.0, gt=0)
+    worker_dead_after_s: float = Field(default=15.0, gt=0)
+    """A worker silent this long is dead: a peer sends the messages it held to other workers.
+    Long enough that a busy machine's pause does not count as a death (that would only run
+    prefetched messages twice, each step still settling once), short beside a lease."""
     stall_after_s: float = 300.0
     dispatch_grace_s: float = 10.0
     result_expires_s: int = 3600
@@ -142,6 +147,14 @@ class Settings(BaseSettings):
     def _split_modules(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("worker_dead_after_s")
+    @classmethod
+    def _outlives_heartbeats(cls, value: float, info: ValidationInfo) -> float:
+        beat = info.data.get("worker_heartbeat_s")
+        if beat is not None and value < 3 * beat:
+            raise ValueError("must be at least three heartbeats (FLOWBEAT_WORKER_HEARTBEAT_S)")
         return value
 
     @field_validator("profiles_dir")

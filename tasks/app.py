@@ -23,6 +23,7 @@ from service.constants import (
 from service.settings import Settings, get_settings
 from tasks import runtime, telemetry  # noqa: F401
 from tasks.backend import backend_url
+from tasks.liveness import LivenessStep
 from tasks.timers import CompactTimers
 from tasks.transport import message_router, transport_for
 
@@ -77,6 +78,7 @@ def create_celery(settings: Settings) -> Celery:
     )
     app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices", "tasks.approvals"]
     app.steps["worker"].add(CompactTimers)
+    app.steps["worker"].add(LivenessStep)
     runtime.configure(settings)
     return app
 

@@ -16,6 +16,12 @@ def configure(settings: Settings) -> None:
     reset()
 
 
+def settings() -> Settings:
+    if _settings is None:
+        raise RuntimeError("tasks.runtime.configure() was not called")
+    return _settings
+
+
 def reset() -> None:
     global _runtime, _pid
     _runtime, _pid = None, None
@@ -24,7 +30,5 @@ def reset() -> None:
 def get() -> Runtime:
     global _runtime, _pid
     if _runtime is None or _pid != os.getpid():
-        if _settings is None:
-            raise RuntimeError("tasks.runtime.configure() was not called")
-        _runtime, _pid = Runtime.start(_settings), os.getpid()
+        _runtime, _pid = Runtime.start(settings()), os.getpid()
     return _runtime

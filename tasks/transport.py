@@ -15,9 +15,35 @@ from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from service.constants import HEADER_SENT_AT
+from tasks import liveness
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's acknowledgement emulation, which also notes each message a worker takes in
+    that worker's ``held`` set (``tasks.liveness``), in the round trip that moves it into
+    ``unacked``, and drops it there in the round trip that acknowledges it."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        delivery = message.delivery_info
+        raw = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])  # type: ignore[no-untyped-call]
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+            pipe.hset(self.unacked_key, delivery_tag, raw)
+            held = liveness.holder()
+            if held is not None:
+                pipe.sadd(held, delivery_tag)
+            pipe.execute()
+        virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        pipe = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[no-untyped-call]
+        held = liveness.holder()
+        return pipe if held is None else pipe.srem(held, delivery_tag)
 
 
 class Channel(kombu_redis.Channel):
@@ -49,6 +75,8 @@ class Channel(kombu_redis.Channel):
             shared = self._create_client()  # type: ignore[no-untyped-call]
             self._shared_client, self._shared_for = shared, pool
         yield self._shared_client
+
+    QoS = QoS
 
 
 class Transport(kombu_redis.Transport):

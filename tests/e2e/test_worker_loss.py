@@ -1,0 +1,131 @@
+"""A worker lost as a whole (main process and pool at once, as an OOM kill, a lost machine or a
+pod deleted without grace do) gives back what it had taken: the messages it had prefetched but
+not started run on another worker within the lease plus a sweep, with the visibility timeout
+and the stall sweep at their five-minute defaults. A busy worker's messages stay its own.
+
+The processes run with the production defaults of every setting that bounds recovery, so the
+bound these tests show is the one a deployment gets."""
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from service.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
+from tests.chaos.executions import checkpoints, examine, executions
+from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
+from tests.support.held import Held, held_by
+
+DEFAULTS = {
+    "lease_s": "30",
+    "sweep_interval_s": "10",
+    "stall_after_s": "300",
+    "dispatch_grace_s": "10",
+    "visibility_timeout_s": "300",
+    "unacked_restore_interval_s": "10",
+    "worker_prefetch": "4",
+}
+RECOVERY_BOUND_S = 60
+KINDS = {"flowbeat.run_step", "flowbeat.run_lane", "flowbeat.compensate"}
+
+
+@pytest.fixture(autouse=True)
+def broker_seen(client: Client) -> None:
+    """The sweeper has seen this broker before: otherwise its first pass takes the fresh
+    Redis DB for one that lost everything and sends every open job again, which would
+    recover the dead worker's jobs for it."""
+    client.broker.set(BROKER_EPOCH_KEY, "seen", nx=True)
+
+
+def _kill_whole(worker: Proc) -> dict[int, float]:
+    """SIGKILL to the worker's main process and its pool at once; each pid and when."""
+    pids = [worker.popen.pid, *worker.children()]
+    os.killpg(worker.popen.pid, signal.SIGKILL)
+    worker.popen.wait(timeout=10)
+    return dict.fromkeys(pids, time.time())
+
+
+def _waiting(client: Client, messages: list[Held]) -> list[str]:
+    return [m.job_id for m in messages if client.view(uuid.UUID(m.job_id)).job.status == "queued"]
+
+
+def _finished_at(client: Client, jobs: list[uuid.UUID]) -> float:
+    return max(client.view(job).job.finished_at.timestamp() for job in jobs)
+
+
+def _final(client: Client, jobs: list[uuid.UUID]) -> bool:
+    return all(client.view(job).job.status in FINAL for job in jobs)
+
+
+@pytest.mark.drill
+@pytest.mark.timeout(240)
+def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
+    client: Client, cluster: Cluster
+) -> None:
+    cluster.beat(**DEFAULTS)
+    doomed = cluster.worker(concurrency=2, **DEFAULTS)
+    jobs: dict[uuid.UUID, str] = {}
+    for _ in range(4):
+        jobs[client.submit("chaos-saga", hold_s=0.4)] = "chaos-saga"
+        jobs[client.submit("chaos-fan", items=list(range(6)), hold_s=0.4)] = "chaos-fan"
+        jobs[client.submit("chaos-chain", hold_s=0.4)] = "chaos-chain"
+
+    def holding() -> list[Held] | None:
+        """Every kind of message, and a job it has not started. Chains keep arriving, so
+        that the worker takes some while it runs others."""
+        if client.broker.llen(QUEUE_STEPS) < 4:
+            jobs[client.submit("chaos-chain", hold_s=0.4)] = "chaos-chain"
+        messages = [m for found in held_by(client.broker, doomed.popen.pid).values() for m in found]
+        every_kind = {m.task for m in messages} >= KINDS
+        return messages if every_kind and _waiting(client, messages) else None
+
+    messages = wait_for(holding, 120, "the worker to hold every kind and a job not started")
+    held = {m.job_id for m in messages}
+    killed = _kill_whole(doomed)
+    at = min(killed.values())
+    cluster.worker(concurrency=2, **DEFAULTS)
+
+    wait_for(lambda: _final(client, list(jobs)), RECOVERY_BOUND_S + 30, "every job to finish")
+    affected = [job for job in jobs if str(job) in held]
+    assert _finished_at(client, affected) - at <= RECOVERY_BOUND_S
+    for job, profile in jobs.items():
+        expected = "failed" if profile == "chaos-saga" else "succeeded"
+        assert client.view(job).job.status == expected, (job, profile)
+    findings = examine(executions(client.counters, jobs), checkpoints(client, list(jobs)), killed)
+    findings.assert_exactly_once()
+
+
+@pytest.mark.drill
+@pytest.mark.timeout(300)
+def test_a_busy_workers_messages_are_not_taken_when_another_dies(
+    client: Client, cluster: Cluster
+) -> None:
+    """The busy worker runs 30 s steps, each message it holds in reserve waiting behind one,
+    far longer than a dead worker's silence; none of its jobs runs a step twice."""
+    cluster.beat(**DEFAULTS)
+    busy = cluster.worker(concurrency=1, **{**DEFAULTS, "worker_prefetch": "2"})
+    kept = [client.submit("slow", hold_s=30) for _ in range(2)]
+    wait_for(
+        lambda: sum(len(m) for m in held_by(client.broker, busy.popen.pid).values()) == 2,
+        30,
+        "the busy worker to run one job and hold the other",
+    )
+    doomed = cluster.worker(concurrency=2, **DEFAULTS)
+    lost = [client.submit("slow", hold_s=2) for _ in range(3)]
+    wait_for(
+        lambda: sum(client.count(job, "slow", "started") for job in lost) == 2,
+        30,
+        "the doomed worker to run two jobs and hold the third",
+    )
+    _kill_whole(doomed)
+    cluster.worker(concurrency=2, **DEFAULTS)
+
+    wait_for(lambda: _final(client, kept + lost), 150, "every job to finish")
+    for job in kept + lost:
+        assert client.view(job).job.status == "succeeded"
+    for job in kept:
+        assert client.count(job, "slow", "started") == 1, "a busy worker's job ran twice"
+        assert client.checkpoints(job, "slow") == 1
+    assert busy.popen.poll() is None
