@@ -52,7 +52,7 @@ def _waiting(client: Client, messages: list[Held]) -> list[str]:
 
 
 def _finished_at(client: Client, jobs: list[uuid.UUID]) -> float:
-    return max(client.view(job).job.finished_at.timestamp() for job in jobs)
+    return max(float(client.view(job).job.finished_at.timestamp()) for job in jobs)
 
 
 def _final(client: Client, jobs: list[uuid.UUID]) -> bool:

@@ -3,6 +3,7 @@
 import base64
 import json
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -19,7 +20,7 @@ def held_by(broker: redis.Redis, pid: int | None = None) -> dict[str, list[Held]
     """Each registered worker's messages still unacknowledged (task name and job id), or only
     those of the worker whose main process is ``pid``."""
     found: dict[str, list[Held]] = {}
-    for raw_worker in broker.zrange(WORKERS_KEY, 0, -1):
+    for raw_worker in cast(list[bytes], broker.zrange(WORKERS_KEY, 0, -1)):
         worker = raw_worker.decode()
         if pid is not None and f":{pid}:" not in worker:
             continue
