@@ -37,8 +37,7 @@ def upgrade() -> None:
         "WHERE previous_job_id IS NOT NULL"
     )
     op.execute(
-        "CREATE INDEX ix_jobs_parent_job_id ON jobs (parent_job_id) "
-        "WHERE parent_job_id IS NOT NULL"
+        "CREATE INDEX ix_jobs_parent_job_id ON jobs (parent_job_id) WHERE parent_job_id IS NOT NULL"
     )
 
 
