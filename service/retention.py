@@ -54,22 +54,25 @@ class RetentionPolicy:
 
 
 # ``old``: finished jobs past the minimum age, the only ones count and age apply to.
-# ``bound``: for each pipeline that has some, the newest finished job beyond the count; it and
-# everything older is beyond the count. Both walk indexes: finished_at, and
-# (owner, pipeline, created_at, id) for the ``keep`` newest finished jobs of each pipeline.
+# ``pipes``: the pipelines that have some. ``bound``: for each, the newest finished job beyond
+# the count; it and everything older is beyond the count.
 # ``expired``: the old jobs beyond the count or the maximum age.
-# ``doomed``: those no diff needs, oldest first, a batch at a time. A job whose base is itself
-# expired does not keep it: both go.
+# ``needed``: what a diff needs: the newest success of each pipeline (and the newest with
+# items, which the next run diffs against), the base of each open job when it succeeds, and
+# the stored base of each job that stays. A job whose base is itself expired does not keep it.
+# Each is an index lookup per pipeline, per open job or per expired job, never a walk of a
+# pipeline's history per candidate.
 _PRUNE = """
     WITH old AS MATERIALIZED (
-        SELECT id, owner, pipeline, created_at, status, item_count, finished_at
+        SELECT id, owner, pipeline, created_at, finished_at
           FROM jobs
          WHERE finished_at < :min_cutoff AND status IN ('succeeded', 'failed', 'cancelled')
            {scope}
     ),
+    pipes AS MATERIALIZED (SELECT DISTINCT owner, pipeline FROM old),
     bound AS (
         SELECT p.owner, p.pipeline, b.created_at, b.id
-          FROM (SELECT DISTINCT owner, pipeline FROM old) AS p
+          FROM pipes AS p
           CROSS JOIN LATERAL (
               SELECT n.created_at, n.id FROM jobs AS n
                WHERE n.owner = p.owner AND n.pipeline = p.pipeline
@@ -79,36 +82,43 @@ _PRUNE = """
           ) AS b
     ),
     expired AS MATERIALIZED (
-        SELECT o.* FROM old AS o LEFT JOIN bound AS b USING (owner, pipeline)
+        SELECT o.id, o.finished_at FROM old AS o LEFT JOIN bound AS b USING (owner, pipeline)
          WHERE o.finished_at < CAST(:max_cutoff AS timestamptz)
             OR (o.created_at, o.id) <= (b.created_at, b.id)
     ),
+    needed AS (
+        SELECT s.id FROM pipes AS p
+          CROSS JOIN LATERAL (
+              SELECT n.id FROM jobs AS n
+               WHERE n.owner = p.owner AND n.pipeline = p.pipeline AND n.status = 'succeeded'
+               ORDER BY n.created_at DESC, n.id DESC LIMIT 1
+          ) AS s
+        UNION
+        SELECT s.id FROM pipes AS p
+          CROSS JOIN LATERAL (
+              SELECT n.id FROM jobs AS n
+               WHERE n.owner = p.owner AND n.pipeline = p.pipeline AND n.status = 'succeeded'
+                 AND n.item_count IS NOT NULL
+               ORDER BY n.created_at DESC, n.id DESC LIMIT 1
+          ) AS s
+        UNION
+        SELECT s.id FROM jobs AS k
+          CROSS JOIN LATERAL (
+              SELECT n.id FROM jobs AS n
+               WHERE n.owner = k.owner AND n.pipeline = k.pipeline AND n.status = 'succeeded'
+                 AND n.item_count IS NOT NULL AND (n.created_at, n.id) < (k.created_at, k.id)
+               ORDER BY n.created_at DESC, n.id DESC LIMIT 1
+          ) AS s
+         WHERE k.status IN ('queued', 'running', 'awaiting_approval')
+           {open_scope}
+        UNION
+        SELECT k.previous_job_id FROM jobs AS k
+         WHERE k.previous_job_id IN (SELECT id FROM expired)
+           AND k.id NOT IN (SELECT id FROM expired)
+    ),
     doomed AS (
         SELECT e.id FROM expired AS e
-         WHERE NOT (e.status = 'succeeded' AND NOT EXISTS (
-                   SELECT 1 FROM jobs AS n
-                    WHERE n.owner = e.owner AND n.pipeline = e.pipeline
-                      AND n.status = 'succeeded' AND (n.created_at, n.id) > (e.created_at, e.id)))
-           AND NOT (e.status = 'succeeded' AND e.item_count IS NOT NULL AND NOT EXISTS (
-                   SELECT 1 FROM jobs AS n
-                    WHERE n.owner = e.owner AND n.pipeline = e.pipeline
-                      AND n.status = 'succeeded' AND n.item_count IS NOT NULL
-                      AND (n.created_at, n.id) > (e.created_at, e.id)))
-           AND NOT EXISTS (
-                   SELECT 1 FROM jobs AS k
-                    WHERE k.previous_job_id = e.id
-                      AND k.id NOT IN (SELECT id FROM expired))
-           AND NOT (e.status = 'succeeded' AND e.item_count IS NOT NULL AND EXISTS (
-                   SELECT 1 FROM jobs AS k
-                    WHERE k.owner = e.owner AND k.pipeline = e.pipeline
-                      AND k.status IN ('queued', 'running', 'awaiting_approval')
-                      AND (k.created_at, k.id) > (e.created_at, e.id)
-                      AND NOT EXISTS (
-                          SELECT 1 FROM jobs AS m
-                           WHERE m.owner = e.owner AND m.pipeline = e.pipeline
-                             AND m.status = 'succeeded' AND m.item_count IS NOT NULL
-                             AND (m.created_at, m.id) > (e.created_at, e.id)
-                             AND (m.created_at, m.id) < (k.created_at, k.id))))
+         WHERE e.id NOT IN (SELECT id FROM needed WHERE id IS NOT NULL)
          ORDER BY e.finished_at, e.id
          LIMIT :batch
     ),
@@ -121,8 +131,13 @@ _PRUNE = """
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id
 """
-_PRUNE_ALL = text(_PRUNE.format(scope=""))
-_PRUNE_PIPELINE = text(_PRUNE.format(scope="AND owner = :owner AND pipeline = :pipeline"))
+_PRUNE_ALL = text(_PRUNE.format(scope="", open_scope=""))
+_PRUNE_PIPELINE = text(
+    _PRUNE.format(
+        scope="AND owner = :owner AND pipeline = :pipeline",
+        open_scope="AND k.owner = :owner AND k.pipeline = :pipeline",
+    )
+)
 
 
 def _prune(
@@ -135,7 +150,10 @@ def _prune(
     pipeline: str | None = None,
 ) -> int:
     """One statement deletes and leaves the tombstones, so no reader ever finds a job neither
-    there nor expired."""
+    there nor expired. The planner's estimates of the lateral lookups are far above what they
+    cost, enough to compile the statement on every pass (about 100 ms of JIT on 20,000 jobs
+    for a statement that runs in 50): JIT is off for this transaction."""
+    session.execute(text("SET LOCAL jit = off"))
     max_cutoff = None
     if policy.max_age_days is not None:
         max_cutoff = now - timedelta(days=policy.max_age_days)
