@@ -47,6 +47,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "bad_request": 400,
     "pipeline_not_found": 404,
     "job_not_found": 404,
+    "job_expired": 410,
     "not_found": 404,
     "method_not_allowed": 405,
     "job_conflict": 409,

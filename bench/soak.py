@@ -252,6 +252,7 @@ def plot(samples: list[dict[str, Any]], out: Path) -> None:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     settings = {
         "FLOWBEAT_RUNS_KEPT_PER_PIPELINE": str(args.keep),
+        "FLOWBEAT_RETENTION_MIN_AGE_S": "60",
         "FLOWBEAT_SCHEDULE_MIN_INTERVAL_S": "1",
         "FLOWBEAT_SWEEP_INTERVAL_S": "10",
     }

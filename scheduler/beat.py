@@ -32,7 +32,7 @@ from service.dependencies import fire_dependents
 from service.errors import BrokerUnavailable
 from service.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
 from service.plan import JobPlan, initial_plan
-from service.retention import prune_runs
+from service.retention import RetentionPolicy, prune_runs
 from service.runtime import Runtime
 from service.schedules import (
     TickResult,
@@ -144,14 +144,10 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                 BEAT_FIRE_LAG.observe(max(0.0, (utcnow() - job.scheduled_for).total_seconds()))
         self.revoke(result.revoke)
         self.compensate(result.compensate)
+        policy = RetentionPolicy.of(self.settings)
         for owner, pipeline in {(job.owner, job.pipeline) for job in result.jobs}:
             with unit_of_work(self.runtime.sessions) as session:
-                prune_runs(
-                    session,
-                    owner=owner,
-                    pipeline=pipeline,
-                    keep=self.settings.runs_kept_per_pipeline,
-                )
+                prune_runs(session, utcnow(), policy, owner=owner, pipeline=pipeline)
 
     def fire_dependents(self) -> None:
         """Start the jobs that queued successes wait for (dependency triggers); they are sent

@@ -80,6 +80,9 @@ SYNC_WAIT_DEFAULT_S: Final = 30.0
 """The longest a ``"mode": "sync"`` submission holds its request open before answering 202."""
 RETENTION_BATCH_ROWS: Final = 1000
 """Finished jobs one sweep deletes at most, so the pass stays a short transaction."""
+TOMBSTONES_KEPT_S: Final = 30 * 86_400
+"""How long the tombstone of a pruned job is kept when no maximum age is set: long enough for
+any client still polling a job to learn it expired rather than never existed."""
 FIRE_RECORDS_KEPT_S: Final = 86_400
 """How long a fire record outlives its schedule's catch-up window before it is pruned."""
 OPEN_JOBS_RETRY_AFTER_S: Final = 5

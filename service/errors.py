@@ -30,6 +30,12 @@ class JobNotFound(FlowbeatError):
     code = "job_not_found"
 
 
+class JobExpired(FlowbeatError):
+    """The job existed and was pruned by retention; details say when (``pruned_at``)."""
+
+    code = "job_expired"
+
+
 class JobConflict(FlowbeatError):
     """The job is in a state that refuses the request (e.g. cancelling a finished job)."""
 

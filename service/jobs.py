@@ -25,13 +25,15 @@ from service.compensations import (
 from service.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
 from service.db import driver
 from service.errors import (
+    FlowbeatError,
     IdempotencyConflict,
     InvalidCursor,
     JobConflict,
+    JobExpired,
     JobNotFound,
     OpenJobsLimit,
 )
-from service.models import JobRow, StepRunRow
+from service.models import JobRow, PrunedJobRow, StepRunRow
 from service.notices import validate_notify_url
 from service.pipelines import ResolvedPipeline, own_or_shared, resolve_pipeline
 from service.profiles import Profile, resolve_params, validate_profile
@@ -422,8 +424,26 @@ def mark_dispatched(session: Session, job_id: uuid.UUID, now: datetime | None) -
 def get_job(session: Session, job_id: uuid.UUID, *, owner: str | None = None) -> JobRow:
     job = session.get(JobRow, job_id)
     if job is None or (owner is not None and job.owner != owner):
-        raise JobNotFound(f"no job {job_id}", {"job_id": str(job_id)})
+        raise missing_job(session, job_id, owner=owner)
     return job
+
+
+def missing_job(session: Session, job_id: uuid.UUID, *, owner: str | None) -> FlowbeatError:
+    """Why a job id finds no job: retention pruned it (``job_expired``, with when), or it was
+    never there. Another owner's tombstone is as unknown as another owner's job."""
+    tombstone = session.get(PrunedJobRow, job_id)
+    if tombstone is None or (owner is not None and tombstone.owner != owner):
+        return JobNotFound(f"no job {job_id}", {"job_id": str(job_id)})
+    finished = tombstone.finished_at
+    return JobExpired(
+        f"job {job_id} finished and was pruned by retention at {tombstone.pruned_at.isoformat()}",
+        {
+            "job_id": str(job_id),
+            "pipeline": tombstone.pipeline,
+            "finished_at": finished.isoformat() if finished else None,
+            "pruned_at": tombstone.pruned_at.isoformat(),
+        },
+    )
 
 
 def job_view(session: Session, job: JobRow) -> JobView:
@@ -535,7 +555,7 @@ def cancel_job(
     """Cancel a job. Returns it with the task ids of steps still running, for revoking."""
     job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one_or_none()
     if job is None or (owner is not None and job.owner != owner):
-        raise JobNotFound(f"no job {job_id}", {"job_id": str(job_id)})
+        raise missing_job(session, job_id, owner=owner)
     if job.status == JobStatus.CANCELLED:
         return job, []
     if job.status in JOB_FINAL:

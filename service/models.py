@@ -55,6 +55,20 @@ class JobRow(Base):
         Index(None, "pipeline", "created_at"),
         Index(None, "status", "created_at"),
         Index(None, "created_at", "id"),
+        Index(None, "owner", "pipeline", "created_at", "id"),
+        Index(
+            "ix_jobs_finished_at", "finished_at", postgresql_where=text("finished_at IS NOT NULL")
+        ),
+        Index(
+            "ix_jobs_previous_job_id",
+            "previous_job_id",
+            postgresql_where=text("previous_job_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_jobs_parent_job_id",
+            "parent_job_id",
+            postgresql_where=text("parent_job_id IS NOT NULL"),
+        ),
         Index(
             "ix_jobs_open_by_owner",
             "owner",
@@ -99,6 +113,19 @@ class JobRow(Base):
     scheduled_for: Mapped[datetime | None]
     trigger_data: Mapped[dict[str, Any] | None]
     """For a job a dependency trigger started: the upstream ``job_id`` and ``result``."""
+
+
+class PrunedJobRow(Base):
+    """What is left of a job retention deleted, so that a client polling it learns it expired
+    (410) rather than that it never existed (404); pruned itself after a while."""
+
+    __tablename__ = "pruned_jobs"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    pipeline: Mapped[str] = mapped_column(String(64))
+    finished_at: Mapped[datetime | None]
+    pruned_at: Mapped[datetime] = mapped_column(index=True)
 
 
 OPEN_SHARD_PREDICATE = "shard >= 0 AND status IN ('pending', 'retrying', 'running')"

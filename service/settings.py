@@ -113,7 +113,14 @@ class Settings(BaseSettings):
     schedule_min_interval_s: float = 3600.0
     schedule_max_active_per_owner: int = 5
     schedule_run_timeout_s: float = 300.0
-    runs_kept_per_pipeline: int = 100
+    runs_kept_per_pipeline: int = Field(default=100, ge=0)
+    """Finished runs each owner's pipeline keeps once they are older than the minimum age."""
+    retention_min_age_s: float = Field(default=86_400.0, ge=0)
+    """A finished job is kept at least this long, however many runs its pipeline has: a client
+    given a 202 must still find it when it polls after the job ends."""
+    retention_max_age_days: float | None = Field(default=None, gt=0)
+    """Finished jobs older than this are pruned whatever the count (never before the minimum
+    age, nor a diff base still needed); none: no age limit."""
     beat_lock_ttl_s: float = 30.0
 
     llm_providers: list[LlmProvider] = Field(default_factory=list)

@@ -13,7 +13,13 @@ from service.jobs import mark_dispatched
 from service.metrics import SWEEPER_REPUBLISHED
 from service.notices import requeue_lost_notices
 from service.plan import JobPlan
-from service.retention import prune_all, prune_dependency_fires, prune_fires
+from service.retention import (
+    RetentionPolicy,
+    prune_all,
+    prune_dependency_fires,
+    prune_fires,
+    prune_tombstones,
+)
 from service.runtime import Runtime
 from tasks import runtime
 from tasks.app import app
@@ -46,9 +52,12 @@ def sweep() -> dict[str, int]:
     for job_id in lost_notices:
         send_notice.delay(str(job_id))
     with unit_of_work(rt.sessions) as session:
-        pruned = prune_all(session, keep=settings.runs_kept_per_pipeline)
-        pruned_fires = prune_fires(session, utcnow())
-        prune_deliveries(session, utcnow())
+        now = utcnow()
+        policy = RetentionPolicy.of(settings)
+        pruned = prune_all(session, now, policy)
+        prune_tombstones(session, now, policy)
+        pruned_fires = prune_fires(session, now)
+        prune_deliveries(session, now)
         prune_dependency_fires(session)
     if sent or report.timed_out or lost_notices:
         log.warning(

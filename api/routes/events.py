@@ -66,7 +66,16 @@ def _resume_point(last_event_id: str | None, after: int | None) -> int:
 @router.get(
     "/v1/jobs/{job_id}/events",
     response_class=StreamingResponse,
-    responses={**_STREAM, **errors({400: "invalid_query", 404: "job_not_found"})},
+    responses={
+        **_STREAM,
+        **errors(
+            {
+                400: "invalid_query",
+                404: "job_not_found",
+                410: "job_expired: pruned by retention (details: pruned_at, finished_at)",
+            }
+        ),
+    },
 )
 async def stream_job_events(
     request: Request,

@@ -40,7 +40,12 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JOB_STATUSES = frozenset(status.value for status in JobStatus)
 
-NOT_FOUND = errors({404: "job_not_found"})
+NOT_FOUND = errors(
+    {
+        404: "job_not_found",
+        410: "job_expired: pruned by retention (details: pruned_at, finished_at)",
+    }
+)
 
 
 def parse_job_id(raw: str) -> uuid.UUID:

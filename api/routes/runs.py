@@ -103,6 +103,7 @@ def pipeline_runs(
         {
             400: "invalid_query, invalid_cursor",
             404: "job_not_found",
+            410: "job_expired: pruned by retention (details: pruned_at, finished_at)",
             409: "no_result_items: the job stored no result items to compare",
         }
     ),

@@ -68,10 +68,10 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     ("get", "/metrics"): {200} | KEYED,
     ("post", "/v1/jobs"): {200, 202, 404, 409} | PARSED_BODY | KEYED,
     ("get", "/v1/jobs"): {200, 400} | KEYED,
-    ("get", "/v1/jobs/{job_id}"): {200, 400, 404} | KEYED,
+    ("get", "/v1/jobs/{job_id}"): {200, 400, 404, 410} | KEYED,
     ("post", "/v1/jobs/{job_id}/cancel"): {200, 400, 404, 409} | KEYED,
     ("post", "/v1/jobs/{job_id}/rerun"): {202, 400, 404, 409} | PARSED_BODY | KEYED,
-    ("get", "/v1/jobs/{job_id}/events"): {200, 400, 404} | KEYED,
+    ("get", "/v1/jobs/{job_id}/events"): {200, 400, 404, 410} | KEYED,
     ("get", "/v1/events"): {200, 400} | KEYED,
     ("post", "/v1/jobs/{job_id}/steps/{step_id}/approve"): {200, 400, 404, 409}
     | PARSED_BODY
@@ -81,7 +81,7 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     | KEYED,
     ("get", "/v1/approvals"): {200, 400} | KEYED,
     ("get", "/v1/pipelines/{name}/runs"): {200, 400} | KEYED,
-    ("get", "/v1/jobs/{job_id}/diff"): {200, 400, 404, 409} | KEYED,
+    ("get", "/v1/jobs/{job_id}/diff"): {200, 400, 404, 409, 410} | KEYED,
     ("get", "/v1/pipelines"): {200, 400} | KEYED,
     ("post", "/v1/pipelines/import"): {200, 201, 404, 409, 415, 502, 504} | PARSED_BODY | KEYED,
     ("put", "/v1/pipelines/{name}"): {200, 201, 400, 409, 415} | BODY | KEYED,

@@ -15,7 +15,7 @@ from service.db import unit_of_work
 from service.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
 from service.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
 from service.profiles import find_profile
-from service.retention import prune_fires, prune_runs
+from service.retention import RetentionPolicy, prune_fires, prune_runs
 from service.runtime import Runtime
 from service.schedules import (
     TickResult,
@@ -296,8 +296,12 @@ def test_only_the_newest_runs_of_a_pipeline_are_kept(
     jobs = [fire(session, runtime, row, T0 + timedelta(hours=h)).jobs[0] for h in range(1, 6)]
     for job in jobs[:-1]:
         set_status(session, job.id, "succeeded")
+        session.execute(
+            update(JobRow).where(JobRow.id == job.id).values(finished_at=job.scheduled_for)
+        )
+    policy = RetentionPolicy(keep=1, min_age_s=3600)
 
-    assert prune_runs(session, owner=owner, pipeline="slow", keep=2) == 3
+    assert prune_runs(session, datetime.now(UTC), policy, owner=owner, pipeline="slow") == 3
 
     left = session.scalars(select(JobRow.id).where(JobRow.owner == owner)).all()
     assert set(left) == {jobs[3].id, jobs[4].id}

@@ -1,0 +1,83 @@
+"""Retention seen through the API: a job is readable until the minimum age has passed, then
+answers 410 job_expired, never 404."""
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service.auth import create_api_key
+from service.db import unit_of_work
+from service.migrate import upgrade
+from service.models import JobRow
+from service.retention import RetentionPolicy, prune_all
+from service.runner import run_step
+from service.runtime import Runtime
+from service.settings import Settings
+from service.steps import StepKey
+from tests.conftest import Stack
+from tests.support.apps import api_client
+from tests.support.servers import admin_database_url, create_test_database, drop_test_database
+
+ONE_STEP = {"name": "many", "steps": [{"id": "only", "action": "noop"}]}
+POLICY = RetentionPolicy(keep=100, min_age_s=2)
+
+
+@pytest.fixture(scope="module")
+def own(stack: Stack, profiles_dir: Path) -> Iterator[tuple[Runtime, TestClient]]:
+    """A database of its own: a pass prunes every owner's runs, other tests' included."""
+    admin = admin_database_url()
+    name = f"flowbeat_api_retention_{uuid.uuid4().hex[:8]}"
+    url = create_test_database(admin, name)
+    upgrade(url)
+    settings = Settings(database_url=url, broker_url=stack.broker_url, profiles_dir=profiles_dir)
+    rt = Runtime.start(settings)
+    with api_client(settings, rt) as client:
+        yield rt, client
+    rt.sessions.kw["bind"].dispose()
+    drop_test_database(admin, name)
+
+
+def test_150_runs_are_all_readable_then_the_oldest_50_expire(
+    own: tuple[Runtime, TestClient],
+) -> None:
+    rt, client = own
+    with unit_of_work(rt.sessions) as session:
+        token, _ = create_api_key(session, owner="batch", scopes=["read", "write"])
+    headers = {"Authorization": f"Bearer {token}"}
+    ids = []
+    for _ in range(150):
+        answer = client.post("/v1/jobs", json={"pipeline": ONE_STEP, "params": {}}, headers=headers)
+        assert answer.status_code == 202
+        ids.append(answer.json()["job"]["id"])
+    for job_id in ids:
+        run_step(rt, StepKey(uuid.UUID(job_id), "only"), task_id=uuid.uuid4().hex)
+
+    reads = [client.get(f"/v1/jobs/{job_id}", headers=headers) for job_id in ids]
+    assert [r.json()["job"]["status"] for r in reads] == ["succeeded"] * 150
+    with unit_of_work(rt.sessions) as session:
+        last = session.scalar(select(func.max(JobRow.finished_at)))
+        assert last is not None
+        assert prune_all(session, last, POLICY) == 0, "a run that just finished is not pruned"
+
+    with unit_of_work(rt.sessions) as session:
+        assert prune_all(session, last + timedelta(seconds=POLICY.min_age_s + 1), POLICY) == 50
+
+    gone = [client.get(f"/v1/jobs/{job_id}", headers=headers) for job_id in ids[:50]]
+    kept = [client.get(f"/v1/jobs/{job_id}", headers=headers) for job_id in ids[50:]]
+    assert {r.status_code for r in gone} == {410}
+    assert {r.json()["error"]["code"] for r in gone} == {"job_expired"}
+    assert all(r.json()["error"]["details"]["pruned_at"] for r in gone)
+    assert all(r.json()["error"]["details"]["finished_at"] for r in gone)
+    assert {r.status_code for r in kept} == {200}
+    events = client.get(f"/v1/jobs/{ids[0]}/events", headers=headers)
+    diff = client.get(f"/v1/jobs/{ids[0]}/diff", headers=headers)
+    assert (events.status_code, diff.status_code) == (410, 410)
+    with unit_of_work(rt.sessions) as session:
+        token, _ = create_api_key(session, owner="someone-else", scopes=["read"])
+    other = client.get(f"/v1/jobs/{ids[0]}", headers={"Authorization": f"Bearer {token}"})
+    assert other.json()["error"]["code"] == "job_not_found"
