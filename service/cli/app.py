@@ -7,7 +7,7 @@ leader check), 2 for a refusal with an error code or a bad option (typer's usage
 
 import json
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -15,6 +15,9 @@ from rich.console import Console
 
 from service.errors import FlowbeatError
 from service.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help="flowbeat job pipelines")
 keys_cli = typer.Typer(no_args_is_help=True, help="API keys")
@@ -77,6 +80,15 @@ def load_settings() -> Settings:
     embedded = get_settings()
     migrate_schema(embedded)
     return embedded
+
+
+def celery_app(settings: Settings) -> "Celery":
+    """A Celery app on the broker of ``settings``, which must come from ``load_settings``: the
+    embedded default's broker is known only once its servers run, so an app built earlier,
+    from the environment, has no broker (and ``create_celery`` refuses to build it)."""
+    from tasks.app import create_celery
+
+    return create_celery(settings)
 
 
 def migrate_schema(settings: Settings) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from service.cli.app import FINAL, cli, console, load_settings, migrate_schema
+from service.cli.app import FINAL, celery_app, cli, console, load_settings, migrate_schema
 from service.cli.processes import Stop, adopt_orphans, processes, stoppable, worker_argv
 from service.db import make_engine, make_session_factory, unit_of_work
 from service.errors import FlowbeatError
@@ -112,7 +112,6 @@ def submit(
     from service.plan import initial_plan
     from service.runtime import Runtime
     from service.snapshots import job_profile
-    from tasks.app import app
     from tasks.dispatch import publish_new_job
 
     rt = Runtime.start(settings)
@@ -130,7 +129,7 @@ def submit(
         for problem in exc.details.get("errors", []):
             console.print(f"  - {problem}")
         raise typer.Exit(code=2) from exc
-    publish_new_job(app, rt, initial_plan(job_profile(job), job.id))
+    publish_new_job(celery_app(settings), rt, initial_plan(job_profile(job), job.id))
     return job.id
 
 

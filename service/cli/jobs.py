@@ -12,6 +12,7 @@ from rich.table import Table
 from service.cli.app import (
     FINAL,
     JsonOption,
+    celery_app,
     console,
     emit_json,
     jobs_cli,
@@ -129,10 +130,11 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
     from service.jobs import cancel_job, job_view
     from service.plan import JobPlan
     from service.runtime import Runtime
-    from tasks.app import app
     from tasks.dispatch import publish_or_defer
 
-    rt = Runtime.start(load_settings())
+    settings = load_settings()
+    app = celery_app(settings)
+    rt = Runtime.start(settings)
     with unit_of_work(rt.sessions) as session:
         job, running = cancel_job(session, job_id, owner=None, now=utcnow())
         compensation = job_view(session, job).compensation
@@ -165,10 +167,10 @@ def jobs_rerun(
     from service.plan import load_plan
     from service.reruns import RerunRequest, rerun_job
     from service.runtime import Runtime
-    from tasks.app import app
     from tasks.dispatch import publish_new_job
 
     settings = load_settings()
+    app = celery_app(settings)
     request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items)
     rt = Runtime.start(settings)
     try:
@@ -215,14 +217,15 @@ def _decide(
     from service.approvals import decide
     from service.clock import utcnow
     from service.runtime import Runtime
-    from tasks.app import app
     from tasks.dispatch import publish_or_defer
 
     try:
         body = json.loads(payload) if payload is not None else None
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
-    rt = Runtime.start(load_settings())
+    settings = load_settings()
+    app = celery_app(settings)
+    rt = Runtime.start(settings)
     with unit_of_work(rt.sessions) as session:
         decided = decide(
             session,
