@@ -30,11 +30,13 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def pipeline_ref(target: str) -> str | dict[str, Any]:
+    from service.profiles import load_profile_document
+
     path = Path(target)
     if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
         if not path.is_file():
             raise typer.BadParameter(f"no such file: {target}")
-        document = load_yaml(path.read_text())
+        document = load_profile_document(path.read_text(encoding="utf-8"), source=target)
         if not isinstance(document, dict):
             raise typer.BadParameter(f"{target} is not a YAML mapping")
         return document

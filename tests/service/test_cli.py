@@ -221,3 +221,22 @@ def test_jobs_watch_names_an_unknown_job_by_its_code(flowbeat: Cli) -> None:
     watched = flowbeat("jobs", "watch", "00000000-0000-0000-0000-000000000000")
     assert watched.returncode == 2
     assert "job_not_found" in watched.stdout
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_run_refuses_a_file_with_a_syntax_error_as_saving_it_does(
+    flowbeat: Cli, tmp_path: Path, suffix: str
+) -> None:
+    broken = tmp_path / f"broken{suffix}"
+    broken.write_text(
+        '{"name": "broken",\n "steps": [\n  {"id": "a",\n   "action": "noop"\n   "x"}]}\n'
+    )
+
+    ran = flowbeat("run", str(broken), "--no-wait")
+    saved = flowbeat("pipelines", "save", str(broken))
+
+    assert ran.returncode == saved.returncode == 2, ran.stdout + ran.stderr
+    assert "Traceback" not in ran.stdout + ran.stderr
+    for refusal in (ran.stdout, saved.stdout):
+        assert refusal.startswith("profile_invalid: ")
+        assert "invalid YAML at line 5, column 4: expected ','" in refusal
