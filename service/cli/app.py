@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from service.errors import FlowbeatError
 from service.settings import Settings, get_settings
@@ -54,15 +55,18 @@ def main() -> None:
             field = "_".join(str(part) for part in error["loc"]).upper()
             message = error["msg"].removeprefix("Value error, ")
             console.print(
-                f"[red]settings_invalid[/red]: FLOWBEAT_{field}: {message}", highlight=False
+                f"[red]settings_invalid[/red]: FLOWBEAT_{field}: {escape(message)}",
+                highlight=False,
             )
         raise SystemExit(EXIT_REFUSED) from None
 
 
 def print_refusal(exc: FlowbeatError) -> None:
-    console.print(f"[red]{exc.code}[/red]: {exc.message}", highlight=False)
+    """Messages quote what the user gave (file names, profile text, ``flowbeat[embedded]``),
+    which rich would otherwise read as markup and drop."""
+    console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
     for problem in exc.details.get("errors", []):
-        console.print(f"  - {problem}", highlight=False)
+        console.print(f"  - {problem}", highlight=False, markup=False)
 
 
 def load_settings() -> Settings:

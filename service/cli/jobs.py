@@ -145,7 +145,8 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
         try:
             app.control.revoke(running, terminate=True, signal="SIGUSR1")
         except (OperationalError, RedisError, OSError) as exc:
-            console.print(f"running steps stop at their next checkpoint (no revoke: {exc})")
+            message = f"running steps stop at their next checkpoint (no revoke: {exc})"
+            console.print(message, markup=False)
 
 
 @jobs_cli.command("rerun")
@@ -179,7 +180,7 @@ def jobs_rerun(
         with unit_of_work(rt.sessions) as session:
             plan = load_plan(session, new_id)
     except FlowbeatError as exc:
-        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        print_refusal(exc)
         raise typer.Exit(code=2) from exc
     if plan is not None:
         publish_new_job(app, rt, plan)
@@ -240,7 +241,7 @@ def _decide(
         )
         status = decided.approval.status
     publish_or_defer(app, rt, decided.ready)
-    console.print(f"job {job_id} step {step_id}: {status} by {by}")
+    console.print(f"job {job_id} step {step_id}: {status} by {by}", markup=False)
 
 
 CommentOption = Annotated[str | None, typer.Option(help="recorded with the decision")]

@@ -5,6 +5,7 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from service.cli.app import JsonOption, console, emit_json, keys_cli, load_settings
@@ -60,7 +61,7 @@ def keys_list(
     for doc in documents:
         table.add_row(
             doc["prefix"],
-            doc["owner"],
+            escape(doc["owner"]),
             ",".join(doc["scopes"]),
             doc["created_at"][:16],
             (doc["revoked_at"] or "")[:16],

@@ -8,9 +8,17 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
-from service.cli.app import JsonOption, console, emit_json, load_settings, pipelines_cli
+from service.cli.app import (
+    JsonOption,
+    console,
+    emit_json,
+    load_settings,
+    pipelines_cli,
+    print_refusal,
+)
 from service.db import unit_of_work
 from service.errors import FlowbeatError
 from service.settings import Settings
@@ -28,9 +36,7 @@ def _pipeline_session(settings: Settings) -> Iterator[Any]:
         with unit_of_work(rt.sessions) as session:
             yield session, rt
     except FlowbeatError as exc:
-        console.print(f"[red]{exc.code}[/red]: {exc.message}")
-        for problem in exc.details.get("errors", []):
-            console.print(f"  - {problem}")
+        print_refusal(exc)
         raise typer.Exit(code=2) from exc
     finally:
         rt.sessions.kw["bind"].dispose()
@@ -39,7 +45,7 @@ def _pipeline_session(settings: Settings) -> Iterator[Any]:
 def _print_saved(outcome: Any) -> None:
     view = outcome.view
     verb = "saved as a new version" if outcome.created_version else "unchanged"
-    console.print(f"{view.name} v{view.version} ({view.content_hash[:12]}): {verb}")
+    console.print(f"{view.name} v{view.version} ({view.content_hash[:12]}): {verb}", markup=False)
 
 
 @pipelines_cli.command("save")
@@ -98,9 +104,9 @@ def pipelines_list(
         version = "-" if view.version is None else str(view.version)
         table.add_row(
             view.name,
-            view.owner,
+            escape(view.owner),
             version,
-            ",".join(view.tags),
+            escape(",".join(view.tags)),
             str(view.run_count),
             "yes" if view.read_only else "",
         )
@@ -117,7 +123,8 @@ def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = "
         view = get_pipeline(
             session, name, viewer=owner, profiles_dir=settings.profiles_dir, version=version
         )
-    console.print(f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})")
+    header = f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})"
+    console.print(header, markup=False)
     typer.echo(yaml.safe_dump(view.profile.to_json(), sort_keys=False))
 
 
@@ -139,7 +146,7 @@ def pipelines_delete(
             profiles_dir=settings.profiles_dir,
             purge_history=purge_history,
         )
-    console.print(f"deleted {name} ({purged} jobs purged)")
+    console.print(f"deleted {name} ({purged} jobs purged)", markup=False)
 
 
 @pipelines_cli.command("import")
@@ -214,6 +221,7 @@ def pipelines_diff(
         f"{document['previous_job_id'] or 'no earlier run'}: {counts.new} new, "
         f"{counts.removed} removed, {counts.unchanged} unchanged",
         highlight=False,
+        markup=False,
     )
     for item in page.items:
         console.print_json(data=item)

@@ -5,6 +5,7 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from service.cli.app import JsonOption, console, emit_json, load_settings, schedules_cli
@@ -58,7 +59,7 @@ def _print(documents: list[dict[str, Any]]) -> None:
         last = f"{(doc['last_fire_at'] or '')[:16]} {doc['last_status'] or ''}".strip()
         table.add_row(
             doc["pipeline"],
-            doc["owner"],
+            escape(doc["owner"]),
             _timing(doc),
             "active" if doc["enabled"] else "paused",
             (doc["next_fire_at"] or "-")[:16],
@@ -102,6 +103,7 @@ def schedules_show(name: str, owner: OwnerOption = "default", as_json: JsonOptio
         f"params {document['params']}, overlap {document['overlap']}, "
         f"catch-up {document['catchup']}",
         highlight=False,
+        markup=False,
     )
 
 
@@ -117,9 +119,9 @@ def _set_enabled(name: str, owner: str, enabled: bool) -> None:
         )
         next_fire = _iso(row.next_fire_at)
     if enabled:
-        console.print(f"{name}: active, next fire {next_fire} UTC")
+        console.print(f"{name}: active, next fire {next_fire} UTC", markup=False)
     else:
-        console.print(f"{name}: paused")
+        console.print(f"{name}: paused", markup=False)
 
 
 @schedules_cli.command("pause")
@@ -142,4 +144,4 @@ def schedules_delete(name: str, owner: OwnerOption = "default") -> None:
     sessions = make_session_factory(make_engine(load_settings().require_database_url()))
     with unit_of_work(sessions) as session:
         delete_schedule(session, owner=owner, pipeline=name)
-    console.print(f"{name}: schedule deleted")
+    console.print(f"{name}: schedule deleted", markup=False)

@@ -11,6 +11,7 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from service.cli.app import cli, console, load_settings, migrate_schema, print_refusal
 from service.cli.processes import (
@@ -111,7 +112,7 @@ def _beat_check(settings: Settings) -> int:
     try:
         state = inspect(client, BEAT_LOCK_KEY)
     except redis.RedisError as exc:
-        console.print(f"[red]broker unreachable[/red]: {exc}")
+        console.print(f"[red]broker unreachable[/red]: {escape(str(exc))}")
         return 1
     finally:
         client.close()

