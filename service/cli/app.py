@@ -20,7 +20,16 @@ from service.settings import Settings, get_settings
 if TYPE_CHECKING:
     from celery import Celery
 
-cli = typer.Typer(no_args_is_help=True, add_completion=False, help="flowbeat job pipelines")
+cli = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help=(
+        "flowbeat job pipelines. Commands act as the owner FLOWBEAT_CLI_OWNER where --owner "
+        "is not given; unset, as 'dev' (the owner of the key flowbeat dev prints) in the "
+        "embedded default, and as 'default' with FLOWBEAT_DATABASE_URL and "
+        "FLOWBEAT_BROKER_URL set."
+    ),
+)
 keys_cli = typer.Typer(no_args_is_help=True, help="API keys")
 jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs")
 pipelines_cli = typer.Typer(no_args_is_help=True, help="Saved pipelines")
@@ -34,6 +43,13 @@ console = Console()
 JsonOption = Annotated[
     bool, typer.Option("--json", help="one JSON document on stdout, with stable keys, for scripts")
 ]
+
+OwnerOption = Annotated[
+    str | None,
+    typer.Option(help="whose; default: FLOWBEAT_CLI_OWNER ('dev' embedded, else 'default')"),
+]
+DEV_OWNER = "dev"
+DEFAULT_OWNER = "default"
 
 FINAL = {"succeeded", "failed", "cancelled"}
 EXIT_REFUSED = 2
@@ -83,7 +99,14 @@ def load_settings() -> Settings:
     get_settings.cache_clear()
     embedded = get_settings()
     migrate_schema(embedded)
+    if embedded.cli_owner is None:
+        return embedded.model_copy(update={"cli_owner": DEV_OWNER})
     return embedded
+
+
+def acting_owner(settings: Settings, given: str | None) -> str:
+    """``--owner`` when given, else the owner ``load_settings`` resolved for this mode."""
+    return given or settings.cli_owner or DEFAULT_OWNER
 
 
 def celery_app(settings: Settings) -> "Celery":

@@ -10,6 +10,8 @@ import yaml
 
 from service.cli.app import (
     FINAL,
+    OwnerOption,
+    acting_owner,
     celery_app,
     cli,
     console,
@@ -62,16 +64,16 @@ def run(
         bool | None, typer.Option(help="start a worker for this run (default: embedded only)")
     ] = None,
     timeout_s: float = 600.0,
-    owner: Annotated[str, typer.Option(help="whose saved pipelines a name can resolve to")] = (
-        "default"
-    ),
+    owner: OwnerOption = None,
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
     embedded = get_settings().embedded()
     adopt_orphans()
     settings = load_settings()
     migrate_schema(settings)
-    job_id = submit(settings, pipeline_ref(target), parse_params(param), owner)
+    job_id = submit(
+        settings, pipeline_ref(target), parse_params(param), acting_owner(settings, owner)
+    )
     console.print(f"job [bold]{job_id}[/bold] queued")
     if wait:
         worker = local_worker or (local_worker is None and embedded)

@@ -13,6 +13,8 @@ from rich.table import Table
 
 from service.cli.app import (
     JsonOption,
+    OwnerOption,
+    acting_owner,
     console,
     emit_json,
     load_settings,
@@ -22,8 +24,6 @@ from service.cli.app import (
 from service.db import unit_of_work
 from service.errors import FlowbeatError
 from service.settings import Settings
-
-OwnerOption = Annotated[str, typer.Option(help="whose pipelines")]
 
 
 @contextmanager
@@ -52,7 +52,7 @@ def _print_saved(outcome: Any) -> None:
 def pipelines_save(
     file: Annotated[Path, typer.Argument(help="a YAML or JSON profile", exists=True)],
     name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
-    owner: OwnerOption = "default",
+    owner: OwnerOption = None,
 ) -> None:
     """Save a profile file as a pipeline; an unchanged file makes no new version."""
     from service.pipelines import save_pipeline
@@ -61,7 +61,7 @@ def pipelines_save(
     with _pipeline_session(settings) as (session, rt):
         outcome = save_pipeline(
             session,
-            owner=owner,
+            owner=acting_owner(settings, owner),
             name=name,
             body=file.read_text(encoding="utf-8"),
             settings=settings,
@@ -72,14 +72,19 @@ def pipelines_save(
 
 @pipelines_cli.command("list")
 def pipelines_list(
-    tag: str | None = None, owner: OwnerOption = "default", as_json: JsonOption = False
+    tag: str | None = None, owner: OwnerOption = None, as_json: JsonOption = False
 ) -> None:
     """Own, shared and shipped pipelines with their run counts."""
     from service.pipelines import list_pipelines
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
-        views = list_pipelines(session, viewer=owner, profiles_dir=settings.profiles_dir, tag=tag)
+        views = list_pipelines(
+            session,
+            viewer=acting_owner(settings, owner),
+            profiles_dir=settings.profiles_dir,
+            tag=tag,
+        )
     if as_json:
         emit_json(
             {
@@ -114,14 +119,18 @@ def pipelines_list(
 
 
 @pipelines_cli.command("show")
-def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = "default") -> None:
+def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = None) -> None:
     """A pipeline's profile as YAML, its current version unless ``--version`` is given."""
     from service.pipelines import get_pipeline
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
         view = get_pipeline(
-            session, name, viewer=owner, profiles_dir=settings.profiles_dir, version=version
+            session,
+            name,
+            viewer=acting_owner(settings, owner),
+            profiles_dir=settings.profiles_dir,
+            version=version,
         )
     header = f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})"
     console.print(header, markup=False)
@@ -132,7 +141,7 @@ def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = "
 def pipelines_delete(
     name: str,
     purge_history: Annotated[bool, typer.Option(help="delete its jobs too")] = False,
-    owner: OwnerOption = "default",
+    owner: OwnerOption = None,
 ) -> None:
     """Delete a pipeline with its versions and schedule; its jobs only with --purge-history."""
     from service.pipelines import delete_pipeline
@@ -142,7 +151,7 @@ def pipelines_delete(
         purged = delete_pipeline(
             session,
             name,
-            viewer=owner,
+            viewer=acting_owner(settings, owner),
             profiles_dir=settings.profiles_dir,
             purge_history=purge_history,
         )
@@ -154,7 +163,7 @@ def pipelines_import(
     url: Annotated[str | None, typer.Option(help="an https URL on the allow-list")] = None,
     path: Annotated[str | None, typer.Option(help="a file in FLOWBEAT_IMPORT_DIR")] = None,
     name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
-    owner: OwnerOption = "default",
+    owner: OwnerOption = None,
 ) -> None:
     """Import a profile under the same rules as the API's import."""
     from service.imports import fetch_url, import_policy, read_import_file
@@ -171,7 +180,7 @@ def pipelines_import(
             text = read_import_file(path, settings.import_dir, settings.import_max_bytes)
         outcome = save_pipeline(
             session,
-            owner=owner,
+            owner=acting_owner(settings, owner),
             name=name,
             body=text,
             settings=settings,
@@ -185,7 +194,7 @@ def pipelines_diff(
     name: str,
     kind: Annotated[str, typer.Option(help="new, removed or unchanged items")] = "new",
     limit: Annotated[int, typer.Option(min=1, help="at most this many items")] = 100,
-    owner: Annotated[str, typer.Option(help="whose runs")] = "default",
+    owner: OwnerOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """The items of the pipeline's last successful run that the run before it did not have."""
@@ -197,7 +206,13 @@ def pipelines_diff(
         raise typer.BadParameter(f"{kind!r}: one of {', '.join(DiffKind)}", param_hint="--kind")
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
-        runs, _ = list_jobs(session, owner=owner, pipeline=name, statuses=["succeeded"], limit=1)
+        runs, _ = list_jobs(
+            session,
+            owner=acting_owner(settings, owner),
+            pipeline=name,
+            statuses=["succeeded"],
+            limit=1,
+        )
         if not runs:
             raise NoResultItems(f"{name!r} has no successful run of {owner!r}", {"pipeline": name})
         last = runs[0]

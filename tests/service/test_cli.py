@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -268,3 +269,19 @@ def test_a_refusal_quoting_what_the_user_gave_prints_it_brackets_included(flowbe
 
     assert done.returncode == 2
     assert done.stdout.splitlines()[0] == "params_invalid: invalid params: unknown param '[x]'"
+
+
+def test_the_command_acts_as_flowbeat_cli_owner_where_no_owner_is_given(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    owner = f"lab-{uuid.uuid4().hex[:6]}"
+    file = tmp_path / "mine.yaml"
+    file.write_text(f"name: mine-{owner}\nsteps:\n  - {{id: s1, action: noop}}\n")
+
+    saved = flowbeat("pipelines", "save", str(file), FLOWBEAT_CLI_OWNER=owner)
+    shown = flowbeat("pipelines", "show", f"mine-{owner}", "--owner", owner)
+    unseen = flowbeat("pipelines", "show", f"mine-{owner}")
+
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert f"by {owner}" in shown.stdout
+    assert unseen.returncode == 2 and "pipeline_not_found" in unseen.stdout

@@ -174,3 +174,33 @@ def _next_broadcast(listener: Any, timeout_s: float) -> str:
         if message is not None:
             return base64.b64decode(json.loads(message["data"])["body"]).decode()
     raise AssertionError(f"nothing was broadcast within {timeout_s}s")
+
+
+def test_the_command_acts_as_the_owner_of_the_dev_key(
+    embedded_flowbeat: Cli, runtime: Runtime, tmp_path: Path
+) -> None:
+    """What a client of ``flowbeat dev``'s key saved is what the command saves over and shows."""
+    from service.db import unit_of_work
+    from service.pipelines import save_pipeline
+
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    text = f"name: {name}\nsteps:\n  - {{id: s1, action: noop}}\n"
+    with unit_of_work(runtime.sessions) as session:
+        save_pipeline(
+            session,
+            owner="dev",
+            name=None,
+            body=text,
+            settings=runtime.settings,
+            known_actions=runtime.registry.names(),
+        )
+    file = tmp_path / f"{name}.yaml"
+    file.write_text(text.replace("noop", "noop, timeout_s: 5"))
+
+    saved = embedded_flowbeat("pipelines", "save", str(file))
+    listed = embedded_flowbeat("pipelines", "list", "--json")
+
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert f"{name} v2" in saved.stdout
+    mine = [p for p in json.loads(listed.stdout)["pipelines"] if p["name"] == name]
+    assert [(p["owner"], p["version"]) for p in mine] == [("dev", 2)]
