@@ -840,6 +840,15 @@ def _too_many_nodes(data: Any) -> bool:
 def load_profile_text(
     text: str, *, source: str, known_actions: Collection[str] | None = None
 ) -> Profile:
+    return validate_profile(
+        load_profile_document(text, source=source), source=source, known_actions=known_actions
+    )
+
+
+def load_profile_document(text: str, *, source: str) -> Any:
+    """The YAML (or JSON) document of a profile's text, not yet validated: a command that
+    submits a file reads it here, so a syntax error is the same ``profile_invalid`` with its
+    line and column that saving the file gives."""
     size = len(text.encode("utf-8", errors="replace"))
     if size > MAX_PROFILE_BYTES:
         message = f"profile is {size} bytes, the limit is {MAX_PROFILE_BYTES}"
@@ -851,13 +860,14 @@ def load_profile_text(
         line = mark.line + 1 if mark is not None else None
         column = mark.column + 1 if mark is not None else None
         code = exc.kind if isinstance(exc, YamlLimitExceeded) else "yaml_syntax"
-        entry = _error(code, f"invalid YAML: {getattr(exc, 'problem', None) or exc}")
+        where = f" at line {line}, column {column}" if mark is not None else ""
+        entry = _error(code, f"invalid YAML{where}: {getattr(exc, 'problem', None) or exc}")
         entry.update(line=line, column=column)
         _raise_invalid(source, [entry], line=line, column=column)
     if _too_many_nodes(data):
         message = f"document expands to more than {MAX_DOCUMENT_NODES} values"
         _raise_invalid(source, [_error("too_large", message)])
-    return validate_profile(data, source=source, known_actions=known_actions)
+    return data
 
 
 def load_profile_file(path: Path, *, known_actions: Collection[str] | None = None) -> Profile:

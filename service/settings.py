@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     uvicorn's own default, loopback only."""
     flower_url: str | None = None
     """Where people reach Flower; the dashboard links each step's task there when set."""
+    cli_owner: str | None = Field(default=None, min_length=1, max_length=128)
+    """The owner the ``flowbeat`` command acts as where ``--owner`` is not given, and whose
+    admin key ``flowbeat dev`` makes. Unset: ``dev`` in the embedded default, so the command
+    sees what a client of ``flowbeat dev``'s key saved; ``default`` with your own servers."""
     mcp_key: SecretStr | None = None
     """The API key ``flowbeat mcp`` acts as over stdio; HTTP clients send their own."""
     notify_max_attempts: int = 5

@@ -89,7 +89,9 @@ class _Printer:
         self.progress.update(bar, completed=done, total=total)
 
     def _line(self, text: str) -> None:
-        self.progress.console.print(text, highlight=False)
+        """Plain text: step ids and errors are the user's, and rich would take ``[x]`` in them
+        for markup and drop it."""
+        self.progress.console.print(text, highlight=False, markup=False)
 
 
 @contextmanager

@@ -29,12 +29,15 @@ from tasks.transport import message_router, transport_for
 
 
 def create_celery(settings: Settings) -> Celery:
-    results = settings.result_backend_url or settings.broker_url
-    app = Celery(
-        "flowbeat", broker=settings.broker_url, backend=backend_url(results) if results else None
-    )
+    """An app on the broker ``settings`` name, and none other: without one, Celery would fall
+    back to ``amqp://guest@localhost:5672``, where a command that imported this module before
+    it resolved its settings (the embedded default's broker) published into a server nobody
+    consumes, or failed where none runs."""
+    broker_url = settings.require_broker_url()
+    results = settings.result_backend_url or broker_url
+    app = Celery("flowbeat", broker=broker_url, backend=backend_url(results))
     app.conf.update(
-        broker_transport=transport_for(settings.broker_url),
+        broker_transport=transport_for(broker_url),
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -44,9 +47,7 @@ def create_celery(settings: Settings) -> Celery:
         task_acks_on_failure_or_timeout=True,
         task_default_queue=QUEUE_STEPS,
         task_queues=(_direct_queue(QUEUE_STEPS), _direct_queue(QUEUE_CONTROL)),
-        task_routes=(
-            message_router(settings.broker_url, QUEUE_STEPS, {TASK_SWEEP: QUEUE_CONTROL}),
-        ),
+        task_routes=(message_router(broker_url, QUEUE_STEPS, {TASK_SWEEP: QUEUE_CONTROL}),),
         task_track_started=False,
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,

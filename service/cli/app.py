@@ -7,16 +7,29 @@ leader check), 2 for a refusal with an error code or a bad option (typer's usage
 
 import json
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from service.errors import FlowbeatError
 from service.settings import Settings, get_settings
 
-cli = typer.Typer(no_args_is_help=True, add_completion=False, help="flowbeat job pipelines")
+if TYPE_CHECKING:
+    from celery import Celery
+
+cli = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help=(
+        "flowbeat job pipelines. Commands act as the owner FLOWBEAT_CLI_OWNER where --owner "
+        "is not given; unset, as 'dev' (the owner of the key flowbeat dev prints) in the "
+        "embedded default, and as 'default' with FLOWBEAT_DATABASE_URL and "
+        "FLOWBEAT_BROKER_URL set."
+    ),
+)
 keys_cli = typer.Typer(no_args_is_help=True, help="API keys")
 jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs")
 pipelines_cli = typer.Typer(no_args_is_help=True, help="Saved pipelines")
@@ -30,6 +43,13 @@ console = Console()
 JsonOption = Annotated[
     bool, typer.Option("--json", help="one JSON document on stdout, with stable keys, for scripts")
 ]
+
+OwnerOption = Annotated[
+    str | None,
+    typer.Option(help="whose; default: FLOWBEAT_CLI_OWNER ('dev' embedded, else 'default')"),
+]
+DEV_OWNER = "dev"
+DEFAULT_OWNER = "default"
 
 FINAL = {"succeeded", "failed", "cancelled"}
 EXIT_REFUSED = 2
@@ -51,15 +71,18 @@ def main() -> None:
             field = "_".join(str(part) for part in error["loc"]).upper()
             message = error["msg"].removeprefix("Value error, ")
             console.print(
-                f"[red]settings_invalid[/red]: FLOWBEAT_{field}: {message}", highlight=False
+                f"[red]settings_invalid[/red]: FLOWBEAT_{field}: {escape(message)}",
+                highlight=False,
             )
         raise SystemExit(EXIT_REFUSED) from None
 
 
 def print_refusal(exc: FlowbeatError) -> None:
-    console.print(f"[red]{exc.code}[/red]: {exc.message}", highlight=False)
+    """Messages quote what the user gave (file names, profile text, ``flowbeat[embedded]``),
+    which rich would otherwise read as markup and drop."""
+    console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
     for problem in exc.details.get("errors", []):
-        console.print(f"  - {problem}", highlight=False)
+        console.print(f"  - {problem}", highlight=False, markup=False)
 
 
 def load_settings() -> Settings:
@@ -76,7 +99,23 @@ def load_settings() -> Settings:
     get_settings.cache_clear()
     embedded = get_settings()
     migrate_schema(embedded)
+    if embedded.cli_owner is None:
+        return embedded.model_copy(update={"cli_owner": DEV_OWNER})
     return embedded
+
+
+def acting_owner(settings: Settings, given: str | None) -> str:
+    """``--owner`` when given, else the owner ``load_settings`` resolved for this mode."""
+    return given or settings.cli_owner or DEFAULT_OWNER
+
+
+def celery_app(settings: Settings) -> "Celery":
+    """A Celery app on the broker of ``settings``, which must come from ``load_settings``: the
+    embedded default's broker is known only once its servers run, so an app built earlier,
+    from the environment, has no broker (and ``create_celery`` refuses to build it)."""
+    from tasks.app import create_celery
+
+    return create_celery(settings)
 
 
 def migrate_schema(settings: Settings) -> None:

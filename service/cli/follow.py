@@ -8,7 +8,17 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from service.cli.app import FINAL, cli, console, load_settings, migrate_schema
+from service.cli.app import (
+    FINAL,
+    OwnerOption,
+    acting_owner,
+    celery_app,
+    cli,
+    console,
+    load_settings,
+    migrate_schema,
+    print_refusal,
+)
 from service.cli.processes import Stop, adopt_orphans, processes, stoppable, worker_argv
 from service.db import make_engine, make_session_factory, unit_of_work
 from service.errors import FlowbeatError
@@ -30,11 +40,13 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def pipeline_ref(target: str) -> str | dict[str, Any]:
+    from service.profiles import load_profile_document
+
     path = Path(target)
     if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
         if not path.is_file():
             raise typer.BadParameter(f"no such file: {target}")
-        document = load_yaml(path.read_text())
+        document = load_profile_document(path.read_text(encoding="utf-8"), source=target)
         if not isinstance(document, dict):
             raise typer.BadParameter(f"{target} is not a YAML mapping")
         return document
@@ -52,16 +64,16 @@ def run(
         bool | None, typer.Option(help="start a worker for this run (default: embedded only)")
     ] = None,
     timeout_s: float = 600.0,
-    owner: Annotated[str, typer.Option(help="whose saved pipelines a name can resolve to")] = (
-        "default"
-    ),
+    owner: OwnerOption = None,
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
     embedded = get_settings().embedded()
     adopt_orphans()
     settings = load_settings()
     migrate_schema(settings)
-    job_id = submit(settings, pipeline_ref(target), parse_params(param), owner)
+    job_id = submit(
+        settings, pipeline_ref(target), parse_params(param), acting_owner(settings, owner)
+    )
     console.print(f"job [bold]{job_id}[/bold] queued")
     if wait:
         worker = local_worker or (local_worker is None and embedded)
@@ -81,7 +93,7 @@ def follow_to_the_end(
     """
     commands = [worker_argv(2, "prefork")] if local_worker else []
     if commands:
-        console.print(f"worker log: {settings.data_dir / 'worker.log'}")
+        console.print(f"worker log: {settings.data_dir / 'worker.log'}", markup=False)
     try:
         with stoppable(), processes(commands, settings.data_dir / "worker.log"):
             status = follow_job(settings, job_id, timeout_s)
@@ -112,7 +124,6 @@ def submit(
     from service.plan import initial_plan
     from service.runtime import Runtime
     from service.snapshots import job_profile
-    from tasks.app import app
     from tasks.dispatch import publish_new_job
 
     rt = Runtime.start(settings)
@@ -126,11 +137,9 @@ def submit(
                 known_actions=rt.registry.names(),
             )
     except FlowbeatError as exc:
-        console.print(f"[red]{exc.code}[/red]: {exc.message}")
-        for problem in exc.details.get("errors", []):
-            console.print(f"  - {problem}")
+        print_refusal(exc)
         raise typer.Exit(code=2) from exc
-    publish_new_job(app, rt, initial_plan(job_profile(job), job.id))
+    publish_new_job(celery_app(settings), rt, initial_plan(job_profile(job), job.id))
     return job.id
 
 
@@ -141,21 +150,23 @@ def print_changes(view: Any, seen: dict[str, str], *, errors: bool = False) -> N
             shards = step.shards or {}
             items = f" ({shards.get('succeeded', 0)}/{shards['total']} items)" if shards else ""
             rounds = f" (round {step.round})" if step.rounds else ""
-            console.print(f"  {step.step_id:<24} {step.status}{items}{rounds}", highlight=False)
+            line = f"  {step.step_id:<24} {step.status}{items}{rounds}"
+            console.print(line, highlight=False, markup=False)
             if errors and step.error:
                 error = step.error
-                console.print(f"    {error.get('code')}: {error.get('message')}", highlight=False)
+                problem = f"    {error.get('code')}: {error.get('message')}"
+                console.print(problem, highlight=False, markup=False)
 
 
 def print_outcome(view: Any) -> None:
     colour = {"succeeded": "green", "failed": "red"}.get(view.job.status, "yellow")
     console.print(f"job {view.job.id}: [{colour}]{view.job.status}[/{colour}]")
     if view.job.error:
-        console.print(f"  {view.job.error.get('message')}")
+        console.print(f"  {view.job.error.get('message')}", markup=False)
     if view.compensation:
         console.print(f"  compensation {view.compensation['status']}:")
         for undo in view.compensation["steps"]:
-            console.print(f"    {undo['step_id']:<22} {undo['status']}")
+            console.print(f"    {undo['step_id']:<22} {undo['status']}", markup=False)
     if view.job.result is not None:
         console.print_json(data=view.job.result)
 

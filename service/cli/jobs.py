@@ -12,6 +12,7 @@ from rich.table import Table
 from service.cli.app import (
     FINAL,
     JsonOption,
+    celery_app,
     console,
     emit_json,
     jobs_cli,
@@ -129,10 +130,11 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
     from service.jobs import cancel_job, job_view
     from service.plan import JobPlan
     from service.runtime import Runtime
-    from tasks.app import app
     from tasks.dispatch import publish_or_defer
 
-    rt = Runtime.start(load_settings())
+    settings = load_settings()
+    app = celery_app(settings)
+    rt = Runtime.start(settings)
     with unit_of_work(rt.sessions) as session:
         job, running = cancel_job(session, job_id, owner=None, now=utcnow())
         compensation = job_view(session, job).compensation
@@ -143,7 +145,8 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
         try:
             app.control.revoke(running, terminate=True, signal="SIGUSR1")
         except (OperationalError, RedisError, OSError) as exc:
-            console.print(f"running steps stop at their next checkpoint (no revoke: {exc})")
+            message = f"running steps stop at their next checkpoint (no revoke: {exc})"
+            console.print(message, markup=False)
 
 
 @jobs_cli.command("rerun")
@@ -165,10 +168,10 @@ def jobs_rerun(
     from service.plan import load_plan
     from service.reruns import RerunRequest, rerun_job
     from service.runtime import Runtime
-    from tasks.app import app
     from tasks.dispatch import publish_new_job
 
     settings = load_settings()
+    app = celery_app(settings)
     request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items)
     rt = Runtime.start(settings)
     try:
@@ -177,7 +180,7 @@ def jobs_rerun(
         with unit_of_work(rt.sessions) as session:
             plan = load_plan(session, new_id)
     except FlowbeatError as exc:
-        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        print_refusal(exc)
         raise typer.Exit(code=2) from exc
     if plan is not None:
         publish_new_job(app, rt, plan)
@@ -215,14 +218,15 @@ def _decide(
     from service.approvals import decide
     from service.clock import utcnow
     from service.runtime import Runtime
-    from tasks.app import app
     from tasks.dispatch import publish_or_defer
 
     try:
         body = json.loads(payload) if payload is not None else None
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
-    rt = Runtime.start(load_settings())
+    settings = load_settings()
+    app = celery_app(settings)
+    rt = Runtime.start(settings)
     with unit_of_work(rt.sessions) as session:
         decided = decide(
             session,
@@ -237,7 +241,7 @@ def _decide(
         )
         status = decided.approval.status
     publish_or_defer(app, rt, decided.ready)
-    console.print(f"job {job_id} step {step_id}: {status} by {by}")
+    console.print(f"job {job_id} step {step_id}: {status} by {by}", markup=False)
 
 
 CommentOption = Annotated[str | None, typer.Option(help="recorded with the decision")]

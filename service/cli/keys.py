@@ -5,16 +5,25 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
-from service.cli.app import JsonOption, console, emit_json, keys_cli, load_settings
+from service.cli.app import (
+    JsonOption,
+    OwnerOption,
+    acting_owner,
+    console,
+    emit_json,
+    keys_cli,
+    load_settings,
+)
 from service.db import make_engine, make_session_factory, unit_of_work
 
 
 @keys_cli.command("create")
 def keys_create(
     scopes: Annotated[str, typer.Option(help="comma-separated: read,write,admin")] = "read",
-    owner: Annotated[str, typer.Option(help="who the key acts for")] = "default",
+    owner: OwnerOption = None,
 ) -> None:
     """Create an API key; it is printed once and stored hashed."""
     from service.auth import create_api_key
@@ -24,7 +33,7 @@ def keys_create(
     wanted = [scope.strip() for scope in scopes.split(",") if scope.strip()]
     try:
         with unit_of_work(sessions) as session:
-            key, _ = create_api_key(session, owner=owner, scopes=wanted)
+            key, _ = create_api_key(session, owner=acting_owner(settings, owner), scopes=wanted)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     typer.echo(key)
@@ -60,7 +69,7 @@ def keys_list(
     for doc in documents:
         table.add_row(
             doc["prefix"],
-            doc["owner"],
+            escape(doc["owner"]),
             ",".join(doc["scopes"]),
             doc["created_at"][:16],
             (doc["revoked_at"] or "")[:16],

@@ -6,7 +6,7 @@ and again (through the key cache) on every call, so a revoked key stops working.
 """
 
 from service.auth import KeyCache
-from service.cli.app import cli, load_settings
+from service.cli.app import celery_app, cli, load_settings
 from service.errors import McpKeyRequired
 from service.runtime import Runtime
 
@@ -21,12 +21,11 @@ def mcp() -> None:
             "set FLOWBEAT_MCP_KEY to an API key (flowbeat keys create); the tools act as it", {}
         )
     from api.mcp import McpDeps, build_mcp
-    from tasks.app import create_celery
 
     token = settings.mcp_key.get_secret_value()
     runtime = Runtime.start(settings)
     keys = KeyCache(settings.auth_cache_s)
     with runtime.sessions() as session:
         keys.authenticate(session, token)
-    deps = McpDeps(settings, runtime, create_celery(settings), keys, token=token)
+    deps = McpDeps(settings, runtime, celery_app(settings), keys, token=token)
     build_mcp(deps).run("stdio")

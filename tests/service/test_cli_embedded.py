@@ -1,0 +1,206 @@
+"""In the embedded default the command learns its broker only once the servers run: the job
+commands publish there, never to a broker Celery would default to."""
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from service.runtime import Runtime
+from tests.conftest import Stack
+from tests.support.embedded_cli import BROKER_ENV, DATABASE_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS_QUEUE = "flowbeat.steps"
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+GATED = {
+    "name": "gated",
+    "steps": [
+        {"id": "gate", "action": "noop", "approval": {"on_timeout": "escalate"}},
+        {"id": "after", "action": "noop", "depends_on": ["gate"]},
+    ],
+}
+ONE_STEP = {"name": "single", "steps": [{"id": "only", "action": "noop"}]}
+
+
+@pytest.fixture(scope="module")
+def embedded_flowbeat(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Cli:
+    """The command with neither server set, as after ``pip install`` on a fresh machine."""
+    env = {
+        key: value
+        for key, value in {**os.environ, **stack.env}.items()
+        if key not in {"FLOWBEAT_DATABASE_URL", "FLOWBEAT_BROKER_URL"}
+    }
+    env |= {
+        "PYTHONPATH": str(ROOT),
+        "COLUMNS": "200",
+        "FLOWBEAT_DATA_DIR": str(tmp_path_factory.mktemp("embedded-cli")),
+        DATABASE_ENV: stack.database_url,
+        BROKER_ENV: stack.broker_url,
+    }
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tests.support.embedded_cli", *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    return run
+
+
+@pytest.fixture
+def broker(stack: Stack) -> Iterator[redis.Redis]:
+    client: redis.Redis = redis.Redis.from_url(stack.broker_url)
+    for key in client.scan_iter(f"{STEPS_QUEUE}*"):
+        client.delete(key)
+    yield client
+    client.close()
+
+
+def _queued_bodies(client: redis.Redis) -> str:
+    """The decoded bodies of every message waiting on the steps queue (priorities included)."""
+    bodies = []
+    for key in client.scan_iter(f"{STEPS_QUEUE}*"):
+        for raw in client.lrange(key, 0, -1):
+            envelope = json.loads(raw)
+            body = envelope["body"]
+            if envelope.get("properties", {}).get("body_encoding") == "base64":
+                body = base64.b64decode(body).decode()
+            bodies.append(body)
+    return "\n".join(bodies)
+
+
+def _submit(runtime: Runtime, profile: dict[str, Any], claim: str) -> uuid.UUID:
+    """A job whose step ``claim`` a worker took (a gate parks there), without a worker."""
+    from service.clock import utcnow
+    from service.db import unit_of_work
+    from service.jobs import JobRequest, submit_job
+    from service.steps import StepKey, claim_step
+
+    with unit_of_work(runtime.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline=profile, params={}, trigger="cli"),
+            owner="default",
+            profiles_dir=None,
+            known_actions=runtime.registry.names(),
+            publish_now=False,
+        )
+        job_id = job.id
+    with unit_of_work(runtime.sessions) as session:
+        claim_step(
+            session, StepKey(job_id, claim), task_id=f"task-{job_id}", lease_s=30, now=utcnow()
+        )
+    return job_id
+
+
+def _cancel(runtime: Runtime, job_id: uuid.UUID) -> None:
+    from service.clock import utcnow
+    from service.db import unit_of_work
+    from service.jobs import cancel_job
+
+    with unit_of_work(runtime.sessions) as session:
+        cancel_job(session, job_id, owner=None, now=utcnow())
+
+
+def test_jobs_approve_sends_the_next_step_to_the_embedded_broker(
+    embedded_flowbeat: Cli, runtime: Runtime, broker: redis.Redis
+) -> None:
+    job_id = _submit(runtime, GATED, "gate")
+
+    done = embedded_flowbeat("jobs", "approve", str(job_id), "gate")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "approved by cli" in done.stdout
+    assert str(job_id) in _queued_bodies(broker)
+
+
+def test_jobs_rerun_sends_the_new_job_to_the_embedded_broker(
+    embedded_flowbeat: Cli, runtime: Runtime, broker: redis.Redis
+) -> None:
+    parent = _submit(runtime, ONE_STEP, "only")
+    _cancel(runtime, parent)
+
+    done = embedded_flowbeat("jobs", "rerun", str(parent))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    [new_id] = re.findall(r"job (\S+) queued", done.stdout)
+    assert new_id in _queued_bodies(broker)
+
+
+def test_jobs_cancel_revokes_the_running_step_through_the_embedded_broker(
+    embedded_flowbeat: Cli, runtime: Runtime, stack: Stack
+) -> None:
+    """The revoke is a broadcast (Redis pub/sub on the broker's DB), seen only by a subscriber."""
+    job_id = _submit(runtime, ONE_STEP, "only")
+    client: redis.Redis = redis.Redis.from_url(stack.broker_url)
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    listener = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    listener.psubscribe(f"/{db}.*")
+    try:
+        done = embedded_flowbeat("jobs", "cancel", str(job_id))
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"job {job_id}: cancelled" in done.stdout
+        assert "no revoke" not in done.stdout
+        assert f"task-{job_id}" in _next_broadcast(listener, timeout_s=10)
+    finally:
+        listener.close()
+        client.close()
+
+
+def _next_broadcast(listener: Any, timeout_s: float) -> str:
+    """The body of the first message published on the channels, skipping the confirmations."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = listener.get_message(timeout=deadline - time.monotonic())
+        if message is not None:
+            return base64.b64decode(json.loads(message["data"])["body"]).decode()
+    raise AssertionError(f"nothing was broadcast within {timeout_s}s")
+
+
+def test_the_command_acts_as_the_owner_of_the_dev_key(
+    embedded_flowbeat: Cli, runtime: Runtime, tmp_path: Path
+) -> None:
+    """What a client of ``flowbeat dev``'s key saved is what the command saves over and shows."""
+    from service.db import unit_of_work
+    from service.pipelines import save_pipeline
+
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    text = f"name: {name}\nsteps:\n  - {{id: s1, action: noop}}\n"
+    with unit_of_work(runtime.sessions) as session:
+        save_pipeline(
+            session,
+            owner="dev",
+            name=None,
+            body=text,
+            settings=runtime.settings,
+            known_actions=runtime.registry.names(),
+        )
+    file = tmp_path / f"{name}.yaml"
+    file.write_text(text.replace("noop", "noop, timeout_s: 5"))
+
+    saved = embedded_flowbeat("pipelines", "save", str(file))
+    listed = embedded_flowbeat("pipelines", "list", "--json")
+
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert f"{name} v2" in saved.stdout
+    mine = [p for p in json.loads(listed.stdout)["pipelines"] if p["name"] == name]
+    assert [(p["owner"], p["version"]) for p in mine] == [("dev", 2)]
