@@ -1,7 +1,7 @@
 # One entry point for people, CI and hooks.
 # The venv's interpreter: Debian's python3.11 where it has venv, else python3. Debian builds it
 # with PGO and LTO and links it statically, as the image's python:3.11-slim is optimised; a
-# default pyenv build is neither, and its API used 17 % more CPU a job (README, Benchmarks).
+# default pyenv build is neither, and its API used 17 % more CPU a job (docs/benchmarks.md).
 PYTHON ?= $(shell /usr/bin/python3.11 -c 'import ensurepip' 2>/dev/null && echo /usr/bin/python3.11 || echo python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,7 @@ LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
-.PHONY: setup lock demo test lint unit chaos bench bench-fanout bench-memory bench-soak clean
+.PHONY: setup lock demo test lint docs unit chaos bench bench-fanout bench-memory bench-soak clean
 
 $(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
@@ -36,19 +36,25 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The reference pages from the code (settings, CLI, REST API, metrics), then the site into site/;
+# --strict fails on a broken link or anchor, or a page left out of the nav.
+docs: setup
+	$(BIN)/python -m scripts.gen_reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint docs
 	FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
 	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
 	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
 
-# The chaos suite at full scale (about half an hour); its table replaces the README's.
+# The chaos suite at full scale (about half an hour); its table replaces docs/guarantees.md's.
 chaos: setup
 	rm -f .chaos.jsonl
 	FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
 	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
 	FLOWBEAT_CHAOS_SCALE=full FLOWBEAT_CHAOS_RESULTS=.chaos.jsonl \
 	$(BIN)/python -m pytest tests/chaos -q -p no:cacheprovider
-	$(BIN)/python -m tests.chaos.report .chaos.jsonl README.md
+	$(BIN)/python -m tests.chaos.report .chaos.jsonl docs/guarantees.md
 
 bench: setup
 	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 5
@@ -65,4 +71,4 @@ bench-soak: setup
 
 clean:
 	if [ -x $(BIN)/flowbeat ]; then FLOWBEAT_DATA_DIR=.flowbeat $(BIN)/flowbeat stop; fi
-	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis .chaos.jsonl
+	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis .chaos.jsonl site

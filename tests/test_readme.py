@@ -1,9 +1,12 @@
-"""Every README ``curl`` against the API is sent with curl to a live API and succeeds.
+"""Every ``curl`` against the API in the README and the docs pages is sent with curl to a live API
+and succeeds.
 
-A block's command is taken as a user would paste it: ``$KEY`` is an admin key, ``$ID`` the job
-the README's first ``POST /v1/jobs`` created, ``-H …`` the authorization header, a ``cursor=…``
-the first page, and a file it sends (``--data-binary @weekly-sedation.yaml``) is the reader's
-profile of that name, written by the test. Each answer must be a 2xx or 3xx, unless the
+The pages are read in the order of the site's nav (``mkdocs.yml``), after the README, as a reader
+goes through them. A block's command is taken as a user would paste it: ``$KEY`` is an admin
+key, ``$ID`` the job the first ``POST /v1/jobs`` (the README's tour) created, ``-H …`` the
+authorization header, a ``cursor=…`` the first page, and a file it sends
+(``--data-binary @weekly-sedation.yaml``) is the reader's profile of that name, written by the
+test. Each answer must be a 2xx or 3xx, unless the
 command's own comment (after ``#`` on its lines or on the comment lines right below it) names
 the status it answers, as for a diff of a job that stored no items. One command is left out
 on purpose: an import from a URL whose host is not this API (``lab.example.org``), since it
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from service.auth import create_api_key
 from service.db import make_engine, make_session_factory, unit_of_work
@@ -53,11 +57,29 @@ class Example:
         return {int(code) for code in re.findall(r"\b([45]\d\d)\b", self.comment)}
 
 
+def _nav_pages(entries: object) -> list[str]:
+    """The Markdown files of a MkDocs nav, in its order."""
+    if isinstance(entries, str):
+        return [entries]
+    if isinstance(entries, list):
+        return [page for entry in entries for page in _nav_pages(entry)]
+    if isinstance(entries, dict):
+        return [page for value in entries.values() for page in _nav_pages(value)]
+    return []
+
+
+def documents() -> list[Path]:
+    """The README, then every page of the docs site in the order of its nav."""
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    return [ROOT / "README.md", *(ROOT / "docs" / page for page in _nav_pages(nav))]
+
+
 def readme_curls() -> list[Example]:
     """Each ``curl`` of each bash block with its comment; a line that leaves a quote open, or
     ends in a backslash, goes on with the next."""
     examples: list[Example] = []
-    for block in BLOCK.findall((ROOT / "README.md").read_text()):
+    text = "\n".join(path.read_text(encoding="utf-8") for path in documents())
+    for block in BLOCK.findall(text):
         pending, current = "", None
         for line in block.splitlines():
             if not pending and line.lstrip().startswith("#"):
@@ -123,9 +145,13 @@ def _argv(command: str, base: str, key: str, job_id: str) -> list[str]:
     return [*argv, "--max-time", str(STREAM_READ_S)] if "-N" in argv else argv
 
 
-def test_the_readme_has_api_examples() -> None:
+def test_the_readme_and_docs_have_api_examples() -> None:
     assert len(readme_curls()) >= 15
     assert any(example.allowed() for example in readme_curls())
+    readme = documents()[0].read_text(encoding="utf-8")
+    assert any("localhost:8000" in block and "curl" in block for block in BLOCK.findall(readme)), (
+        "the README's tour sends a job with curl"
+    )
 
 
 def test_every_readme_curl_succeeds_against_the_api(api: str, key: str, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""Write the faults-survived table of a ``make chaos`` run into the README.
+"""Write the faults-survived table of a ``make chaos`` run into the guarantees page of the docs.
 
-    python -m tests.chaos.report RESULTS README.md
+    python -m tests.chaos.report RESULTS docs/guarantees.md
 
 The table replaces what stands between ``<!-- chaos:begin -->`` and ``<!-- chaos:end -->``.
 """
@@ -32,11 +32,11 @@ def table(rows: list[dict[str, object]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    results, readme = Path(argv[0]), Path(argv[1])
+    results, page = Path(argv[0]), Path(argv[1])
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    text = readme.read_text()
+    text = page.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    readme.write_text(f"{text[:start]}\n{table(rows)}\n{text[end:]}")
+    page.write_text(f"{text[:start]}\n{table(rows)}\n{text[end:]}")
     print(table(rows))
     return 0
 

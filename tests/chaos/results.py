@@ -1,4 +1,4 @@
-"""What a chaos scenario survived, as one row of the README's faults-survived table.
+"""What a chaos scenario survived, as one row of the faults-survived table of docs/guarantees.md.
 
 Each scenario appends its row to the file named by ``FLOWBEAT_CHAOS_RESULTS`` (``make chaos``
 sets it); ``python -m tests.chaos.report`` turns the rows into the table.

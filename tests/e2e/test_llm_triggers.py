@@ -1,6 +1,6 @@
-"""The README's papers-triage-new, saved as a reader would, triages exactly the papers each run of
-the shipped weekly literature search newly found, on real workers and beat, against a replayed
-PubMed and a local OpenAI-compatible server."""
+"""The papers-triage-new of the LLM guide (docs/guides/llm.md), saved as a reader would,
+triages exactly the papers each run of the shipped weekly literature search newly found, on real
+workers and beat, against a replayed PubMed and a local OpenAI-compatible server."""
 
 import json
 import re
@@ -28,8 +28,8 @@ OFF_SCHEMA = '{"relevant": "probably", "reason": "It is about sedation."}'
 
 
 def readme_triage_pipeline() -> str:
-    readme = (ROOT / "README.md").read_text()
-    [block] = re.findall(r"```yaml\n(name: papers-triage-new\n.*?)```", readme, re.DOTALL)
+    guide = (ROOT / "docs" / "guides" / "llm.md").read_text()
+    [block] = re.findall(r"```yaml\n(name: papers-triage-new\n.*?)```", guide, re.DOTALL)
     return str(block)
 
 

@@ -2,7 +2,8 @@
 and a real worker: a job fails at a step, a person logs in, finds it, reruns it from the failed
 step, and watches the new job succeed through the page's live updates.
 
-With ``FLOWBEAT_SCREENSHOTS=DIR`` the test also saves the README's screenshots there.
+With ``FLOWBEAT_SCREENSHOTS=DIR`` the test also saves the docs' screenshots there
+(``docs/screenshots``).
 """
 
 import os

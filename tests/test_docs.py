@@ -1,0 +1,52 @@
+"""The README stays short and points at pages that exist; the docs site's reference pages are
+what ``scripts/gen_reference.py`` writes from the code today; every page is in the nav; and the
+pages ``make chaos`` writes into keep their markers. ``make docs`` builds the site itself, with
+``mkdocs build --strict``."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from scripts import gen_reference
+from service.settings import Settings
+from tests.chaos.report import BEGIN, END
+from tests.test_readme import documents
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+README_MAX_LINES = 400
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_readme_is_at_most_400_lines() -> None:
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= README_MAX_LINES
+
+
+def test_every_relative_link_of_the_readme_reaches_a_file() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [t for t in LINK.findall(text) if "://" not in t]
+    assert targets
+    assert [t for t in targets if not (ROOT / t).exists()] == []
+
+
+def test_every_docs_page_is_in_the_nav() -> None:
+    in_nav = {path.relative_to(DOCS) for path in documents()[1:]}
+    on_disk = {path.relative_to(DOCS) for path in DOCS.rglob("*.md")}
+    assert on_disk == in_nav
+
+
+@pytest.mark.parametrize("name", sorted(gen_reference.PAGES))
+def test_the_reference_page_is_what_the_code_gives(name: str) -> None:
+    written = (DOCS / "reference" / name).read_text(encoding="utf-8")
+    assert written == gen_reference.PAGES[name](), f"run make docs: {name} is stale"
+
+
+def test_the_settings_reference_names_every_setting() -> None:
+    page = (DOCS / "reference" / "settings.md").read_text(encoding="utf-8")
+    assert [f for f in Settings.model_fields if f"`FLOWBEAT_{f.upper()}`" not in page] == []
+
+
+def test_the_faults_survived_table_has_its_markers() -> None:
+    page = (DOCS / "guarantees.md").read_text(encoding="utf-8")
+    assert page.index(BEGIN) < page.index(END)
