@@ -199,7 +199,10 @@ def cli_page() -> str:
 
 def openapi_document() -> dict[str, Any]:
     """The document the API serves, from an app built on settings that point nowhere: building
-    it connects to nothing, and nothing here starts it."""
+    it connects to nothing, and nothing here starts it. Its own Celery app, since the
+    process-wide one is built from this process's environment, which names no broker here."""
+    from celery import Celery
+
     from api.app import create_app
     from service.settings import Settings
 
@@ -207,7 +210,8 @@ def openapi_document() -> dict[str, Any]:
         database_url="postgresql+psycopg://docs@127.0.0.1:1/docs",
         broker_url="redis://127.0.0.1:1/0",
     )
-    return create_app(settings).openapi()
+    nowhere = Celery("flowbeat-docs", broker="memory://", set_as_current=False)
+    return create_app(settings, celery_app=nowhere).openapi()
 
 
 def _schema_name(schema: dict[str, Any]) -> str:
