@@ -15,6 +15,7 @@ leaves a tombstone in ``pruned_jobs``, written by the statement that deletes it,
 answers ``job_expired`` rather than ``job_not_found``.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -29,6 +30,7 @@ from service.constants import (
 )
 from service.models import DependencyFireRow, JobRow, PrunedJobRow, ScheduleFireRow, ScheduleRow
 from service.settings import Settings
+from service.states import JOB_FINAL, JOB_OPEN, JobStatus
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ _PRUNE = """
     WITH old AS MATERIALIZED (
         SELECT id, owner, pipeline, created_at, finished_at
           FROM jobs
-         WHERE finished_at < :min_cutoff AND status IN ('succeeded', 'failed', 'cancelled')
+         WHERE finished_at < :min_cutoff AND status IN {final}
            {scope}
     ),
     pipes AS MATERIALIZED (SELECT DISTINCT owner, pipeline FROM old),
@@ -76,7 +78,7 @@ _PRUNE = """
           CROSS JOIN LATERAL (
               SELECT n.created_at, n.id FROM jobs AS n
                WHERE n.owner = p.owner AND n.pipeline = p.pipeline
-                 AND n.status IN ('succeeded', 'failed', 'cancelled')
+                 AND n.status IN {final}
                ORDER BY n.created_at DESC, n.id DESC
               OFFSET :keep LIMIT 1
           ) AS b
@@ -90,14 +92,14 @@ _PRUNE = """
         SELECT s.id FROM pipes AS p
           CROSS JOIN LATERAL (
               SELECT n.id FROM jobs AS n
-               WHERE n.owner = p.owner AND n.pipeline = p.pipeline AND n.status = 'succeeded'
+               WHERE n.owner = p.owner AND n.pipeline = p.pipeline AND n.status = {succeeded}
                ORDER BY n.created_at DESC, n.id DESC LIMIT 1
           ) AS s
         UNION
         SELECT s.id FROM pipes AS p
           CROSS JOIN LATERAL (
               SELECT n.id FROM jobs AS n
-               WHERE n.owner = p.owner AND n.pipeline = p.pipeline AND n.status = 'succeeded'
+               WHERE n.owner = p.owner AND n.pipeline = p.pipeline AND n.status = {succeeded}
                  AND n.item_count IS NOT NULL
                ORDER BY n.created_at DESC, n.id DESC LIMIT 1
           ) AS s
@@ -105,11 +107,11 @@ _PRUNE = """
         SELECT s.id FROM jobs AS k
           CROSS JOIN LATERAL (
               SELECT n.id FROM jobs AS n
-               WHERE n.owner = k.owner AND n.pipeline = k.pipeline AND n.status = 'succeeded'
+               WHERE n.owner = k.owner AND n.pipeline = k.pipeline AND n.status = {succeeded}
                  AND n.item_count IS NOT NULL AND (n.created_at, n.id) < (k.created_at, k.id)
                ORDER BY n.created_at DESC, n.id DESC LIMIT 1
           ) AS s
-         WHERE k.status IN ('queued', 'running', 'awaiting_approval')
+         WHERE k.status IN {open}
            {open_scope}
         UNION
         SELECT k.previous_job_id FROM jobs AS k
@@ -131,11 +133,23 @@ _PRUNE = """
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id
 """
-_PRUNE_ALL = text(_PRUNE.format(scope="", open_scope=""))
+
+
+def _sql_list(statuses: Iterable[str]) -> str:
+    return "(" + ", ".join(f"'{status}'" for status in sorted(statuses)) + ")"
+
+
+_STATUSES = {
+    "final": _sql_list(JOB_FINAL),
+    "open": _sql_list(JOB_OPEN),
+    "succeeded": f"'{JobStatus.SUCCEEDED}'",
+}
+_PRUNE_ALL = text(_PRUNE.format(scope="", open_scope="", **_STATUSES))
 _PRUNE_PIPELINE = text(
     _PRUNE.format(
         scope="AND owner = :owner AND pipeline = :pipeline",
         open_scope="AND k.owner = :owner AND k.pipeline = :pipeline",
+        **_STATUSES,
     )
 )
 

@@ -71,6 +71,13 @@ class Proc:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait(timeout=10)
 
+    def kill_whole(self) -> dict[int, float]:
+        """SIGKILL to the main process and its children at once, as an OOM kill, a lost
+        machine or a pod deleted without grace does; each pid and when it was killed."""
+        pids = [self.popen.pid, *self.children()]
+        self.kill()
+        return dict.fromkeys(pids, time.time())
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGTERM)

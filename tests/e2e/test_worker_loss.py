@@ -6,16 +6,13 @@ and the stall sweep at their five-minute defaults. A busy worker's messages stay
 The processes run with the production defaults of every setting that bounds recovery, so the
 bound these tests show is the one a deployment gets."""
 
-import os
-import signal
-import time
 import uuid
 
 import pytest
 
 from service.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
 from tests.chaos.executions import checkpoints, examine, executions
-from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
+from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
 from tests.support.held import Held, held_by
 
 DEFAULTS = {
@@ -37,14 +34,6 @@ def broker_seen(client: Client) -> None:
     Redis DB for one that lost everything and sends every open job again, which would
     recover the dead worker's jobs for it."""
     client.broker.set(BROKER_EPOCH_KEY, "seen", nx=True)
-
-
-def _kill_whole(worker: Proc) -> dict[int, float]:
-    """SIGKILL to the worker's main process and its pool at once; each pid and when."""
-    pids = [worker.popen.pid, *worker.children()]
-    os.killpg(worker.popen.pid, signal.SIGKILL)
-    worker.popen.wait(timeout=10)
-    return dict.fromkeys(pids, time.time())
 
 
 def _waiting(client: Client, messages: list[Held]) -> list[str]:
@@ -83,7 +72,7 @@ def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
 
     messages = wait_for(holding, 120, "the worker to hold every kind and a job not started")
     held = {m.job_id for m in messages}
-    killed = _kill_whole(doomed)
+    killed = doomed.kill_whole()
     at = min(killed.values())
     cluster.worker(concurrency=2, **DEFAULTS)
 
@@ -119,7 +108,7 @@ def test_a_busy_workers_messages_are_not_taken_when_another_dies(
         30,
         "the doomed worker to run two jobs and hold the third",
     )
-    _kill_whole(doomed)
+    doomed.kill_whole()
     cluster.worker(concurrency=2, **DEFAULTS)
 
     wait_for(lambda: _final(client, kept + lost), 150, "every job to finish")
