@@ -21,7 +21,7 @@ from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import finished, first_finish_after, lost_jobs
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
-from tests.support.held import held_by
+from tests.support.held import held_jobs
 
 CUTS = scaled(ci=1, full=5)
 JOBS_PER_CUT = 6
@@ -163,8 +163,7 @@ def test_a_worker_cut_off_past_its_silence_gives_back_what_it_held_and_nothing_r
 
 
 def _holding(client: Client, worker: Proc, at_least: int) -> list[uuid.UUID] | None:
-    held = held_by(client.broker, worker.popen.pid).values()
-    jobs = {uuid.UUID(m.job_id) for found in held for m in found}
+    jobs = held_jobs(client.broker, worker.popen.pid)
     return sorted(jobs) if len(jobs) >= at_least else None
 
 

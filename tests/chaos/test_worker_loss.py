@@ -20,7 +20,7 @@ from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import describe
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
-from tests.support.held import held_by
+from tests.support.held import held_jobs
 
 KILLS = scaled(ci=3, full=200)
 WORKERS = 3
@@ -77,8 +77,7 @@ def test_whole_workers_killed_with_a_backlog_give_back_what_they_held(
             _feed(client, rng, jobs)
             time.sleep(0.1)
         victim = rng.choice(workers)
-        held = held_by(client.broker, victim.popen.pid).values()
-        affected = frozenset(uuid.UUID(m.job_id) for found in held for m in found)
+        affected = frozenset(held_jobs(client.broker, victim.popen.pid))
         pids = victim.kill_whole()
         killed |= pids
         kills.append(Kill(min(pids.values()), affected))

@@ -36,8 +36,9 @@ def broker_seen(client: Client) -> None:
     client.broker.set(BROKER_EPOCH_KEY, "seen", nx=True)
 
 
-def _waiting(client: Client, messages: list[Held]) -> list[str]:
-    return [m.job_id for m in messages if client.view(uuid.UUID(m.job_id)).job.status == "queued"]
+def _waiting(client: Client, messages: list[Held]) -> list[uuid.UUID]:
+    jobs = {uuid.UUID(m.job_id) for m in messages if m.job_id is not None}
+    return [job for job in jobs if client.view(job).job.status == "queued"]
 
 
 def _finished_at(client: Client, jobs: list[uuid.UUID]) -> float:
@@ -71,7 +72,7 @@ def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
         return messages if every_kind and _waiting(client, messages) else None
 
     messages = wait_for(holding, 120, "the worker to hold every kind and a job not started")
-    held = {m.job_id for m in messages}
+    held = {m.job_id for m in messages if m.job_id is not None}
     killed = doomed.kill_whole()
     at = min(killed.values())
     cluster.worker(concurrency=2, **DEFAULTS)
