@@ -6,8 +6,6 @@ import uuid
 from typing import Annotated, Any
 
 import typer
-from rich import box
-from rich.table import Table
 
 from service.cli.app import (
     FINAL,
@@ -27,6 +25,7 @@ from service.cli.follow import (
     print_outcome,
     view_job,
 )
+from service.cli.tables import narrow_table
 from service.db import make_engine, make_session_factory, unit_of_work
 from service.errors import FlowbeatError
 from service.models import JobRow
@@ -102,15 +101,19 @@ def jobs_list(
         if as_json:
             emit_json({"jobs": [job_document(job) for job in rows]})
             return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("id", no_wrap=True, min_width=36)
-    table.add_column("pipeline", overflow="fold")
-    table.add_column("status", overflow="fold")
-    table.add_column("trigger", overflow="fold")
-    table.add_column("created (UTC)", no_wrap=True)
-    for job in rows:
-        created = job.created_at.strftime("%Y-%m-%d %H:%M")
-        table.add_row(str(job.id), job.pipeline, job.status, job.trigger, created)
+    cells = [
+        [
+            str(job.id),
+            job.pipeline,
+            job.status,
+            job.trigger,
+            job.created_at.strftime("%Y-%m-%d %H:%M"),
+        ]
+        for job in rows
+    ]
+    headers = ["id", "pipeline", "status", "trigger", "created (UTC)"]
+    keep = ["created (UTC)", "status", "trigger", "pipeline"]
+    table = narrow_table(headers, cells, width=console.width, ids={"id"}, keep=keep)
     console.print(table)
 
 
