@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from fastapi import Depends, FastAPI
 
 from api.deps import text_parameters
+from api.docs import install_docs
 from api.errors import install_error_handlers
 from api.lane import SubmitLane
 from api.limits import BodySizeLimit
@@ -75,6 +76,8 @@ def create_app(
         version=VERSION,
         lifespan=lifespan,
         dependencies=[Depends(text_parameters)],
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.runtime = runtime
@@ -100,6 +103,7 @@ def create_app(
     metrics.install_metrics(app, runtime)
     install_ui(app)
     install_openapi(app)
+    install_docs(app)
     return app
 
 

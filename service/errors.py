@@ -30,6 +30,19 @@ class JobNotFound(FlowbeatError):
     code = "job_not_found"
 
 
+class JobIdInvalid(FlowbeatError):
+    """A job id given to a command is neither a whole id nor at least 8 of its first hex
+    digits (``service.jobids``)."""
+
+    code = "job_id_invalid"
+
+
+class JobIdAmbiguous(FlowbeatError):
+    """A short job id that begins more than one job's id; details list some of them."""
+
+    code = "job_id_ambiguous"
+
+
 class JobExpired(FlowbeatError):
     """The job existed and was pruned by retention; details say when (``pruned_at``)."""
 

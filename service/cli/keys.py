@@ -4,9 +4,7 @@ process once its key cache forgets it (``FLOWBEAT_AUTH_CACHE_S``)."""
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from service.cli.app import (
     JsonOption,
@@ -17,6 +15,7 @@ from service.cli.app import (
     keys_cli,
     load_settings,
 )
+from service.cli.tables import narrow_table
 from service.db import make_engine, make_session_factory, unit_of_work
 
 
@@ -65,15 +64,24 @@ def keys_list(
     if as_json:
         emit_json({"keys": documents})
         return
-    table = Table("prefix", "owner", "scopes", "created (UTC)", "revoked", box=box.SIMPLE_HEAD)
-    for doc in documents:
-        table.add_row(
+    cells = [
+        [
             doc["prefix"],
             escape(doc["owner"]),
             ",".join(doc["scopes"]),
             doc["created_at"][:16],
             (doc["revoked_at"] or "")[:16],
-        )
+        ]
+        for doc in documents
+    ]
+    headers = ["prefix", "owner", "scopes", "created (UTC)", "revoked"]
+    table = narrow_table(
+        headers,
+        cells,
+        width=console.width,
+        ids={"prefix"},
+        keep=["created (UTC)", "revoked", "scopes"],
+    )
     console.print(table)
 
 

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.markup import escape
-from rich.table import Table
 
 from service.cli.app import (
     JsonOption,
@@ -21,6 +20,7 @@ from service.cli.app import (
     pipelines_cli,
     print_refusal,
 )
+from service.cli.tables import narrow_table
 from service.db import unit_of_work
 from service.errors import FlowbeatError
 from service.settings import Settings
@@ -104,17 +104,21 @@ def pipelines_list(
             }
         )
         return
-    table = Table("name", "owner", "version", "tags", "runs", "read-only")
-    for view in views:
-        version = "-" if view.version is None else str(view.version)
-        table.add_row(
+    rows = [
+        [
             view.name,
             escape(view.owner),
-            version,
-            escape(",".join(view.tags)),
+            "-" if view.version is None else str(view.version),
+            escape(", ".join(view.tags)),
             str(view.run_count),
             "yes" if view.read_only else "",
-        )
+        ]
+        for view in views
+    ]
+    headers = ["name", "owner", "version", "tags", "runs", "read-only"]
+    table = narrow_table(
+        headers, rows, width=console.width, keep=["name", "version", "runs", "read-only"]
+    )
     console.print(table)
 
 

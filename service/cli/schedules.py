@@ -4,9 +4,7 @@ elected scheduler is woken by each change when it commits."""
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from service.cli.app import (
     JsonOption,
@@ -17,6 +15,7 @@ from service.cli.app import (
     load_settings,
     schedules_cli,
 )
+from service.cli.tables import narrow_table
 from service.db import make_engine, make_session_factory, unit_of_work
 from service.schedules import ScheduleSummary
 
@@ -58,20 +57,27 @@ def _timing(doc: dict[str, Any]) -> str:
 
 
 def _print(documents: list[dict[str, Any]]) -> None:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("pipeline", "owner", "when", "state", "next fire (UTC)", "last", "runs"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for doc in documents:
         last = f"{(doc['last_fire_at'] or '')[:16]} {doc['last_status'] or ''}".strip()
-        table.add_row(
-            doc["pipeline"],
-            escape(doc["owner"]),
-            _timing(doc),
-            "active" if doc["enabled"] else "paused",
-            (doc["next_fire_at"] or "-")[:16],
-            last or "-",
-            str(doc["run_count"]),
+        rows.append(
+            [
+                doc["pipeline"],
+                escape(doc["owner"]),
+                escape(_timing(doc)),
+                "active" if doc["enabled"] else "paused",
+                (doc["next_fire_at"] or "-")[:16],
+                last or "-",
+                str(doc["run_count"]),
+            ]
         )
+    headers = ["pipeline", "owner", "when", "state", "next fire (UTC)", "last", "runs"]
+    table = narrow_table(
+        headers,
+        rows,
+        width=console.width,
+        keep=["pipeline", "runs", "next fire (UTC)", "state", "last"],
+    )
     console.print(table)
 
 

@@ -47,6 +47,8 @@ def test_every_domain_code_has_a_status() -> None:
         "action_module_unimportable",
         "embedded_unavailable",
         "flower_auth_required",
+        "job_id_ambiguous",
+        "job_id_invalid",
         "key_not_found",
         "mcp_key_required",
         "metrics_token_required",
