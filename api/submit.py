@@ -18,12 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
-from service import logs
-from service.auth import Principal
-from service.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
-from service.db import autocommit, libpq_url
-from service.egress import check_escalation_urls, check_notify_url
-from service.errors import FlowbeatError
+from service.escalations import check_escalation_urls
 from service.jobs import (
     JobRequest,
     NewJob,
@@ -34,13 +29,19 @@ from service.jobs import (
     new_job_view,
     submit_job,
 )
-from service.models import JobRow
 from service.notices import validate_notify_url
 from service.pipelines import seen_resolution
 from service.plan import JobPlan, initial_plan
+from service.platform import logs
+from service.platform.auth import Principal
+from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
+from service.platform.db import autocommit, libpq_url
+from service.platform.egress import check_notify_url
+from service.platform.errors import FlowbeatError
+from service.platform.models import JobRow
+from service.platform.settings import Settings
 from service.profiles import NAME_PATTERN, load_profile_text, validate_profile
 from service.runtime import Runtime
-from service.settings import Settings
 from service.snapshots import job_profile
 from tasks.dispatch import publish_new_job, publish_new_jobs_async
 from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client

@@ -537,9 +537,9 @@ def _database_with_key(
     stack: ExitStack, admin_db: str, without_event_log: bool = False
 ) -> tuple[str, str]:
     """A fresh, migrated database (dropped when ``stack`` closes) and an admin API key in it."""
-    from service.auth import create_api_key
-    from service.db import make_engine, make_session_factory, unit_of_work
-    from service.migrate import upgrade
+    from service.platform.auth import create_api_key
+    from service.platform.db import make_engine, make_session_factory, unit_of_work
+    from service.platform.migrate import upgrade
 
     db_url = stack.enter_context(fresh_database(admin_db))
     log("B: migrating")
@@ -618,7 +618,7 @@ def start_flowbeat(
     first of ``workers`` worker processes logs to ``worker_log``, the others beside it."""
     from celery import Celery
 
-    from service.constants import QUEUE_CONTROL, QUEUE_STEPS
+    from service.platform.constants import QUEUE_CONTROL, QUEUE_STEPS
     from service.profiles import load_profile_file
 
     profiles_dir = tmp / "profiles"
@@ -988,7 +988,7 @@ def report(
     middle = median_round(rounds)
     raw, fb = (middle.raw, middle.fb) if middle else (None, None)
     ratio = middle.ratio if middle else None
-    from service.settings import Settings
+    from service.platform.settings import Settings
 
     pace = machine_pace(
         [ms for r in rounds for ms in (r.before["loop_ms"], r.after["loop_ms"])]

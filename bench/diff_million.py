@@ -30,10 +30,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service.db import make_engine, make_session_factory
 from service.diffs import DiffKind, count_against, diff_page
-from service.migrate import upgrade
-from service.models import JobRow
+from service.platform.db import make_engine, make_session_factory
+from service.platform.migrate import upgrade
+from service.platform.models import JobRow
 from tests.support.servers import admin_database_url, create_test_database, drop_test_database
 
 PAGE = 100

@@ -59,8 +59,8 @@ class Cost:
 
 @contextmanager
 def runtime_on(db_url: str, profiles: Path) -> Iterator[Any]:
+    from service.platform.settings import Settings
     from service.runtime import Runtime
-    from service.settings import Settings
 
     settings = Settings(database_url=db_url, broker_url="redis://unused", profiles_dir=profiles)
     rt = Runtime.start(settings, pool_size=1)
@@ -72,8 +72,8 @@ def runtime_on(db_url: str, profiles: Path) -> Iterator[Any]:
 
 def _first_job(rt: Any) -> uuid.UUID:
     """One job through ``submit_job``, so the name's resolution is known as the API knows it."""
-    from service.db import unit_of_work
     from service.jobs import JobRequest, submit_job
+    from service.platform.db import unit_of_work
 
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
@@ -121,8 +121,8 @@ def _run(rt: Any, ids: list[uuid.UUID]) -> None:
 
 
 def measure(admin_db: str, profiles: Path, variant: str, jobs: int) -> Cost:
-    from service.db import libpq_url
-    from service.migrate import upgrade
+    from service.platform.db import libpq_url
+    from service.platform.migrate import upgrade
 
     with fresh_database(admin_db) as db_url:
         upgrade(db_url)

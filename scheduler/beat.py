@@ -25,13 +25,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.approvals import expire_due
-from service.clock import utcnow
-from service.constants import BEAT_LOCK_KEY, LEADER_POLL_S
-from service.db import unit_of_work
 from service.dependencies import fire_dependents
-from service.errors import BrokerUnavailable
-from service.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
 from service.plan import JobPlan, initial_plan
+from service.platform.clock import utcnow
+from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
+from service.platform.db import unit_of_work
+from service.platform.errors import BrokerUnavailable
+from service.platform.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
+from service.platform.settings import Settings, get_settings
 from service.retention import RetentionPolicy, prune_runs
 from service.runtime import Runtime
 from service.schedules import (
@@ -41,7 +42,6 @@ from service.schedules import (
     fire_schedule,
     next_wakeup,
 )
-from service.settings import Settings, get_settings
 from service.snapshots import job_profile
 from tasks.approvals import send_escalation
 from tasks.dispatch import publish_new_job, publish_or_defer

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import make_url
 
-from service.constants import SCHEDULES_CHANNEL
+from service.platform.constants import SCHEDULES_CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -16,22 +16,22 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db import unit_of_work
-from service.errors import AlreadyDecided, NotAwaitingApproval
 from service.jobs import get_job
-from service.models import ApprovalRow, JobRow, StepRunRow
 from service.notices import Notice, record_event, try_delivery
 from service.plan import JobPlan, steps_plan
-from service.settings import Settings
-from service.settle import settle_job
-from service.snapshots import job_profile, step_facts
-from service.states import (
+from service.platform.db import unit_of_work
+from service.platform.errors import AlreadyDecided, NotAwaitingApproval
+from service.platform.models import ApprovalRow, JobRow, StepRunRow
+from service.platform.settings import Settings
+from service.platform.states import (
     APPROVAL_WAITING,
     JOB_FINAL,
     ApprovalStatus,
     JobStatus,
     StepStatus,
 )
+from service.settle import settle_job
+from service.snapshots import job_profile, step_facts
 from service.steps import StepKey, _lock_step, _record_failure, release_children
 
 TIMEOUT_DECIDER = "system:timeout"

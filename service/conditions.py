@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from service.errors import ConditionInvalid, ExpressionError
 from service.expressions import ExprContext, Ref, lookup, parse_ref
+from service.platform.errors import ConditionInvalid, ExpressionError
 
 MAX_LENGTH = 1000
 MAX_DEPTH = 32

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
+from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
 
 Overlap = Literal["skip", "allow", "buffer_one", "cancel_previous"]
 Catchup = Literal["none", "latest", "all"]

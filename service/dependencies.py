@@ -19,16 +19,21 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from service.constants import (
+from service.diffs import DiffKind, diff_page
+from service.jobs import JobRequest, submit_job
+from service.platform.constants import (
     DEPENDENCY_BATCH,
     DEPENDENCY_NEW_ITEMS_MAX,
     TRIGGER_DEPENDENCY,
     TRIGGER_ON_NEW_ITEMS,
 )
-from service.diffs import DiffKind, diff_page
-from service.errors import FlowbeatError
-from service.jobs import JobRequest, submit_job
-from service.models import DependencyFireRow, DependencyQueueRow, JobRow, PipelineTriggerRow
+from service.platform.errors import FlowbeatError
+from service.platform.models import (
+    DependencyFireRow,
+    DependencyQueueRow,
+    JobRow,
+    PipelineTriggerRow,
+)
 
 log = logging.getLogger(__name__)
 

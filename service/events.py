@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, not_, or_, select
 from sqlalchemy.orm import Session
 
-from service.constants import EVENT_PAGE_ROWS
-from service.models import CompensationRow, JobEventRow, JobRow
-from service.states import JOB_FINAL, CompensationStatus
+from service.platform.constants import EVENT_PAGE_ROWS
+from service.platform.models import CompensationRow, JobEventRow, JobRow
+from service.platform.states import JOB_FINAL, CompensationStatus
 
 STATE_KINDS = ("job.", "step.", "approval.", "compensation.")
 """Kinds written by the triggers, one per state change; the rest are notices (``new_items``,

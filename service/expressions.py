@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from service.errors import ExpressionError
+from service.platform.errors import ExpressionError
 
 PathSeg = str | int
 Root = Literal["params", "steps", "item", "output", "approval", "loop", "payload", "trigger"]

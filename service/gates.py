@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.models import ApprovalRow, JobRow, StepRunRow
 from service.notices import record_event
+from service.platform.models import ApprovalRow, JobRow, StepRunRow
+from service.platform.states import ApprovalStatus, JobStatus, StepStatus
 from service.profiles import ApprovalSpec
-from service.states import ApprovalStatus, JobStatus, StepStatus
 
 
 def approved(session: Session, job: JobRow, row: StepRunRow, spec: ApprovalSpec) -> bool:

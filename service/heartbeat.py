@@ -15,8 +15,8 @@ from datetime import datetime
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.clock import utcnow
-from service.db import unit_of_work
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
 from service.steps import Lease, StepKey, renew_lease
 
 Renew = Callable[[Session, float, datetime], bool]

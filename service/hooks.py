@@ -24,8 +24,11 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.constants import HOOK_DELIVERIES_KEPT_S, HOOK_TOLERANCE_S, TRIGGER_WEBHOOK
-from service.errors import (
+from service.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
+from service.jobs import JobRequest, check_open_jobs, resolve_request, submit_job
+from service.notices import sign
+from service.platform.constants import HOOK_DELIVERIES_KEPT_S, HOOK_TOLERANCE_S, TRIGGER_WEBHOOK
+from service.platform.errors import (
     ExpressionError,
     HookDeliverySeen,
     HookInvalid,
@@ -34,10 +37,7 @@ from service.errors import (
     HookSignatureInvalid,
     HookTimestampStale,
 )
-from service.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
-from service.jobs import JobRequest, check_open_jobs, resolve_request, submit_job
-from service.models import HookDeliveryRow, HookRow, JobRow
-from service.notices import sign
+from service.platform.models import HookDeliveryRow, HookRow, JobRow
 
 SECRET_PREFIX = "whsec_"
 MIN_SECRET_CHARS = 24

@@ -1,7 +1,7 @@
 """Fetching a profile to import, from an allow-listed https URL or a file in the import directory.
 
 An import makes this server fetch what a client names, so it goes through the egress policy
-every step's request goes through (``service.egress``: every address the host resolves to
+every step's request goes through (``service.platform.egress``: every address the host resolves to
 public unless the operator opened it, the connection pinned to the checked address, every
 redirect hop checked), with a stricter allow-list of its own and https only. On top of that
 only YAML, JSON or text is read, within a size cap while streaming and a time limit.
@@ -17,8 +17,8 @@ from typing import Final
 
 import httpx
 
-from service.egress import EgressPolicy, Resolver, guarded_client, host_key, resolve_host
-from service.errors import (
+from service.platform.egress import EgressPolicy, Resolver, guarded_client, host_key, resolve_host
+from service.platform.errors import (
     EgressAddressRefused,
     EgressHostNotAllowed,
     EgressRedirectRefused,
@@ -35,7 +35,7 @@ from service.errors import (
     ImportTimeout,
     ImportTooLarge,
 )
-from service.settings import Settings
+from service.platform.settings import Settings
 
 ALLOWED_CONTENT_TYPES: Final = frozenset(
     {"application/yaml", "application/x-yaml", "text/yaml", "application/json", "text/plain"}

@@ -15,16 +15,18 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from service import metrics
-from service.clock import utcnow
 from service.compensations import (
     compensation_of,
     failed_compensation_jobs,
     record_compensations,
 )
-from service.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
-from service.db import driver
-from service.errors import (
+from service.notices import validate_notify_url
+from service.pipelines import ResolvedPipeline, own_or_shared, resolve_pipeline
+from service.platform import metrics
+from service.platform.clock import utcnow
+from service.platform.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
+from service.platform.db import driver
+from service.platform.errors import (
     FlowbeatError,
     IdempotencyConflict,
     InvalidCursor,
@@ -33,14 +35,12 @@ from service.errors import (
     JobNotFound,
     OpenJobsLimit,
 )
-from service.models import JobRow, PrunedJobRow, StepRunRow
-from service.notices import validate_notify_url
-from service.pipelines import ResolvedPipeline, own_or_shared, resolve_pipeline
+from service.platform.models import JobRow, PrunedJobRow, StepRunRow
+from service.platform.states import JOB_FINAL, JOB_OPEN, JobStatus, StepStatus
 from service.profiles import Profile, resolve_params, validate_profile
 from service.rounds import rounds_of
 from service.settle import close_open_steps
 from service.snapshots import job_profile, step_facts
-from service.states import JOB_FINAL, JOB_OPEN, JobStatus, StepStatus
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def submit_job(
     request it is refused, so a client retrying a timeout cannot start a second run.
 
     Everything it reads is read-only and its one write is a single statement, so a caller may
-    run it in autocommit (``service.db.autocommit``) and still store all of a job or none.
+    run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none.
     """
     resolved = resolve_request(
         session,

@@ -17,13 +17,13 @@ import httpx
 from sqlalchemy import and_, exists, insert, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from service import metrics
-from service.db import unit_of_work
 from service.diffs import DiffCounts, DiffKind, diff_page
-from service.egress import EgressPolicy, guarded_client
-from service.errors import EgressRefused, NotifyUrlInvalid
-from service.models import JobEventRow, JobRow
-from service.settings import Settings
+from service.platform import metrics
+from service.platform.db import unit_of_work
+from service.platform.egress import EgressPolicy, guarded_client
+from service.platform.errors import EgressRefused, NotifyUrlInvalid
+from service.platform.models import JobEventRow, JobRow
+from service.platform.settings import Settings
 
 QUEUED_KEY = "flowbeat.notices"
 SIGNATURE_HEADER = "X-Flowbeat-Signature"

@@ -19,17 +19,18 @@ from sqlalchemy import case, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.clock import utcnow
-from service.db import driver
-from service.egress import check_escalation_urls
-from service.errors import (
+from service.escalations import check_escalation_urls
+from service.platform.clock import utcnow
+from service.platform.db import driver
+from service.platform.errors import (
     InvalidShare,
     PipelineNameMismatch,
     PipelineReadOnly,
     ProfileInvalid,
     ProfileNotFound,
 )
-from service.models import JobRow, PipelineRow, PipelineVersionRow, ScheduleRow
+from service.platform.models import JobRow, PipelineRow, PipelineVersionRow, ScheduleRow
+from service.platform.settings import Settings
 from service.profiles import (
     NAME_PATTERN,
     Profile,
@@ -39,7 +40,6 @@ from service.profiles import (
     profile_file_exists,
     validate_profile,
 )
-from service.settings import Settings
 from service.triggers import forget_triggers, record_triggers
 
 _K = TypeVar("_K")

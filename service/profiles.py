@@ -40,16 +40,16 @@ from pydantic_core import PydanticCustomError
 
 from service import dag
 from service.conditions import Condition, parse_condition
-from service.constants import SHIPPED_DIR, TRIGGER_ON_NEW_ITEMS, TRIGGER_ON_SUCCEEDED
 from service.cron import ScheduleSpec, normalize
-from service.errors import (
+from service.expressions import Ref, parse_path, parse_refs, whole_ref
+from service.platform.constants import SHIPPED_DIR, TRIGGER_ON_NEW_ITEMS, TRIGGER_ON_SUCCEEDED
+from service.platform.errors import (
     ExpressionError,
     FlowbeatError,
     ParamsInvalid,
     ProfileInvalid,
     ProfileNotFound,
 )
-from service.expressions import Ref, parse_path, parse_refs, whole_ref
 from service.yamlsafe import YamlLimitExceeded, load_yaml
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"

@@ -19,13 +19,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.dag import descendants
-from service.db import driver
-from service.errors import JobConflict, PipelineVersionGone, RerunInvalid, UnknownStep
 from service.jobs import get_job, insert_job, step_rows
-from service.models import JobRow, PipelineVersionRow, StepRunRow
+from service.platform.db import driver
+from service.platform.errors import JobConflict, PipelineVersionGone, RerunInvalid, UnknownStep
+from service.platform.models import JobRow, PipelineVersionRow, StepRunRow
+from service.platform.states import JOB_FINAL, STEP_SUCCESSFUL, JobStatus
 from service.profiles import Profile, resolve_params
 from service.snapshots import job_profile
-from service.states import JOB_FINAL, STEP_SUCCESSFUL, JobStatus
 
 TRIGGER_RERUN = "rerun"
 

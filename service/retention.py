@@ -21,14 +21,20 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, func, select, text, tuple_
 from sqlalchemy.orm import Session
 
-from service.constants import (
+from service.platform.constants import (
     FIRE_RECORDS_KEPT_S,
     RETENTION_BATCH_ROWS,
     SWEEP_ADVISORY_LOCK_ID,
     TOMBSTONES_KEPT_S,
 )
-from service.models import DependencyFireRow, JobRow, PrunedJobRow, ScheduleFireRow, ScheduleRow
-from service.settings import Settings
+from service.platform.models import (
+    DependencyFireRow,
+    JobRow,
+    PrunedJobRow,
+    ScheduleFireRow,
+    ScheduleRow,
+)
+from service.platform.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.constants import SHARD_NONE
-from service.models import StepRoundRow, StepRunRow
+from service.platform.constants import SHARD_NONE
+from service.platform.models import StepRoundRow, StepRunRow
 from service.profiles import Profile
 
 

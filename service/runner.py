@@ -16,9 +16,8 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
-from service import logs, metrics, verify
+from service import verify
 from service.actions import StepContext
-from service.clock import utcnow
 from service.compensations import (
     Busy,
     CompensationClaim,
@@ -30,15 +29,18 @@ from service.compensations import (
     release,
     renew,
 )
-from service.constants import LANE_SLICE_S, SHARD_NONE
-from service.db import unit_of_work
-from service.errors import ActionError, RetryLater, StepCancelled, StopChain
 from service.loops import complete_round
-from service.models import JobRow
 from service.plan import JobPlan
+from service.platform import logs, metrics
+from service.platform.clock import utcnow
+from service.platform.constants import LANE_SLICE_S, SHARD_NONE
+from service.platform.db import unit_of_work
+from service.platform.errors import ActionError, RetryLater, StepCancelled, StopChain
+from service.platform.models import JobRow
+from service.platform.settings import Settings
+from service.platform.states import JobStatus
 from service.profiles import RetryPolicy
 from service.runtime import Runtime
-from service.settings import Settings
 from service.settle import settle_job, sink_settles_job
 from service.shards import (
     FannedOut,
@@ -52,7 +54,6 @@ from service.shards import (
     use_shard_claim,
 )
 from service.snapshots import job_profile, step_facts
-from service.states import JobStatus
 from service.steps import (
     Claimed,
     Completion,

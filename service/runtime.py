@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.actions import REGISTRY, ActionRegistry, load_plugins
-from service.db import DirectConnections, make_engine, make_session_factory
 from service.heartbeat import Heartbeats
-from service.settings import Settings
+from service.platform.db import DirectConnections, make_engine, make_session_factory
+from service.platform.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.compensations import unfinished as unfinished_compensations
-from service.constants import SCHEDULE_LIST_MAX, SCHEDULES_CHANNEL, TRIGGER_SCHEDULE
 from service.cron import (
     Catchup,
     ScheduleSpec,
@@ -31,18 +30,19 @@ from service.cron import (
     next_fire,
     normalize,
 )
-from service.egress import check_notify_url
-from service.errors import (
+from service.jobs import JobRequest, cancel_job, submit_job
+from service.platform.constants import SCHEDULE_LIST_MAX, SCHEDULES_CHANNEL, TRIGGER_SCHEDULE
+from service.platform.egress import check_notify_url
+from service.platform.errors import (
     FlowbeatError,
     ScheduleLimitReached,
     ScheduleNotFound,
     ScheduleTooFrequent,
 )
-from service.jobs import JobRequest, cancel_job, submit_job
-from service.models import JobRow, ScheduleFireRow, ScheduleRow
+from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow
+from service.platform.settings import Settings
+from service.platform.states import JOB_FINAL, JobStatus
 from service.profiles import Profile, resolve_params
-from service.settings import Settings
-from service.states import JOB_FINAL, JobStatus
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from service.expressions import parse_refs
-from service.models import JobRow
+from service.platform.models import JobRow
 from service.profiles import Profile
 
 _PROFILE_CACHE: dict[str, Profile] = {}

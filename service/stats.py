@@ -3,8 +3,8 @@
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.models import JobRow, StepRunRow
-from service.states import STEP_FINAL, JobStatus, StepStatus
+from service.platform.models import JobRow, StepRunRow
+from service.platform.states import STEP_FINAL, JobStatus, StepStatus
 
 
 def jobs_by_status(session: Session) -> dict[str, int]:

@@ -19,21 +19,21 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from service import metrics
 from service.compensations import record_compensations
 from service.conditions import evaluate
-from service.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
-from service.db import driver
-from service.errors import ExpressionError, RetryLater, StopChain
 from service.expressions import ExprContext, resolve
 from service.gates import approved, decisions
-from service.models import JobRow, StepRunRow
 from service.plan import JobPlan, steps_plan
+from service.platform import metrics
+from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
+from service.platform.db import driver
+from service.platform.errors import ExpressionError, RetryLater, StopChain
+from service.platform.models import JobRow, StepRunRow
+from service.platform.states import JOB_FINAL, STEP_FINAL, STEP_SUCCESSFUL, JobStatus, StepStatus
 from service.profiles import Profile, RetryPolicy, StepSpec
 from service.rounds import loop_context
 from service.settle import close_open_steps, settle_job, step_outputs
 from service.snapshots import cached_profile, job_profile, step_facts
-from service.states import JOB_FINAL, STEP_FINAL, STEP_SUCCESSFUL, JobStatus, StepStatus
 
 
 @dataclass(frozen=True)

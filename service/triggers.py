@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from service.constants import TRIGGERS_LOCK
-from service.errors import TriggerCycle
-from service.models import PipelineTriggerRow
+from service.platform.constants import TRIGGERS_LOCK
+from service.platform.errors import TriggerCycle
+from service.platform.models import PipelineTriggerRow
 from service.profiles import Profile
 
 

@@ -20,8 +20,8 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 from service.conditions import evaluate
-from service.errors import ExpressionError
 from service.expressions import ExprContext, walk_path
+from service.platform.errors import ExpressionError
 from service.profiles import ItemCount, VerifyRule, dotted_path
 
 NO_FETCH: Registry[Any] = Registry()

@@ -17,12 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.constants import EVENT_LISTEN_RETRY_S, EVENT_PAGE_ROWS
-from service.db import make_engine, make_session_factory, unit_of_work
 from service.events import Event, events_after, job_settled
 from service.jobs import get_job, job_view
-from service.listener import EventListener
-from service.settings import Settings
+from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENT_PAGE_ROWS
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.listener import EventListener
+from service.platform.settings import Settings
 
 _STEP_FINAL = {"succeeded", "failed", "skipped", "cancelled", "reused", "rejected"}
 

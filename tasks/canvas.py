@@ -17,7 +17,8 @@ from celery import Celery, chord
 from celery.canvas import Signature
 
 from service.compensations import Due
-from service.constants import (
+from service.plan import JobPlan, StepPlan
+from service.platform.constants import (
     CHAIN_SLICE_S,
     LANE_SLICE_S,
     STEP_TIMEOUT_GRACE_S,
@@ -26,7 +27,6 @@ from service.constants import (
     TASK_RUN_LANE,
     TASK_RUN_STEP,
 )
-from service.plan import JobPlan, StepPlan
 from service.steps import StepKey
 
 

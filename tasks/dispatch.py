@@ -9,11 +9,11 @@ from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.errors import BrokerUnavailable
 from service.jobs import mark_dispatched
 from service.plan import JobPlan, load_plan
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import BrokerUnavailable
 from service.runtime import Runtime
 from service.settle import settle_job
 from tasks.canvas import send_plan

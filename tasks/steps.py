@@ -5,7 +5,12 @@ import uuid
 from celery.exceptions import SoftTimeLimitExceeded
 
 from service import runner
-from service.constants import TASK_COMPENSATE, TASK_FINISH_FANOUT, TASK_RUN_LANE, TASK_RUN_STEP
+from service.platform.constants import (
+    TASK_COMPENSATE,
+    TASK_FINISH_FANOUT,
+    TASK_RUN_LANE,
+    TASK_RUN_STEP,
+)
 from service.shards import FannedOut
 from service.steps import StepKey
 from tasks import canvas, runtime

@@ -5,14 +5,14 @@ import uuid
 from datetime import timedelta
 
 from service import sweeper
-from service.clock import utcnow
-from service.constants import TASK_SWEEP
-from service.db import unit_of_work
 from service.hooks import prune_deliveries
 from service.jobs import mark_dispatched
-from service.metrics import SWEEPER_REPUBLISHED
 from service.notices import requeue_lost_notices
 from service.plan import JobPlan
+from service.platform.clock import utcnow
+from service.platform.constants import TASK_SWEEP
+from service.platform.db import unit_of_work
+from service.platform.metrics import SWEEPER_REPUBLISHED
 from service.retention import (
     RetentionPolicy,
     prune_all,

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from service.actions import REGISTRY, load_plugins
-from service.errors import ParamsInvalid
+from service.platform.errors import ParamsInvalid
 from service.profiles import load_profile_file, resolve_params, validate_profile
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"

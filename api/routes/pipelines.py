@@ -13,8 +13,6 @@ from sqlalchemy.orm import Session
 from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.openapi import errors, read_by_route
 from api.schemas import UtcDatetime
-from service.auth import Principal
-from service.errors import ImportRequestInvalid, UnsupportedMediaType
 from service.imports import fetch_url, import_policy, read_import_file
 from service.pipelines import (
     PipelineView,
@@ -26,7 +24,9 @@ from service.pipelines import (
     save_pipeline,
     set_share,
 )
-from service.settings import Settings
+from service.platform.auth import Principal
+from service.platform.errors import ImportRequestInvalid, UnsupportedMediaType
+from service.platform.settings import Settings
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
 

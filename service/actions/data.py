@@ -10,7 +10,7 @@ from typing import Any
 
 from service.actions.context import StepContext
 from service.actions.registry import action
-from service.errors import ActionError
+from service.platform.errors import ActionError
 from service.profiles import search_dirs
 
 MAX_LOAD_BYTES = 50 * 1024 * 1024

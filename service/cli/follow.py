@@ -20,9 +20,9 @@ from service.cli.app import (
     print_refusal,
 )
 from service.cli.processes import Stop, adopt_orphans, processes, stoppable, worker_argv
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.errors import FlowbeatError
-from service.settings import Settings, get_settings
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.settings import Settings, get_settings
 from service.yamlsafe import load_yaml
 
 

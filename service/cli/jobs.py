@@ -27,10 +27,10 @@ from service.cli.follow import (
     print_outcome,
     view_job,
 )
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.errors import FlowbeatError
-from service.models import JobRow
-from service.states import JobStatus
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.models import JobRow
+from service.platform.states import JobStatus
 
 
 def job_document(job: JobRow) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def jobs_list(
 ) -> None:
     """The newest jobs."""
     from service.jobs import list_jobs
-    from service.states import JobStatus
+    from service.platform.states import JobStatus
 
     if status is not None and status not in set(JobStatus):
         allowed = ", ".join(JobStatus)
@@ -126,9 +126,9 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
     from kombu.exceptions import OperationalError
     from redis.exceptions import RedisError
 
-    from service.clock import utcnow
     from service.jobs import cancel_job, job_view
     from service.plan import JobPlan
+    from service.platform.clock import utcnow
     from service.runtime import Runtime
     from tasks.dispatch import publish_or_defer
 
@@ -164,8 +164,8 @@ def jobs_rerun(
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
 ) -> None:
     """Run a finished job again from a step, reusing what came before it; prints the new id."""
-    from service.clock import utcnow
     from service.plan import load_plan
+    from service.platform.clock import utcnow
     from service.reruns import RerunRequest, rerun_job
     from service.runtime import Runtime
     from tasks.dispatch import publish_new_job
@@ -216,7 +216,7 @@ def _decide(
     by: str,
 ) -> None:
     from service.approvals import decide
-    from service.clock import utcnow
+    from service.platform.clock import utcnow
     from service.runtime import Runtime
     from tasks.dispatch import publish_or_defer
 

@@ -21,9 +21,9 @@ from service.cli.app import (
     pipelines_cli,
     print_refusal,
 )
-from service.db import unit_of_work
-from service.errors import FlowbeatError
-from service.settings import Settings
+from service.platform.db import unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.settings import Settings
 
 
 @contextmanager
@@ -199,8 +199,8 @@ def pipelines_diff(
 ) -> None:
     """The items of the pipeline's last successful run that the run before it did not have."""
     from service.diffs import DiffKind, diff_counts, diff_page
-    from service.errors import NoResultItems
     from service.jobs import list_jobs
+    from service.platform.errors import NoResultItems
 
     if kind not in set(DiffKind):
         raise typer.BadParameter(f"{kind!r}: one of {', '.join(DiffKind)}", param_hint="--kind")

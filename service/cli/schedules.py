@@ -17,7 +17,7 @@ from service.cli.app import (
     load_settings,
     schedules_cli,
 )
-from service.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import make_engine, make_session_factory, unit_of_work
 from service.schedules import ScheduleSummary
 
 
@@ -115,7 +115,7 @@ def schedules_show(name: str, owner: OwnerOption = None, as_json: JsonOption = F
 
 
 def _set_enabled(name: str, owner: str | None, enabled: bool) -> None:
-    from service.clock import utcnow
+    from service.platform.clock import utcnow
     from service.schedules import set_schedule_enabled
 
     settings = load_settings()

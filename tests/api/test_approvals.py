@@ -6,10 +6,10 @@ from typing import Any
 import redis
 from fastapi.testclient import TestClient
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.models import JobRow
 from service.plan import load_plan
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from service.runtime import Runtime
 from service.sweeper import sweep
 from tests.api.conftest import KeyFactory

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from service.platform.settings import Settings
 from service.runner import run_step
 from service.runtime import Runtime
-from service.settings import Settings
 from service.steps import StepKey
 from tests.api.conftest import KeyFactory
 from tests.support.approvals import parked_job

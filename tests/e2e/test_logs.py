@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from service.constants import TASK_SWEEP
+from service.platform.constants import TASK_SWEEP
 from tests.e2e.conftest import Client, Cluster
 
 STEPS = {"flaky", "each", "after"}

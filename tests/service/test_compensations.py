@@ -10,7 +10,6 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from service.clock import utcnow
 from service.compensations import (
     CompensationClaim,
     Due,
@@ -19,12 +18,13 @@ from service.compensations import (
     lost,
     record_outcome,
 )
-from service.constants import WAIT_FOR_PEER_MAX_S
-from service.db import unit_of_work
-from service.errors import RetryLater
 from service.jobs import cancel_job, list_jobs, mark_dispatched
-from service.models import CompensationRow, JobRow
 from service.plan import JobPlan
+from service.platform.clock import utcnow
+from service.platform.constants import WAIT_FOR_PEER_MAX_S
+from service.platform.db import unit_of_work
+from service.platform.errors import RetryLater
+from service.platform.models import CompensationRow, JobRow
 from service.runner import run_compensation, run_step
 from service.runtime import Runtime
 from service.snapshots import job_profile

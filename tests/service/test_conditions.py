@@ -19,8 +19,8 @@ from service.conditions import (
     parse_condition,
     truthy,
 )
-from service.errors import ConditionInvalid, ExpressionError
 from service.expressions import ExprContext, Ref
+from service.platform.errors import ConditionInvalid, ExpressionError
 
 ALL = frozenset({"params", "steps", "item", "output"})
 WHEN = frozenset({"params", "steps"})

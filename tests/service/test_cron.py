@@ -16,7 +16,7 @@ from service.cron import (
     parse_cron,
     parse_duration,
 )
-from service.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
+from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
 
 
 def utc(

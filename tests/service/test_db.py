@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
 
-from service.db import DirectConnections, autocommit, driver
+from service.platform.db import DirectConnections, autocommit, driver
 from service.runtime import Runtime
 
 

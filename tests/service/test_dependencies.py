@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service.clock import utcnow
-from service.db import unit_of_work
 from service.dependencies import fire_dependents
-from service.errors import ProfileInvalid, TriggerCycle
 from service.jobs import JobRequest, submit_job
-from service.models import (
+from service.pipelines import delete_pipeline, save_pipeline
+from service.plan import JobPlan
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import ProfileInvalid, TriggerCycle
+from service.platform.models import (
     DependencyFireRow,
     DependencyQueueRow,
     JobRow,
@@ -21,8 +23,6 @@ from service.models import (
     PipelineTriggerRow,
     StepRunRow,
 )
-from service.pipelines import delete_pipeline, save_pipeline
-from service.plan import JobPlan
 from service.profiles import find_profile, load_profile_text
 from service.retention import prune_dependency_fires
 from service.runner import run_step

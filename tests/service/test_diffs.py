@@ -6,11 +6,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service.db import unit_of_work
 from service.diffs import DiffKind, diff_counts, diff_page
-from service.errors import InvalidCursor, NoResultItems
 from service.events import Event, notice_events
-from service.models import JobRow, ResultItemRow
+from service.platform.db import unit_of_work
+from service.platform.errors import InvalidCursor, NoResultItems
+from service.platform.models import JobRow, ResultItemRow
 from service.runtime import Runtime
 from tests.support.runs import run_items
 

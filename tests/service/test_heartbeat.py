@@ -7,8 +7,8 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service.db import make_engine, make_session_factory
 from service.heartbeat import Heartbeats
+from service.platform.db import make_engine, make_session_factory
 from service.runtime import Runtime
 
 LEASE_S = 0.6

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service.metrics import after_commit
+from service.platform.metrics import after_commit
 from service.runtime import Runtime
 
 

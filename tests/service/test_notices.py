@@ -7,11 +7,7 @@ from datetime import timedelta
 import pytest
 from pydantic import SecretStr
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.errors import NotifyUrlInvalid
 from service.events import notice_events
-from service.metrics import registry
 from service.notices import (
     record_event,
     requeue_lost_notices,
@@ -19,8 +15,12 @@ from service.notices import (
     sign,
     validate_notify_url,
 )
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import NotifyUrlInvalid
+from service.platform.metrics import registry
+from service.platform.settings import Settings
 from service.runtime import Runtime
-from service.settings import Settings
 from tests.support.runs import run_items
 from tests.support.webhook import Received, WebhookServer
 

@@ -10,16 +10,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.db import unit_of_work
-from service.errors import (
-    InvalidShare,
-    PipelineNameMismatch,
-    PipelineReadOnly,
-    ProfileInvalid,
-    ProfileNotFound,
-)
 from service.jobs import JobRequest, submit_job
-from service.models import JobRow, PipelineRow, PipelineVersionRow
 from service.pipelines import (
     SYSTEM_OWNER,
     delete_pipeline,
@@ -29,6 +20,15 @@ from service.pipelines import (
     save_pipeline,
     set_share,
 )
+from service.platform.db import unit_of_work
+from service.platform.errors import (
+    InvalidShare,
+    PipelineNameMismatch,
+    PipelineReadOnly,
+    ProfileInvalid,
+    ProfileNotFound,
+)
+from service.platform.models import JobRow, PipelineRow, PipelineVersionRow
 from service.runtime import Runtime
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"

@@ -9,8 +9,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from service.constants import SHIPPED_DIR
-from service.errors import ParamsInvalid, ProfileInvalid, ProfileNotFound
+from service.platform.constants import SHIPPED_DIR
+from service.platform.errors import ParamsInvalid, ProfileInvalid, ProfileNotFound
+from service.platform.settings import Settings
 from service.profiles import (
     MAX_PROFILE_BYTES,
     MAX_VERIFY_RULES,
@@ -25,7 +26,6 @@ from service.profiles import (
     validate_profile,
     write_json_schema,
 )
-from service.settings import Settings
 from service.snapshots import step_facts
 
 ACTIONS = {"http.get", "search", "fetch", "merge"}

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.conditions import evaluate, parse_condition
-from service.errors import ExpressionError, ProfileInvalid
 from service.expressions import ExprContext
+from service.platform.errors import ExpressionError, ProfileInvalid
 from service.profiles import SCHEMA_PATH, WHEN_ROOTS, load_profile_text, validate_profile
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())

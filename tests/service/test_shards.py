@@ -5,9 +5,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from service.runtime import Runtime
 from service.shards import FannedOut, fan_out
 from service.steps import Completion, FanOutDue, StepKey, Unresolvable, claim_step

@@ -5,10 +5,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 
-from service.clock import utcnow
-from service.db import unit_of_work
 from service.jobs import JobRequest, mark_dispatched, submit_job
-from service.models import JobRow, StepRunRow
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow, StepRunRow
 from service.runtime import Runtime
 from service.shards import FannedOut, fan_out
 from service.steps import Claimed, FanOutDue, StepKey, claim_step, release_lease

@@ -5,8 +5,8 @@ import uuid
 
 from fastapi.testclient import TestClient
 
-from service.clock import utcnow
-from service.db import unit_of_work
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
 from service.runtime import Runtime
 from service.steps import StepKey, claim_step
 

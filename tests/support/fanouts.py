@@ -4,8 +4,8 @@ tests of the runner and of shards."""
 import uuid
 from typing import Any
 
-from service.db import unit_of_work
 from service.jobs import JobRequest, submit_job
+from service.platform.db import unit_of_work
 from service.runtime import Runtime
 
 

@@ -18,7 +18,7 @@ import redis.asyncio
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from service.constants import RATE_LIMIT_KEY_PREFIX
+from service.platform.constants import RATE_LIMIT_KEY_PREFIX
 
 _ACQUIRE = """
 local key = KEYS[1]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.errors import FlowbeatError
+from service.platform.errors import FlowbeatError
 
 DATABASE_NAME = "flowbeat"
 PG_SUPERUSER = "postgres"

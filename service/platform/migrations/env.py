@@ -3,8 +3,8 @@
 from alembic import context
 from sqlalchemy import create_engine
 
-from service.models import Base
-from service.settings import Settings
+from service.platform.models import Base
+from service.platform.settings import Settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings().require_database_url()

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.constants import API_KEY_PREFIX
-from service.errors import Forbidden, Unauthorized
-from service.models import ApiKeyRow
+from service.platform.constants import API_KEY_PREFIX
+from service.platform.errors import Forbidden, Unauthorized
+from service.platform.models import ApiKeyRow
 
 SCOPES = frozenset({"read", "write", "admin"})
 PREFIX_LENGTH = 8

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.constants import EVENT_KEEPALIVE_S
-from service.errors import ServersHalfSet
+from service.platform.constants import EVENT_KEEPALIVE_S
+from service.platform.errors import ServersHalfSet
 
 
 class LlmProvider(BaseModel):

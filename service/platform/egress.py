@@ -22,16 +22,14 @@ from typing import Any, Final
 import httpcore
 import httpx
 
-from service.errors import (
+from service.platform.errors import (
     EgressAddressRefused,
     EgressHostNotAllowed,
     EgressRedirectRefused,
-    EgressRefused,
     EgressSchemeRefused,
     NotifyUrlInvalid,
 )
-from service.profiles import Profile
-from service.settings import Settings
+from service.platform.settings import Settings
 
 Resolver = Callable[[str, int], list[str]]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -313,24 +311,3 @@ def check_notify_url(settings: Settings, url: str | None) -> None:
     except httpx.InvalidURL as exc:
         raise NotifyUrlInvalid(f"notify_url is not usable: {exc}", {"notify_url": url}) from exc
     EgressPolicy.from_settings(settings, "notice").check_url(parsed)
-
-
-def check_escalation_urls(settings: Settings, profile: Profile) -> None:
-    """Refuse, when a profile is saved or submitted inline, an approval's ``escalate_to`` that
-    the egress policy would refuse when the escalation is sent, perhaps days later."""
-    policy = EgressPolicy.from_settings(settings, "escalation")
-    for step in profile.steps:
-        if step.approval is None or step.approval.escalate_to is None:
-            continue
-        try:
-            policy.check_url(_parsed(step.approval.escalate_to))
-        except EgressRefused as exc:
-            details = {**exc.details, "step_id": step.id, "field": "approval.escalate_to"}
-            raise type(exc)(f"step {step.id!r} escalate_to: {exc.message}", details) from exc
-
-
-def _parsed(url: str) -> httpx.URL:
-    try:
-        return httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise EgressRefused(f"{url!r} is not a usable URL: {exc}", {"url": url}) from exc

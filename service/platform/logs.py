@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from service.constants import LOG_FLUSH_S, LOG_QUEUE_RECORDS, LOG_WRITE_INTERVAL_S
+from service.platform.constants import LOG_FLUSH_S, LOG_QUEUE_RECORDS, LOG_WRITE_INTERVAL_S
 
 JOB_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_id", default=None)
 STEP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("step_id", default=None)
