@@ -26,10 +26,12 @@ from api.routes.runs import DiffCountsPublic, DiffPublic, RunPublic
 from api.routes.schedules import SchedulePublic
 from api.schemas import JobCreate, JobPublic
 from api.submit import accept_job
-from service.cron import ScheduleSpec
 from service.diffs import DiffKind, diff_counts, diff_page
 from service.imports import fetch_url, import_policy, read_import_file
 from service.jobs import get_job, job_view, list_jobs, resolve_request
+from service.language.cron import ScheduleSpec
+from service.language.loading import load_profile_text
+from service.language.yamlsafe import load_yaml
 from service.pipelines import PipelineView, delete_pipeline, get_pipeline, list_pipelines
 from service.pipelines import save_pipeline as save
 from service.platform.auth import KeyCache, Principal
@@ -42,10 +44,8 @@ from service.platform.constants import (
 from service.platform.errors import FlowbeatError, JobNotFound, Unauthorized
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
-from service.profiles import load_profile_text
 from service.runtime import Runtime
 from service.schedules import delete_schedule, put_schedule, summarize
-from service.yamlsafe import load_yaml
 
 if TYPE_CHECKING:
     from celery import Celery

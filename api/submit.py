@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session
 
 from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
-from service.escalations import check_escalation_urls
 from service.jobs import (
     JobRequest,
     NewJob,
@@ -29,9 +28,14 @@ from service.jobs import (
     new_job_view,
     submit_job,
 )
+from service.language.checks import validate_profile
+from service.language.escalations import check_escalation_urls
+from service.language.loading import load_profile_text
+from service.language.plan import JobPlan, initial_plan
+from service.language.snapshots import job_profile
+from service.language.specs import NAME_PATTERN
 from service.notices import validate_notify_url
 from service.pipelines import seen_resolution
-from service.plan import JobPlan, initial_plan
 from service.platform import logs
 from service.platform.auth import Principal
 from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
@@ -40,9 +44,7 @@ from service.platform.egress import check_notify_url
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from service.profiles import NAME_PATTERN, load_profile_text, validate_profile
 from service.runtime import Runtime
-from service.snapshots import job_profile
 from tasks.dispatch import publish_new_job, publish_new_jobs_async
 from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
 

@@ -618,8 +618,8 @@ def start_flowbeat(
     first of ``workers`` worker processes logs to ``worker_log``, the others beside it."""
     from celery import Celery
 
+    from service.language.loading import load_profile_file
     from service.platform.constants import QUEUE_CONTROL, QUEUE_STEPS
-    from service.profiles import load_profile_file
 
     profiles_dir = tmp / "profiles"
     profiles_dir.mkdir(exist_ok=True)

@@ -49,11 +49,11 @@ steps:
 
 def _schedule(env: dict[str, str], schedules: int) -> None:
     os.environ.update(env)
-    from service.cron import ScheduleSpec
+    from service.language.cron import ScheduleSpec
+    from service.language.loading import find_profile
     from service.platform.clock import utcnow
     from service.platform.db import make_engine, make_session_factory, unit_of_work
     from service.platform.settings import get_settings
-    from service.profiles import find_profile
     from service.schedules import put_schedule
 
     get_settings.cache_clear()

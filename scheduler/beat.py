@@ -26,7 +26,8 @@ from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.approvals import expire_due
 from service.dependencies import fire_dependents
-from service.plan import JobPlan, initial_plan
+from service.language.plan import JobPlan, initial_plan
+from service.language.snapshots import job_profile
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
 from service.platform.db import unit_of_work
@@ -42,7 +43,6 @@ from service.schedules import (
     fire_schedule,
     next_wakeup,
 )
-from service.snapshots import job_profile
 from tasks.approvals import send_escalation
 from tasks.dispatch import publish_new_job, publish_or_defer
 

@@ -17,8 +17,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.jobs import get_job
+from service.language.plan import JobPlan, steps_plan
+from service.language.snapshots import job_profile, step_facts
 from service.notices import Notice, record_event, try_delivery
-from service.plan import JobPlan, steps_plan
 from service.platform.db import unit_of_work
 from service.platform.errors import AlreadyDecided, NotAwaitingApproval
 from service.platform.models import ApprovalRow, JobRow, StepRunRow
@@ -31,7 +32,6 @@ from service.platform.states import (
     StepStatus,
 )
 from service.settle import settle_job
-from service.snapshots import job_profile, step_facts
 from service.steps import StepKey, _lock_step, _record_failure, release_children
 
 TIMEOUT_DECIDER = "system:timeout"

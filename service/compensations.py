@@ -23,12 +23,13 @@ from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, aliased
 
-from service.expressions import ExprContext, parse_refs, resolve
+from service.language.expressions import ExprContext, parse_refs, resolve
+from service.language.profiles import Profile
+from service.language.specs import CompensateSpec
 from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.platform.errors import ExpressionError
 from service.platform.models import CompensationRow, JobRow, StepRunRow
 from service.platform.states import COMPENSATION_FINAL, CompensationStatus, StepStatus
-from service.profiles import CompensateSpec, Profile
 from service.settle import step_outputs
 
 

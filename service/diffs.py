@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from service.language.specs import ResultSpec
 from service.platform.errors import InvalidCursor, NoResultItems
 from service.platform.models import JobRow
 from service.platform.states import JobStatus
-from service.profiles import ResultSpec
 
 
 class DiffKind(StrEnum):

@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from service.language.specs import ApprovalSpec
 from service.notices import record_event
 from service.platform.models import ApprovalRow, JobRow, StepRunRow
 from service.platform.states import ApprovalStatus, JobStatus, StepStatus
-from service.profiles import ApprovalSpec
 
 
 def approved(session: Session, job: JobRow, row: StepRunRow, spec: ApprovalSpec) -> bool:

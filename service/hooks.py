@@ -24,8 +24,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
 from service.jobs import JobRequest, check_open_jobs, resolve_request, submit_job
+from service.language.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
 from service.notices import sign
 from service.platform.constants import HOOK_DELIVERIES_KEPT_S, HOOK_TOLERANCE_S, TRIGGER_WEBHOOK
 from service.platform.errors import (

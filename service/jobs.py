@@ -20,6 +20,10 @@ from service.compensations import (
     failed_compensation_jobs,
     record_compensations,
 )
+from service.language.checks import validate_profile
+from service.language.params import resolve_params
+from service.language.profiles import Profile
+from service.language.snapshots import job_profile, step_facts
 from service.notices import validate_notify_url
 from service.pipelines import ResolvedPipeline, own_or_shared, resolve_pipeline
 from service.platform import metrics
@@ -37,10 +41,8 @@ from service.platform.errors import (
 )
 from service.platform.models import JobRow, PrunedJobRow, StepRunRow
 from service.platform.states import JOB_FINAL, JOB_OPEN, JobStatus, StepStatus
-from service.profiles import Profile, resolve_params, validate_profile
 from service.rounds import rounds_of
 from service.settle import close_open_steps
-from service.snapshots import job_profile, step_facts
 
 
 @dataclass(frozen=True)

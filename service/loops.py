@@ -17,19 +17,19 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.conditions import evaluate
-from service.expressions import ExprContext
 from service.gates import ask_decision
+from service.language.conditions import evaluate
+from service.language.expressions import ExprContext
+from service.language.plan import JobPlan, steps_plan
+from service.language.profiles import LoopSpec, Profile
+from service.language.snapshots import step_facts
 from service.notices import record_event
-from service.plan import JobPlan, steps_plan
 from service.platform.db import driver
 from service.platform.errors import ExpressionError
 from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from service.platform.states import StepStatus
-from service.profiles import LoopSpec, Profile
 from service.rounds import loop_context
 from service.settle import settle_job, step_outputs
-from service.snapshots import step_facts
 from service.steps import Lease, StepKey, _lock_step, _record_failure, holds_lease, release_children
 
 

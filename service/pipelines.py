@@ -19,7 +19,16 @@ from sqlalchemy import case, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.escalations import check_escalation_urls
+from service.language.checks import validate_profile
+from service.language.escalations import check_escalation_urls
+from service.language.loading import (
+    find_profile,
+    list_profiles,
+    load_profile_text,
+    profile_file_exists,
+)
+from service.language.profiles import Profile
+from service.language.specs import NAME_PATTERN
 from service.platform.clock import utcnow
 from service.platform.db import driver
 from service.platform.errors import (
@@ -31,15 +40,6 @@ from service.platform.errors import (
 )
 from service.platform.models import JobRow, PipelineRow, PipelineVersionRow, ScheduleRow
 from service.platform.settings import Settings
-from service.profiles import (
-    NAME_PATTERN,
-    Profile,
-    find_profile,
-    list_profiles,
-    load_profile_text,
-    profile_file_exists,
-    validate_profile,
-)
 from service.triggers import forget_triggers, record_triggers
 
 _K = TypeVar("_K")

@@ -18,14 +18,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.dag import descendants
 from service.jobs import get_job, insert_job, step_rows
+from service.language.dag import descendants
+from service.language.params import resolve_params
+from service.language.profiles import Profile
+from service.language.snapshots import job_profile
 from service.platform.db import driver
 from service.platform.errors import JobConflict, PipelineVersionGone, RerunInvalid, UnknownStep
 from service.platform.models import JobRow, PipelineVersionRow, StepRunRow
 from service.platform.states import JOB_FINAL, STEP_SUCCESSFUL, JobStatus
-from service.profiles import Profile, resolve_params
-from service.snapshots import job_profile
 
 TRIGGER_RERUN = "rerun"
 

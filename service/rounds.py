@@ -6,9 +6,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.language.profiles import Profile
 from service.platform.constants import SHARD_NONE
 from service.platform.models import StepRoundRow, StepRunRow
-from service.profiles import Profile
 
 
 def loop_context(

@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
-from service import verify
 from service.actions import StepContext
 from service.compensations import (
     Busy,
@@ -29,8 +28,11 @@ from service.compensations import (
     release,
     renew,
 )
+from service.language import verify
+from service.language.plan import JobPlan
+from service.language.snapshots import job_profile, step_facts
+from service.language.specs import RetryPolicy
 from service.loops import complete_round
-from service.plan import JobPlan
 from service.platform import logs, metrics
 from service.platform.clock import utcnow
 from service.platform.constants import LANE_SLICE_S, SHARD_NONE
@@ -39,7 +41,6 @@ from service.platform.errors import ActionError, RetryLater, StepCancelled, Stop
 from service.platform.models import JobRow
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
-from service.profiles import RetryPolicy
 from service.runtime import Runtime
 from service.settle import settle_job, sink_settles_job
 from service.shards import (
@@ -53,7 +54,6 @@ from service.shards import (
     ready_shard,
     use_shard_claim,
 )
-from service.snapshots import job_profile, step_facts
 from service.steps import (
     Claimed,
     Completion,

@@ -19,7 +19,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.compensations import unfinished as unfinished_compensations
-from service.cron import (
+from service.jobs import JobRequest, cancel_job, submit_job
+from service.language.cron import (
     Catchup,
     ScheduleSpec,
     Timing,
@@ -30,7 +31,8 @@ from service.cron import (
     next_fire,
     normalize,
 )
-from service.jobs import JobRequest, cancel_job, submit_job
+from service.language.params import resolve_params
+from service.language.profiles import Profile
 from service.platform.constants import SCHEDULE_LIST_MAX, SCHEDULES_CHANNEL, TRIGGER_SCHEDULE
 from service.platform.egress import check_notify_url
 from service.platform.errors import (
@@ -42,7 +44,6 @@ from service.platform.errors import (
 from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow
 from service.platform.settings import Settings
 from service.platform.states import JOB_FINAL, JobStatus
-from service.profiles import Profile, resolve_params
 
 log = logging.getLogger(__name__)
 

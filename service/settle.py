@@ -12,13 +12,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.diffs import key_problem, store_result_items
+from service.language.profiles import Profile
+from service.language.snapshots import job_profile, step_facts
 from service.notices import note_new_items
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE
 from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from service.platform.states import JOB_FINAL, STEP_FINAL, STEP_SUCCESSFUL, JobStatus, StepStatus
-from service.profiles import Profile
-from service.snapshots import job_profile, step_facts
 
 _NOT_FAILED = STEP_SUCCESSFUL | {StepStatus.SKIPPED}
 

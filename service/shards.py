@@ -17,16 +17,17 @@ from sqlalchemy import and_, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.expressions import ExprContext, resolve
+from service.language.expressions import ExprContext, resolve
+from service.language.plan import JobPlan
+from service.language.profiles import Profile
+from service.language.snapshots import cached_profile, job_profile, referenced_steps, step_facts
+from service.language.specs import ForEach
 from service.loops import settle_succeeded
-from service.plan import JobPlan
 from service.platform.db import driver
 from service.platform.errors import ExpressionError, FanOutTooLarge, JobTooLarge, RetryLater
 from service.platform.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
 from service.platform.states import STEP_FINAL, StepStatus
-from service.profiles import ForEach, Profile
 from service.settle import step_outputs
-from service.snapshots import cached_profile, job_profile, referenced_steps, step_facts
 from service.steps import (
     _INPUT_OUTPUTS,
     _TAKE_LEASE,

@@ -20,20 +20,21 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.compensations import record_compensations
-from service.conditions import evaluate
-from service.expressions import ExprContext, resolve
 from service.gates import approved, decisions
-from service.plan import JobPlan, steps_plan
+from service.language.conditions import evaluate
+from service.language.expressions import ExprContext, resolve
+from service.language.plan import JobPlan, steps_plan
+from service.language.profiles import Profile
+from service.language.snapshots import cached_profile, job_profile, step_facts
+from service.language.specs import RetryPolicy, StepSpec
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.platform.db import driver
 from service.platform.errors import ExpressionError, RetryLater, StopChain
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_FINAL, STEP_FINAL, STEP_SUCCESSFUL, JobStatus, StepStatus
-from service.profiles import Profile, RetryPolicy, StepSpec
 from service.rounds import loop_context
 from service.settle import close_open_steps, settle_job, step_outputs
-from service.snapshots import cached_profile, job_profile, step_facts
 
 
 @dataclass(frozen=True)

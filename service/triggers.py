@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
+from service.language.profiles import Profile
 from service.platform.constants import TRIGGERS_LOCK
 from service.platform.errors import TriggerCycle
 from service.platform.models import PipelineTriggerRow
-from service.profiles import Profile
 
 
 def _cycle(edges: Mapping[str, set[str]], start: str) -> list[str] | None:

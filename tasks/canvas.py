@@ -17,7 +17,7 @@ from celery import Celery, chord
 from celery.canvas import Signature
 
 from service.compensations import Due
-from service.plan import JobPlan, StepPlan
+from service.language.plan import JobPlan, StepPlan
 from service.platform.constants import (
     CHAIN_SLICE_S,
     LANE_SLICE_S,

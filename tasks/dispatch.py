@@ -10,7 +10,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 
 from service.jobs import mark_dispatched
-from service.plan import JobPlan, load_plan
+from service.language.plan import JobPlan, load_plan
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import BrokerUnavailable

@@ -30,7 +30,7 @@ from celery.utils.nodenames import anon_nodename
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
-from service.plan import JobPlan, StepPlan
+from service.language.plan import JobPlan, StepPlan
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUBLISH_RETRY_INTERVAL_S,

@@ -7,8 +7,8 @@ from datetime import timedelta
 from service import sweeper
 from service.hooks import prune_deliveries
 from service.jobs import mark_dispatched
+from service.language.plan import JobPlan
 from service.notices import requeue_lost_notices
-from service.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.constants import TASK_SWEEP
 from service.platform.db import unit_of_work

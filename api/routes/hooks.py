@@ -26,14 +26,14 @@ from service.hooks import (
     put_hook,
 )
 from service.jobs import job_view, new_job_view
-from service.plan import initial_plan
+from service.language.plan import initial_plan
+from service.language.snapshots import job_profile
+from service.language.specs import NAME_PATTERN
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.errors import FlowbeatError, HookNotFound
 from service.platform.metrics import WEBHOOK_DELIVERIES
 from service.platform.models import HookRow
-from service.profiles import NAME_PATTERN
-from service.snapshots import job_profile
 from tasks.dispatch import publish_new_job
 
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"])

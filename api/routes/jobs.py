@@ -23,7 +23,7 @@ from service.jobs import (
     job_view,
     list_jobs,
 )
-from service.plan import JobPlan, load_plan
+from service.language.plan import JobPlan, load_plan
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT

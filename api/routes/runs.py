@@ -11,6 +11,7 @@ from api.openapi import errors
 from api.schemas import UtcDatetime
 from service.diffs import DiffKind, diff_counts, diff_page
 from service.jobs import get_job, list_jobs
+from service.language.specs import NAME_PATTERN
 from service.platform.auth import Principal
 from service.platform.constants import (
     DIFF_PAGE_DEFAULT_LIMIT,
@@ -20,7 +21,6 @@ from service.platform.constants import (
 )
 from service.platform.errors import JobNotFound
 from service.platform.models import JobRow
-from service.profiles import NAME_PATTERN
 
 router = APIRouter(tags=["runs"])
 

@@ -20,10 +20,10 @@ from service.cli.app import (
     print_refusal,
 )
 from service.cli.processes import Stop, adopt_orphans, processes, stoppable, worker_argv
+from service.language.yamlsafe import load_yaml
 from service.platform.db import make_engine, make_session_factory, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.settings import Settings, get_settings
-from service.yamlsafe import load_yaml
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def pipeline_ref(target: str) -> str | dict[str, Any]:
-    from service.profiles import load_profile_document
+    from service.language.loading import load_profile_document
 
     path = Path(target)
     if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
@@ -121,9 +121,9 @@ def submit(
     settings: Settings, pipeline: str | dict[str, Any], params: dict[str, Any], owner: str
 ) -> uuid.UUID:
     from service.jobs import JobRequest, submit_job
-    from service.plan import initial_plan
+    from service.language.plan import initial_plan
+    from service.language.snapshots import job_profile
     from service.runtime import Runtime
-    from service.snapshots import job_profile
     from tasks.dispatch import publish_new_job
 
     rt = Runtime.start(settings)

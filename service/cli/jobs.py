@@ -127,7 +127,7 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
     from redis.exceptions import RedisError
 
     from service.jobs import cancel_job, job_view
-    from service.plan import JobPlan
+    from service.language.plan import JobPlan
     from service.platform.clock import utcnow
     from service.runtime import Runtime
     from tasks.dispatch import publish_or_defer
@@ -164,7 +164,7 @@ def jobs_rerun(
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
 ) -> None:
     """Run a finished job again from a step, reusing what came before it; prints the new id."""
-    from service.plan import load_plan
+    from service.language.plan import load_plan
     from service.platform.clock import utcnow
     from service.reruns import RerunRequest, rerun_job
     from service.runtime import Runtime

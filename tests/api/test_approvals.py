@@ -6,7 +6,7 @@ from typing import Any
 import redis
 from fastapi.testclient import TestClient
 
-from service.plan import load_plan
+from service.language.plan import load_plan
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow

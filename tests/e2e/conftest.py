@@ -181,7 +181,7 @@ class Client:
 
     def submit(self, pipeline: str | Mapping[str, Any], **params: Any) -> uuid.UUID:
         from service.jobs import JobRequest, submit_job
-        from service.plan import load_plan
+        from service.language.plan import load_plan
         from service.platform.db import unit_of_work
         from tasks.dispatch import publish_new_job
 
@@ -201,7 +201,7 @@ class Client:
 
     def rerun(self, parent: uuid.UUID, request: Any) -> uuid.UUID:
         """Rerun through the same service call and publish path as the rerun route."""
-        from service.plan import load_plan
+        from service.language.plan import load_plan
         from service.platform.clock import utcnow
         from service.platform.db import unit_of_work
         from service.reruns import rerun_job
@@ -239,7 +239,7 @@ class Client:
     def cancel(self, job_id: uuid.UUID) -> None:
         """Cancel as the route does, sending the job's compensations after the commit."""
         from service.jobs import cancel_job
-        from service.plan import JobPlan
+        from service.language.plan import JobPlan
         from service.platform.clock import utcnow
         from service.platform.db import unit_of_work
         from tasks.dispatch import publish_or_defer

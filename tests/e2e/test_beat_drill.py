@@ -12,12 +12,12 @@ import redis
 from sqlalchemy import select
 
 from scheduler.lock import inspect
-from service.cron import ScheduleSpec
+from service.language.cron import ScheduleSpec
+from service.language.loading import find_profile
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
-from service.profiles import find_profile
 from service.schedules import put_schedule
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
 

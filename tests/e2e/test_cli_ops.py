@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.cron import ScheduleSpec
 from service.jobs import resolve_request
+from service.language.cron import ScheduleSpec
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
 from service.schedules import put_schedule

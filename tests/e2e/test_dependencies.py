@@ -7,11 +7,11 @@ import pytest
 from sqlalchemy import select
 
 from service.jobs import JobRequest, submit_job
+from service.language.plan import initial_plan
+from service.language.snapshots import job_profile
 from service.pipelines import save_pipeline
-from service.plan import initial_plan
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
-from service.snapshots import job_profile
 from tasks.dispatch import publish_new_job
 from tests.e2e.conftest import Client, Cluster, wait_for
 from tests.service.test_dependencies import DOWN, UP

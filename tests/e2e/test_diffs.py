@@ -8,7 +8,7 @@ from typing import Any
 from service.diffs import DiffKind, diff_counts, diff_page
 from service.events import notice_events
 from service.jobs import JobRequest, submit_job
-from service.plan import load_plan
+from service.language.plan import load_plan
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
 from tasks.dispatch import publish_new_job

@@ -19,7 +19,8 @@ from service.compensations import (
     record_outcome,
 )
 from service.jobs import cancel_job, list_jobs, mark_dispatched
-from service.plan import JobPlan
+from service.language.plan import JobPlan
+from service.language.snapshots import job_profile
 from service.platform.clock import utcnow
 from service.platform.constants import WAIT_FOR_PEER_MAX_S
 from service.platform.db import unit_of_work
@@ -27,7 +28,6 @@ from service.platform.errors import RetryLater
 from service.platform.models import CompensationRow, JobRow
 from service.runner import run_compensation, run_step
 from service.runtime import Runtime
-from service.snapshots import job_profile
 from service.steps import StepKey, claim_step
 from service.sweeper import sweep
 from tests.support.fanouts import submitted

@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.cron import (
+from service.language.cron import (
     ScheduleSpec,
     Timing,
     due_fires,

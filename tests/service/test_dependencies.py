@@ -10,8 +10,9 @@ from sqlalchemy import select
 
 from service.dependencies import fire_dependents
 from service.jobs import JobRequest, submit_job
+from service.language.loading import find_profile, load_profile_text
+from service.language.plan import JobPlan
 from service.pipelines import delete_pipeline, save_pipeline
-from service.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import ProfileInvalid, TriggerCycle
@@ -23,7 +24,6 @@ from service.platform.models import (
     PipelineTriggerRow,
     StepRunRow,
 )
-from service.profiles import find_profile, load_profile_text
 from service.retention import prune_dependency_fires
 from service.runner import run_step
 from service.runtime import Runtime

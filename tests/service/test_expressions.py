@@ -2,7 +2,7 @@ from typing import Any
 
 import pytest
 
-from service.expressions import NO_ITEM, ExprContext, Ref, parse_refs, resolve, whole_ref
+from service.language.expressions import NO_ITEM, ExprContext, Ref, parse_refs, resolve, whole_ref
 from service.platform.errors import ExpressionError
 
 

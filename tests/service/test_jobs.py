@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import func, select
 
 from service.jobs import JobRequest, NewJob, insert_jobs_if_resolved, new_job, submit_job
+from service.language.loading import find_profile
 from service.pipelines import ResolvedPipeline
 from service.platform.db import libpq_url, unit_of_work
 from service.platform.errors import IdempotencyConflict
 from service.platform.models import JobRow, StepRunRow
-from service.profiles import find_profile
 from service.runtime import Runtime
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from service.jobs import cancel_job
-from service.plan import JobPlan
+from service.language.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.db import DirectConnections, ping, unit_of_work
 from service.platform.errors import RetryLater, StopChain

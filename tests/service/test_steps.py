@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import func, select
 
 from service.jobs import JobRequest, cancel_job, submit_job
+from service.language.loading import find_profile
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import RetryLater, StopChain
 from service.platform.models import CheckpointRow, JobRow, StepRunRow
-from service.profiles import find_profile
 from service.runtime import Runtime
 from service.steps import (
     Claimed,

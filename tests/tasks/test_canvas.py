@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 from kombu.message import Message
 
-from service.plan import JobPlan, StepPlan
+from service.language.plan import JobPlan, StepPlan
 from service.platform.constants import (
     CHAIN_SLICE_S,
     HEADER_SENT_AT,

@@ -15,7 +15,7 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish
 
-from service.plan import JobPlan, StepPlan
+from service.language.plan import JobPlan, StepPlan
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUSH_TIMEOUT_S,

@@ -4,7 +4,7 @@
 A condition is user text, so it gets its own tokenizer and parser rather than Python's: the
 grammar has references, literals, comparisons and ``and``/``or``/``not`` and nothing else, so
 there is no name, attribute or call for a profile to reach code through. References are parsed
-by ``service.expressions.parse_ref``, the parser of step inputs, with the roots the caller
+by ``service.language.expressions.parse_ref``, the parser of step inputs, with the roots the caller
 allows (``output`` only where a step's own output is checked).
 
 Values are JSON's, and so are the rules: ``true`` is not ``1``; ``null``, ``false``, ``0``,
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from service.expressions import ExprContext, Ref, lookup, parse_ref
+from service.language.expressions import ExprContext, Ref, lookup, parse_ref
 from service.platform.errors import ConditionInvalid, ExpressionError
 
 MAX_LENGTH = 1000

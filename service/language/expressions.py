@@ -2,7 +2,7 @@
 
 Profiles come from users, so expressions are a closed grammar of lookups (params, upstream step
 outputs, the current fan-out item) and never reach eval, exec or a template engine: a profile
-can move data between steps but cannot run code. ``service.conditions`` builds its operands
+can move data between steps but cannot run code. ``service.language.conditions`` builds its operands
 with ``parse_ref``, so a reference means the same in a condition as in a step input.
 """
 

@@ -7,9 +7,9 @@ every step, so each content hash is parsed once per process.
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from service.expressions import parse_refs
+from service.language.expressions import parse_refs
+from service.language.profiles import Profile
 from service.platform.models import JobRow
-from service.profiles import Profile
 
 _PROFILE_CACHE: dict[str, Profile] = {}
 _PROFILE_CACHE_SIZE = 256

@@ -19,10 +19,10 @@ from jsonschema.validators import validator_for
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from service.conditions import evaluate
-from service.expressions import ExprContext, walk_path
+from service.language.conditions import evaluate
+from service.language.expressions import ExprContext, walk_path
+from service.language.specs import ItemCount, VerifyRule, dotted_path
 from service.platform.errors import ExpressionError
-from service.profiles import ItemCount, VerifyRule, dotted_path
 
 NO_FETCH: Registry[Any] = Registry()
 """Schemas resolve ``$ref`` only within themselves: jsonschema's default registry would fetch a

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.language.profiles import Profile
+from service.language.snapshots import job_profile
 from service.platform.constants import SHARD_NONE
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_FINAL, STEP_FINAL, StepStatus
-from service.profiles import Profile
-from service.snapshots import job_profile
 
 
 @dataclass(frozen=True)

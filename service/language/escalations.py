@@ -3,10 +3,10 @@ is saved or submitted inline rather than when the escalation is sent."""
 
 import httpx
 
+from service.language.profiles import Profile
 from service.platform.egress import EgressPolicy
 from service.platform.errors import EgressRefused
 from service.platform.settings import Settings
-from service.profiles import Profile
 
 
 def check_escalation_urls(settings: Settings, profile: Profile) -> None:
