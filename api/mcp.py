@@ -26,14 +26,15 @@ from api.routes.runs import DiffCountsPublic, DiffPublic, RunPublic
 from api.routes.schedules import SchedulePublic
 from api.schemas import JobCreate, JobPublic
 from api.submit import accept_job
-from service.diffs import DiffKind, diff_counts, diff_page
-from service.imports import fetch_url, import_policy, read_import_file
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.catalogue.imports import fetch_url, import_policy, read_import_file
+from service.catalogue.pipelines import PipelineView, get_pipeline, list_pipelines
+from service.catalogue.saving import delete_pipeline
+from service.catalogue.saving import save_pipeline as save
 from service.jobs import get_job, job_view, list_jobs, resolve_request
 from service.language.cron import ScheduleSpec
 from service.language.loading import load_profile_text
 from service.language.yamlsafe import load_yaml
-from service.pipelines import PipelineView, delete_pipeline, get_pipeline, list_pipelines
-from service.pipelines import save_pipeline as save
 from service.platform.auth import KeyCache, Principal
 from service.platform.clock import utcnow
 from service.platform.constants import (

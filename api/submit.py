@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session
 
 from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
+from service.catalogue.notices import validate_notify_url
+from service.catalogue.resolution import seen_resolution
 from service.jobs import (
     JobRequest,
     NewJob,
@@ -34,8 +36,6 @@ from service.language.loading import load_profile_text
 from service.language.plan import JobPlan, initial_plan
 from service.language.snapshots import job_profile
 from service.language.specs import NAME_PATTERN
-from service.notices import validate_notify_url
-from service.pipelines import seen_resolution
 from service.platform import logs
 from service.platform.auth import Principal
 from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S

@@ -30,7 +30,7 @@ from api.errors import status_for
 from api.routes import approvals, events, jobs, pipelines, runs, schedules
 from api.schemas import DecisionCreate, JobPublic, RerunCreate
 from api.throttle import check_rate
-from service.diffs import DiffKind
+from service.catalogue.diffs import DiffKind
 from service.jobs import get_job, step_task_ids
 from service.language.dag import topological_layers
 from service.language.snapshots import job_profile

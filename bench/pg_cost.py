@@ -87,8 +87,8 @@ def _first_job(rt: Any) -> uuid.UUID:
 
 
 async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> list[uuid.UUID]:
+    from service.catalogue.resolution import seen_resolution
     from service.jobs import JobRequest, insert_jobs_if_resolved, new_job
-    from service.pipelines import seen_resolution
 
     resolved = seen_resolution(
         PIPELINE,

@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.catalogue.notices import Notice, record_event, try_delivery
 from service.jobs import get_job
 from service.language.plan import JobPlan, steps_plan
 from service.language.snapshots import job_profile, step_facts
-from service.notices import Notice, record_event, try_delivery
 from service.platform.db import unit_of_work
 from service.platform.errors import AlreadyDecided, NotAwaitingApproval
 from service.platform.models import ApprovalRow, JobRow, StepRunRow

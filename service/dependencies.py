@@ -1,12 +1,12 @@
 """Dependency triggers: a saved pipeline with ``on: {succeeded: [other]}`` runs once for each
 success of its owner's ``other`` jobs; with ``on: {new_items: [other]}``, once for each success
-that found result items its previous successful run did not have (``service.diffs``).
+that found result items its previous successful run did not have (``service.catalogue.diffs``).
 
-Saving a pipeline records its triggers (``service.triggers``). A success is queued by the
-database in the transaction that records it (migration 0015), and ``fire_dependents`` turns
-each queued success into one job per waiting pipeline, fenced by (upstream job, downstream
-pipeline), then drops it from the queue, all in one transaction: run twice, or by two beat
-replicas at once, it creates each job once.
+Saving a pipeline records its triggers (``service.catalogue.trigger_edges``). A success is
+queued by the database in the transaction that records it (migration 0015), and
+``fire_dependents`` turns each queued success into one job per waiting pipeline, fenced by
+(upstream job, downstream pipeline), then drops it from the queue, all in one transaction: run
+twice, or by two beat replicas at once, it creates each job once.
 """
 
 import logging
@@ -19,7 +19,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from service.diffs import DiffKind, diff_page
+from service.catalogue.diffs import DiffKind, diff_page
 from service.jobs import JobRequest, submit_job
 from service.platform.constants import (
     DEPENDENCY_BATCH,

@@ -16,8 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from service.catalogue.notices import record_event
 from service.language.specs import ApprovalSpec
-from service.notices import record_event
 from service.platform.models import ApprovalRow, JobRow, StepRunRow
 from service.platform.states import ApprovalStatus, JobStatus, StepStatus
 

@@ -1,6 +1,6 @@
 """Webhook triggers: a signed delivery to ``POST /v1/hooks/{name}`` starts a job.
 
-A delivery is signed as flowbeat signs its own notices (``service.notices.sign``), in the
+A delivery is signed as flowbeat signs its own notices (``service.catalogue.notices.sign``), in the
 Standard Webhooks manner: HMAC-SHA256 over ``<delivery id>.<timestamp>.<raw body>`` with the
 hook's secret, compared in constant time, the timestamp within ``HOOK_TOLERANCE_S`` of now, so a
 captured delivery can neither be sent again later nor under another delivery id. Within that
@@ -24,9 +24,9 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from service.catalogue.notices import sign
 from service.jobs import JobRequest, check_open_jobs, resolve_request, submit_job
 from service.language.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
-from service.notices import sign
 from service.platform.constants import HOOK_DELIVERIES_KEPT_S, HOOK_TOLERANCE_S, TRIGGER_WEBHOOK
 from service.platform.errors import (
     ExpressionError,

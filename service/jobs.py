@@ -15,6 +15,9 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from service.catalogue.notices import validate_notify_url
+from service.catalogue.pipelines import own_or_shared
+from service.catalogue.resolution import ResolvedPipeline, resolve_pipeline
 from service.compensations import (
     compensation_of,
     failed_compensation_jobs,
@@ -24,8 +27,6 @@ from service.language.checks import validate_profile
 from service.language.params import resolve_params
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile, step_facts
-from service.notices import validate_notify_url
-from service.pipelines import ResolvedPipeline, own_or_shared, resolve_pipeline
 from service.platform import metrics
 from service.platform.clock import utcnow
 from service.platform.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE

@@ -17,13 +17,13 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from service.catalogue.notices import record_event
 from service.gates import ask_decision
 from service.language.conditions import evaluate
 from service.language.expressions import ExprContext
 from service.language.plan import JobPlan, steps_plan
 from service.language.profiles import LoopSpec, Profile
 from service.language.snapshots import step_facts
-from service.notices import record_event
 from service.platform.db import driver
 from service.platform.errors import ExpressionError
 from service.platform.models import CheckpointRow, JobRow, StepRunRow

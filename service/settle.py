@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from service.diffs import key_problem, store_result_items
+from service.catalogue.diffs import key_problem, store_result_items
+from service.catalogue.notices import note_new_items
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile, step_facts
-from service.notices import note_new_items
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE
 from service.platform.models import CheckpointRow, JobRow, StepRunRow

@@ -5,21 +5,21 @@ import uuid
 from datetime import timedelta
 
 from service import sweeper
-from service.hooks import prune_deliveries
-from service.jobs import mark_dispatched
-from service.language.plan import JobPlan
-from service.notices import requeue_lost_notices
-from service.platform.clock import utcnow
-from service.platform.constants import TASK_SWEEP
-from service.platform.db import unit_of_work
-from service.platform.metrics import SWEEPER_REPUBLISHED
-from service.retention import (
+from service.catalogue.notices import requeue_lost_notices
+from service.catalogue.retention import (
     RetentionPolicy,
     prune_all,
     prune_dependency_fires,
     prune_fires,
     prune_tombstones,
 )
+from service.hooks import prune_deliveries
+from service.jobs import mark_dispatched
+from service.language.plan import JobPlan
+from service.platform.clock import utcnow
+from service.platform.constants import TASK_SWEEP
+from service.platform.db import unit_of_work
+from service.platform.metrics import SWEEPER_REPUBLISHED
 from service.runtime import Runtime
 from tasks import runtime
 from tasks.app import app

@@ -10,12 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from service.catalogue.retention import RetentionPolicy, prune_all
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
 from service.platform.migrate import upgrade
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from service.retention import RetentionPolicy, prune_all
 from service.runner import run_step
 from service.runtime import Runtime
 from service.steps import StepKey

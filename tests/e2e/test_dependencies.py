@@ -6,10 +6,10 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from service.catalogue.saving import save_pipeline
 from service.jobs import JobRequest, submit_job
 from service.language.plan import initial_plan
 from service.language.snapshots import job_profile
-from service.pipelines import save_pipeline
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
 from tasks.dispatch import publish_new_job

@@ -5,7 +5,7 @@ import json
 import uuid
 from typing import Any
 
-from service.diffs import DiffKind, diff_counts, diff_page
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
 from service.events import notice_events
 from service.jobs import JobRequest, submit_job
 from service.language.plan import load_plan

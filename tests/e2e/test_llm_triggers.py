@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from service.catalogue.saving import save_pipeline
 from service.jobs import JobRequest, submit_job
 from service.language.plan import load_plan
-from service.pipelines import save_pipeline
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
 from tasks.dispatch import publish_new_job

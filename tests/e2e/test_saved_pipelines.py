@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from service.pipelines import save_pipeline
+from service.catalogue.saving import save_pipeline
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
 from tests.e2e.conftest import Client

@@ -180,7 +180,7 @@ def test_the_command_acts_as_the_owner_of_the_dev_key(
     embedded_flowbeat: Cli, runtime: Runtime, tmp_path: Path
 ) -> None:
     """What a client of ``flowbeat dev``'s key saved is what the command saves over and shows."""
-    from service.pipelines import save_pipeline
+    from service.catalogue.saving import save_pipeline
     from service.platform.db import unit_of_work
 
     name = f"shared-{uuid.uuid4().hex[:8]}"

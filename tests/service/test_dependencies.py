@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from service.catalogue.retention import prune_dependency_fires
+from service.catalogue.saving import delete_pipeline, save_pipeline
 from service.dependencies import fire_dependents
 from service.jobs import JobRequest, submit_job
 from service.language.loading import find_profile, load_profile_text
 from service.language.plan import JobPlan
-from service.pipelines import delete_pipeline, save_pipeline
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import ProfileInvalid, TriggerCycle
@@ -24,7 +25,6 @@ from service.platform.models import (
     PipelineTriggerRow,
     StepRunRow,
 )
-from service.retention import prune_dependency_fires
 from service.runner import run_step
 from service.runtime import Runtime
 from service.shards import FannedOut, fan_out

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service.diffs import DiffKind, diff_counts, diff_page
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
 from service.events import Event, notice_events
 from service.platform.db import unit_of_work
 from service.platform.errors import InvalidCursor, NoResultItems

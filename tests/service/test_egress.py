@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from service.actions import REGISTRY, load_plugins
-from service.notices import Notice, deliver
+from service.catalogue.notices import Notice, deliver
 from service.platform.egress import EgressPolicy, Resolver, guarded_client, public_address
 from service.platform.errors import (
     ActionError,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from service.imports import fetch_url, import_policy, read_import_file
+from service.catalogue.imports import fetch_url, import_policy, read_import_file
 from service.platform.egress import EgressPolicy
 from service.platform.errors import ImportRefused
 from service.platform.settings import Settings

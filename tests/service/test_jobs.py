@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from sqlalchemy import func, select
 
+from service.catalogue.resolution import ResolvedPipeline
 from service.jobs import JobRequest, NewJob, insert_jobs_if_resolved, new_job, submit_job
 from service.language.loading import find_profile
-from service.pipelines import ResolvedPipeline
 from service.platform.db import libpq_url, unit_of_work
 from service.platform.errors import IdempotencyConflict
 from service.platform.models import JobRow, StepRunRow

@@ -7,14 +7,14 @@ from datetime import timedelta
 import pytest
 from pydantic import SecretStr
 
-from service.events import notice_events
-from service.notices import (
+from service.catalogue.notices import (
     record_event,
     requeue_lost_notices,
     send_notice,
     sign,
     validate_notify_url,
 )
+from service.events import notice_events
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import NotifyUrlInvalid

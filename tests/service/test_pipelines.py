@@ -10,16 +10,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.catalogue.pipelines import SYSTEM_OWNER, get_pipeline, list_pipelines, list_versions
+from service.catalogue.saving import delete_pipeline, save_pipeline, set_share
 from service.jobs import JobRequest, submit_job
-from service.pipelines import (
-    SYSTEM_OWNER,
-    delete_pipeline,
-    get_pipeline,
-    list_pipelines,
-    list_versions,
-    save_pipeline,
-    set_share,
-)
 from service.platform.db import unit_of_work
 from service.platform.errors import (
     InvalidShare,

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service.diffs import DiffCounts, DiffKind, diff_counts, diff_page
+from service.catalogue.diffs import DiffCounts, DiffKind, diff_counts, diff_page
+from service.catalogue.retention import RetentionPolicy, prune_all, prune_tombstones
 from service.jobs import JobRequest, get_job, submit_job
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
@@ -18,7 +19,6 @@ from service.platform.migrate import upgrade
 from service.platform.models import JobEventRow, JobRow, PrunedJobRow, StepRunRow
 from service.platform.settings import Settings
 from service.platform.states import JOB_FINAL
-from service.retention import RetentionPolicy, prune_all, prune_tombstones
 from service.runtime import Runtime
 from tests.conftest import Stack
 from tests.support.runs import run_items

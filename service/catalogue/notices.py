@@ -17,7 +17,7 @@ import httpx
 from sqlalchemy import and_, exists, insert, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from service.diffs import DiffCounts, DiffKind, diff_page
+from service.catalogue.diffs import DiffCounts, DiffKind, diff_page
 from service.platform import metrics
 from service.platform.db import unit_of_work
 from service.platform.egress import EgressPolicy, guarded_client

@@ -2,9 +2,8 @@
 
 Profile files (the shipped ones, and an operator's in ``FLOWBEAT_PROFILES_DIR``) appear as
 read-only pipelines of the owner ``system``; their names cannot be saved over, so a name that
-runs a profile file today keeps doing so. A saved name resolves, for a caller, to the caller's own
-pipeline, then to one shared with the caller, then to a profile file. Functions flush; the caller
-commits.
+runs a profile file today keeps doing so. This module reads them, as a caller sees them;
+``saving`` changes them and ``resolution`` says what a name runs for a job.
 """
 
 import re
@@ -13,14 +12,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import case, delete, func, or_, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.language.checks import validate_profile
-from service.language.escalations import check_escalation_urls
 from service.language.loading import (
     find_profile,
     list_profiles,
@@ -29,34 +26,16 @@ from service.language.loading import (
 )
 from service.language.profiles import Profile
 from service.language.specs import NAME_PATTERN
-from service.platform.clock import utcnow
 from service.platform.db import driver
 from service.platform.errors import (
-    InvalidShare,
-    PipelineNameMismatch,
     PipelineReadOnly,
     ProfileInvalid,
     ProfileNotFound,
 )
-from service.platform.models import JobRow, PipelineRow, PipelineVersionRow, ScheduleRow
-from service.platform.settings import Settings
-from service.triggers import forget_triggers, record_triggers
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
+from service.platform.models import JobRow, PipelineRow, PipelineVersionRow
 
 SYSTEM_OWNER = "system"
 MAX_OWNER_LENGTH = 128
-RESOLVED_CACHE_SIZE = 1024
-
-_RESOLVED: dict[tuple[uuid.UUID, int, frozenset[str]], Profile] = {}
-"""Validated profiles of saved versions. A (pipeline id, version) never changes content, so
-jobs that re-run a pipeline skip reading and validating its stored profile again."""
-
-_SEEN: dict[tuple[str, str], tuple[uuid.UUID, int] | None] = {}
-"""What a name last resolved to for an owner: the saved pipeline and its current version, or
-``None`` for a profile file. A hint only: ``seen_resolution`` callers must check it against
-PostgreSQL in the statement that stores their job (``service.jobs.insert_jobs_if_resolved``)."""
 
 
 @dataclass(frozen=True)
@@ -78,26 +57,11 @@ class PipelineView:
 
 
 @dataclass(frozen=True)
-class SaveOutcome:
-    view: PipelineView
-    created_version: bool
-
-
-@dataclass(frozen=True)
 class VersionView:
     version: int
     content_hash: str
     created_at: datetime
     current: bool
-
-
-@dataclass(frozen=True)
-class ResolvedPipeline:
-    """What a job runs: the profile, and the saved pipeline and version it came from, if any."""
-
-    profile: Profile
-    pipeline_id: uuid.UUID | None
-    version: int | None
 
 
 def _check_name(name: str) -> None:
@@ -140,88 +104,6 @@ def parse_body(
     if isinstance(body, str):
         return load_profile_text(body, source=source, known_actions=known_actions)
     return validate_profile(dict(body), source=source, known_actions=known_actions)
-
-
-def save_pipeline(
-    session: Session,
-    *,
-    owner: str,
-    name: str | None,
-    body: str | Mapping[str, Any],
-    settings: Settings,
-    known_actions: Collection[str],
-    now: datetime | None = None,
-) -> SaveOutcome:
-    """Save a new version of ``owner``'s pipeline, or nothing when the content is unchanged.
-
-    Content already saved as an older version makes that version current again instead of
-    copying it, so one content hash always names one version. The pipeline row is locked while
-    a version number is chosen, so concurrent saves number versions without gaps or clashes.
-    """
-    source = f"pipeline {name}" if name else "pipeline"
-    profile = parse_body(body, source=source, known_actions=known_actions)
-    if name is not None and profile.name != name:
-        raise PipelineNameMismatch(
-            f"the profile is named {profile.name!r}, not {name!r}",
-            {"name": name, "profile_name": profile.name},
-        )
-    _refuse_shipped_name(settings.profiles_dir, profile.name)
-    check_escalation_urls(settings, profile)
-    record_triggers(session, owner, profile)
-    now = now or utcnow()
-    content_hash = profile.content_hash()
-    session.execute(
-        insert(PipelineRow)
-        .values(
-            id=uuid.uuid4(),
-            owner=owner,
-            name=profile.name,
-            description=profile.description,
-            tags=list(profile.tags),
-            shared_with=[],
-            current_version=0,
-            created_at=now,
-            updated_at=now,
-        )
-        .on_conflict_do_nothing(index_elements=["owner", "name"])
-    )
-    row = session.scalars(
-        select(PipelineRow)
-        .where(PipelineRow.owner == owner, PipelineRow.name == profile.name)
-        .with_for_update()
-    ).one()
-    existing = session.scalars(
-        select(PipelineVersionRow).where(
-            PipelineVersionRow.pipeline_id == row.id,
-            PipelineVersionRow.content_hash == content_hash,
-        )
-    ).one_or_none()
-    created = existing is None
-    if existing is None:
-        latest = session.scalar(
-            select(func.max(PipelineVersionRow.version)).where(
-                PipelineVersionRow.pipeline_id == row.id
-            )
-        )
-        version = (latest or 0) + 1
-        session.add(
-            PipelineVersionRow(
-                pipeline_id=row.id,
-                version=version,
-                content_hash=content_hash,
-                profile=profile.to_json(),
-                created_at=now,
-            )
-        )
-    else:
-        version = existing.version
-    if version != row.current_version:
-        row.current_version = version
-        row.description = profile.description
-        row.tags = list(profile.tags)
-        row.updated_at = now
-    session.flush()
-    return SaveOutcome(_view(row, profile, version, read_only=False), created)
 
 
 def _view(
@@ -449,172 +331,3 @@ def list_pipelines(
     )
     views += [_system_view(p, system_counts.get(p.name, 0)) for p in shipped]
     return sorted(views, key=lambda view: (view.name, view.owner))
-
-
-def _owned_row(
-    session: Session,
-    name: str,
-    *,
-    viewer: str,
-    owner: str | None,
-    admin: bool,
-    profiles_dir: Path | None,
-) -> PipelineRow:
-    """The row the caller may change: its own, or with ``owner`` any owner's for admins."""
-    _check_name(name)
-    _refuse_shipped_name(profiles_dir, name)
-    target = owner if owner is not None and admin else viewer
-    row = session.scalars(
-        select(PipelineRow)
-        .where(PipelineRow.owner == target, PipelineRow.name == name)
-        .with_for_update()
-    ).one_or_none()
-    if row is not None:
-        return row
-    shared = _visible_row(session, name, viewer=viewer, owner=owner, admin=admin)
-    if shared is not None:
-        raise PipelineReadOnly(
-            f"pipeline {name!r} of {shared.owner!r} is shared read-only",
-            {"name": name, "owner": shared.owner},
-        )
-    raise _not_found(name)
-
-
-def delete_pipeline(
-    session: Session,
-    name: str,
-    *,
-    viewer: str,
-    profiles_dir: Path | None,
-    owner: str | None = None,
-    admin: bool = False,
-    purge_history: bool = False,
-) -> int:
-    """Delete a pipeline with its versions (and whatever cascades from it, e.g. a schedule).
-    Its jobs stay as history unless ``purge_history``, which deletes the owner's own runs only:
-    the runs of those it was shared with are theirs. Returns the number of jobs deleted."""
-    row = _owned_row(
-        session, name, viewer=viewer, owner=owner, admin=admin, profiles_dir=profiles_dir
-    )
-    purged = 0
-    if purge_history:
-        deleted = session.scalars(
-            delete(JobRow)
-            .where(JobRow.pipeline_id == row.id, JobRow.owner == row.owner)
-            .returning(JobRow.id)
-        )
-        purged = len(deleted.all())
-    session.execute(
-        delete(ScheduleRow).where(ScheduleRow.owner == row.owner, ScheduleRow.pipeline == row.name)
-    )
-    forget_triggers(session, row.owner, row.name)
-    session.delete(row)
-    session.flush()
-    return purged
-
-
-def _check_grantee(grantee: str, row: PipelineRow) -> None:
-    if not grantee or len(grantee) > MAX_OWNER_LENGTH or grantee == SYSTEM_OWNER:
-        raise InvalidShare(f"cannot share with {grantee!r}", {"owner": grantee})
-    if grantee == row.owner:
-        raise InvalidShare("a pipeline cannot be shared with its owner", {"owner": grantee})
-
-
-def set_share(
-    session: Session,
-    name: str,
-    grantee: str,
-    *,
-    shared: bool,
-    viewer: str,
-    profiles_dir: Path | None,
-    owner: str | None = None,
-    admin: bool = False,
-) -> list[str]:
-    """Grant or revoke read-only use of a pipeline; both are idempotent. Returns the grantees."""
-    row = _owned_row(
-        session, name, viewer=viewer, owner=owner, admin=admin, profiles_dir=profiles_dir
-    )
-    _check_grantee(grantee, row)
-    grantees = set(row.shared_with)
-    if shared:
-        grantees.add(grantee)
-    else:
-        grantees.discard(grantee)
-    if grantees != set(row.shared_with):
-        row.shared_with = sorted(grantees)
-        row.updated_at = utcnow()
-        session.flush()
-    return sorted(grantees)
-
-
-def resolve_pipeline(
-    session: Session,
-    name: str,
-    *,
-    owner: str,
-    profiles_dir: Path | None,
-    known_actions: Collection[str],
-) -> ResolvedPipeline:
-    """What a job named ``name`` submitted by ``owner`` runs: its own saved pipeline, one shared
-    with it, or a shipped profile. The current version is validated against the actions known
-    now, so a pipeline whose action was removed is refused before anything is stored.
-
-    ``"alice/weekly"`` names alice's pipeline exactly, for a caller shared two pipelines of
-    the same name; it never falls back to a shipped profile."""
-    pipeline_owner, slash, bare = name.rpartition("/")
-    _check_name(bare)
-    row: PipelineRow | _PipelineRef | None
-    if slash:
-        row = _visible_row(session, bare, viewer=owner, owner=pipeline_owner, admin=False)
-        if row is None:
-            raise ProfileNotFound(
-                f"no pipeline {name!r} visible to you", {"name": bare, "owner": pipeline_owner}
-            )
-    else:
-        row = _own_or_shared(session, bare, owner)
-    if row is None:
-        shipped = find_profile(profiles_dir, bare, known_actions=known_actions)
-        _remember(_SEEN, (owner, name), None)
-        return ResolvedPipeline(shipped, None, None)
-    actions = frozenset(known_actions)
-    key = (row.id, row.current_version, actions)
-    profile = _RESOLVED.get(key)
-    if profile is None:
-        stored = _version_row(session, row, None)
-        profile = validate_profile(
-            stored.profile,
-            source=f"pipeline {row.name} v{stored.version}",
-            known_actions=actions,
-        )
-        _remember(_RESOLVED, key, profile)
-    if not slash:
-        _remember(_SEEN, (owner, name), (row.id, row.current_version))
-    return ResolvedPipeline(profile, row.id, row.current_version)
-
-
-def _remember(cache: dict[_K, _V], key: _K, value: _V) -> None:
-    if key not in cache and len(cache) >= RESOLVED_CACHE_SIZE:
-        cache.clear()
-    cache[key] = value
-
-
-def seen_resolution(
-    name: str, *, owner: str, profiles_dir: Path | None, known_actions: Collection[str]
-) -> ResolvedPipeline | None:
-    """What ``name`` resolved to for ``owner`` the last time, without reading PostgreSQL, or
-    ``None`` when that is not known here. A saved version's profile is the one validated then;
-    a profile file is looked up again, as every resolution does, so an edited file is seen."""
-    try:
-        seen = _SEEN[(owner, name)]
-    except KeyError:
-        return None
-    if seen is None:
-        try:
-            profile = find_profile(profiles_dir, name, known_actions=known_actions)
-        except (ProfileNotFound, ProfileInvalid):
-            return None
-        return ResolvedPipeline(profile, None, None)
-    pipeline_id, version = seen
-    saved = _RESOLVED.get((pipeline_id, version, frozenset(known_actions)))
-    return None if saved is None else ResolvedPipeline(saved, pipeline_id, version)
