@@ -31,11 +31,11 @@ from api.submit import loop_io
 from api.telemetry import RequestMetrics
 from api.throttle import throttle
 from api.ui import install_ui
+from service.engine.runtime import Runtime
 from service.platform import logs
 from service.platform.auth import KeyCache
 from service.platform.constants import VERSION
 from service.platform.settings import Settings, get_settings
-from service.runtime import Runtime
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -31,7 +31,9 @@ from service.catalogue.imports import fetch_url, import_policy, read_import_file
 from service.catalogue.pipelines import PipelineView, get_pipeline, list_pipelines
 from service.catalogue.saving import delete_pipeline
 from service.catalogue.saving import save_pipeline as save
-from service.jobs import get_job, job_view, list_jobs, resolve_request
+from service.engine.jobs import get_job, job_view, list_jobs
+from service.engine.runtime import Runtime
+from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.language.loading import load_profile_text
 from service.language.yamlsafe import load_yaml
@@ -45,7 +47,6 @@ from service.platform.constants import (
 from service.platform.errors import FlowbeatError, JobNotFound, Unauthorized
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
-from service.runtime import Runtime
 from service.schedules import delete_schedule, put_schedule, summarize
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from service.jobs import JobView, StepView
+from service.engine.jobs import JobView, StepView
 from service.platform.constants import SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
 from service.platform.models import ApprovalRow
 

@@ -20,14 +20,14 @@ from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
 from service.catalogue.notices import validate_notify_url
 from service.catalogue.resolution import seen_resolution
-from service.jobs import (
+from service.engine.jobs import job_view, new_job_view
+from service.engine.runtime import Runtime
+from service.engine.submission import (
     JobRequest,
     NewJob,
     check_open_jobs,
     insert_jobs_if_resolved,
-    job_view,
     new_job,
-    new_job_view,
     submit_job,
 )
 from service.language.checks import validate_profile
@@ -44,7 +44,6 @@ from service.platform.egress import check_notify_url
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from service.runtime import Runtime
 from tasks.dispatch import publish_new_job, publish_new_jobs_async
 from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
 

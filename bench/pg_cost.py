@@ -59,8 +59,8 @@ class Cost:
 
 @contextmanager
 def runtime_on(db_url: str, profiles: Path) -> Iterator[Any]:
+    from service.engine.runtime import Runtime
     from service.platform.settings import Settings
-    from service.runtime import Runtime
 
     settings = Settings(database_url=db_url, broker_url="redis://unused", profiles_dir=profiles)
     rt = Runtime.start(settings, pool_size=1)
@@ -72,7 +72,7 @@ def runtime_on(db_url: str, profiles: Path) -> Iterator[Any]:
 
 def _first_job(rt: Any) -> uuid.UUID:
     """One job through ``submit_job``, so the name's resolution is known as the API knows it."""
-    from service.jobs import JobRequest, submit_job
+    from service.engine.submission import JobRequest, submit_job
     from service.platform.db import unit_of_work
 
     with unit_of_work(rt.sessions) as session:
@@ -88,7 +88,7 @@ def _first_job(rt: Any) -> uuid.UUID:
 
 async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> list[uuid.UUID]:
     from service.catalogue.resolution import seen_resolution
-    from service.jobs import JobRequest, insert_jobs_if_resolved, new_job
+    from service.engine.submission import JobRequest, insert_jobs_if_resolved, new_job
 
     resolved = seen_resolution(
         PIPELINE,
@@ -108,9 +108,9 @@ async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> lis
 
 
 def _run(rt: Any, ids: list[uuid.UUID]) -> None:
-    from service import runner
-    from service.shards import FannedOut
-    from service.steps import StepKey
+    from service.engine import runner
+    from service.engine.shards import FannedOut
+    from service.engine.steps import StepKey
 
     inline = runner.Inline(
         fits=lambda _timeout_s: True, timed=lambda _timeout_s: nullcontext(), send=lambda _: None

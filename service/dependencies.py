@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.diffs import DiffKind, diff_page
-from service.jobs import JobRequest, submit_job
+from service.engine.submission import JobRequest, submit_job
 from service.platform.constants import (
     DEPENDENCY_BATCH,
     DEPENDENCY_NEW_ITEMS_MAX,

@@ -25,7 +25,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import sign
-from service.jobs import JobRequest, check_open_jobs, resolve_request, submit_job
+from service.engine.submission import JobRequest, check_open_jobs, resolve_request, submit_job
 from service.language.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
 from service.platform.constants import HOOK_DELIVERIES_KEPT_S, HOOK_TOLERANCE_S, TRIGGER_WEBHOOK
 from service.platform.errors import (

@@ -18,8 +18,9 @@ from sqlalchemy import func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.compensations import unfinished as unfinished_compensations
-from service.jobs import JobRequest, cancel_job, submit_job
+from service.engine.compensations import unfinished as unfinished_compensations
+from service.engine.jobs import cancel_job
+from service.engine.submission import JobRequest, submit_job
 from service.language.cron import (
     Catchup,
     ScheduleSpec,

@@ -3,7 +3,7 @@
 import time
 import uuid
 
-from service.approvals import send_escalation as send
+from service.engine.approvals import send_escalation as send
 from service.platform.constants import TASK_SEND_ESCALATION
 from service.platform.errors import RetryLater
 from tasks import runtime

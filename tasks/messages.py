@@ -30,6 +30,7 @@ from celery.utils.nodenames import anon_nodename
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
+from service.engine.steps import StepKey
 from service.language.plan import JobPlan, StepPlan
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
@@ -39,7 +40,6 @@ from service.platform.constants import (
     QUEUE_STEPS,
     TASK_RUN_STEP,
 )
-from service.steps import StepKey
 from tasks.canvas import readable, step_limits
 
 DIRECT_BROKER_SCHEME = "redis://"

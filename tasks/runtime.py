@@ -2,8 +2,8 @@
 
 import os
 
+from service.engine.runtime import Runtime
 from service.platform.settings import Settings
-from service.runtime import Runtime
 
 _settings: Settings | None = None
 _runtime: Runtime | None = None

@@ -16,8 +16,8 @@ from api.schemas import (
     DecisionEnvelope,
     JobPublic,
 )
-from service.approvals import decide, list_approvals
-from service.jobs import job_view
+from service.engine.approvals import decide, list_approvals
+from service.engine.jobs import job_view
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.constants import APPROVAL_LIST_MAX

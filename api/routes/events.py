@@ -22,8 +22,8 @@ from api.streams import (
     job_stream,
     listener_of,
 )
-from service.events import events_after, job_settled
-from service.jobs import get_job
+from service.engine.events import events_after, job_settled
+from service.engine.jobs import get_job
 from service.platform.clock import utcnow
 
 router = APIRouter(tags=["events"])

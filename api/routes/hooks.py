@@ -17,6 +17,7 @@ from api.errors import ApiError
 from api.openapi import RETRY_AFTER, errors, read_by_route
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
 from api.throttle import check_hook_rate
+from service.engine.jobs import job_view, new_job_view
 from service.hooks import (
     HookSpec,
     accept_delivery,
@@ -25,7 +26,6 @@ from service.hooks import (
     list_hooks,
     put_hook,
 )
-from service.jobs import job_view, new_job_view
 from service.language.plan import initial_plan
 from service.language.snapshots import job_profile
 from service.language.specs import NAME_PATTERN

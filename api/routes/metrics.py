@@ -13,10 +13,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from api.deps import Reader, broker_probe
+from service.engine.runtime import Runtime
+from service.engine.stats import jobs_by_status, steps_by_open_status
 from service.platform.constants import BEAT_LOCK_KEY, QUEUE_CONTROL, QUEUE_STEPS
 from service.platform.metrics import exposition
-from service.runtime import Runtime
-from service.stats import jobs_by_status, steps_by_open_status
 
 router = APIRouter(tags=["metrics"])
 

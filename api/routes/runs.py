@@ -10,7 +10,7 @@ from api.deps import Reader, SessionDep
 from api.openapi import errors
 from api.schemas import UtcDatetime
 from service.catalogue.diffs import DiffKind, diff_counts, diff_page
-from service.jobs import get_job, list_jobs
+from service.engine.jobs import get_job, list_jobs
 from service.language.specs import NAME_PATTERN
 from service.platform.auth import Principal
 from service.platform.constants import (

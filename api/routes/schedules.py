@@ -12,7 +12,7 @@ from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
 from api.schemas import UtcDatetime
-from service.jobs import resolve_request
+from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.platform.auth import Principal
 from service.platform.clock import utcnow

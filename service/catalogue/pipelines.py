@@ -171,7 +171,7 @@ def _visible_row(
 
 def own_or_shared(name: str, viewer: str) -> str:
     """The pipeline ``name`` resolves to for ``viewer`` (``_visible_row``'s order), as SQL over
-    the two expressions given: parameters here, a batch's columns in ``service.jobs``."""
+    the two expressions given: parameters here, a batch's columns in ``service.engine.jobs``."""
     return f"""
     SELECT id, name, owner, current_version FROM pipelines
      WHERE name = {name}

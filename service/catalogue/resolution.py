@@ -39,7 +39,8 @@ jobs that re-run a pipeline skip reading and validating its stored profile again
 _SEEN: dict[tuple[str, str], tuple[uuid.UUID, int] | None] = {}
 """What a name last resolved to for an owner: the saved pipeline and its current version, or
 ``None`` for a profile file. A hint only: ``seen_resolution`` callers must check it against
-PostgreSQL in the statement that stores their job (``service.jobs.insert_jobs_if_resolved``)."""
+PostgreSQL in the statement that stores their job
+(``service.engine.submission.insert_jobs_if_resolved``)."""
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def jobs_list(
     as_json: JsonOption = False,
 ) -> None:
     """The newest jobs."""
-    from service.jobs import list_jobs
+    from service.engine.jobs import list_jobs
     from service.platform.states import JobStatus
 
     if status is not None and status not in set(JobStatus):
@@ -126,10 +126,10 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
     from kombu.exceptions import OperationalError
     from redis.exceptions import RedisError
 
-    from service.jobs import cancel_job, job_view
+    from service.engine.jobs import cancel_job, job_view
+    from service.engine.runtime import Runtime
     from service.language.plan import JobPlan
     from service.platform.clock import utcnow
-    from service.runtime import Runtime
     from tasks.dispatch import publish_or_defer
 
     settings = load_settings()
@@ -164,10 +164,10 @@ def jobs_rerun(
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
 ) -> None:
     """Run a finished job again from a step, reusing what came before it; prints the new id."""
+    from service.engine.reruns import RerunRequest, rerun_job
+    from service.engine.runtime import Runtime
     from service.language.plan import load_plan
     from service.platform.clock import utcnow
-    from service.reruns import RerunRequest, rerun_job
-    from service.runtime import Runtime
     from tasks.dispatch import publish_new_job
 
     settings = load_settings()
@@ -215,9 +215,9 @@ def _decide(
     payload: str | None,
     by: str,
 ) -> None:
-    from service.approvals import decide
+    from service.engine.approvals import decide
+    from service.engine.runtime import Runtime
     from service.platform.clock import utcnow
-    from service.runtime import Runtime
     from tasks.dispatch import publish_or_defer
 
     try:

@@ -6,9 +6,9 @@ and again (through the key cache) on every call, so a revoked key stops working.
 """
 
 from service.cli.app import celery_app, cli, load_settings
+from service.engine.runtime import Runtime
 from service.platform.auth import KeyCache
 from service.platform.errors import McpKeyRequired
-from service.runtime import Runtime
 
 
 @cli.command()

@@ -29,7 +29,7 @@ from service.platform.settings import Settings
 @contextmanager
 def _pipeline_session(settings: Settings) -> Iterator[Any]:
     """One unit of work; a refused request prints its code and exits 2, like ``run``."""
-    from service.runtime import Runtime
+    from service.engine.runtime import Runtime
 
     rt = Runtime.start(settings)
     try:
@@ -199,7 +199,7 @@ def pipelines_diff(
 ) -> None:
     """The items of the pipeline's last successful run that the run before it did not have."""
     from service.catalogue.diffs import DiffKind, diff_counts, diff_page
-    from service.jobs import list_jobs
+    from service.engine.jobs import list_jobs
     from service.platform.errors import NoResultItems
 
     if kind not in set(DiffKind):

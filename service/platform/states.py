@@ -87,46 +87,67 @@ _OK, _FAIL, _SKIP, _CANCEL = (
 )
 
 STEP_TRANSITIONS: tuple[Transition, ...] = (
-    Transition(_P, _RUN, "service.steps.fast_claim", "its upstream allows it; a lease is taken"),
-    Transition(_P, _RUN, "service.steps.claim_step", "as above, under row locks"),
-    Transition(_P, _RUN, "service.shards.fast_shard_claim", "a lane takes a shard"),
-    Transition(_P, _RUN, "service.steps.complete_step", "its only upstream's checkpoint: next"),
-    Transition(_RETRY, _RUN, "service.steps.fast_claim", "the next attempt is delivered"),
-    Transition(_RUN, _RUN, "service.steps.claim_step", "its lease lapsed: another worker"),
-    Transition(_RUN, _OK, "service.steps.complete_step", "the checkpoint is written"),
-    Transition(_RUN, _OK, "service.shards.finish_fanout", "every shard settled"),
-    Transition(_RUN, _OK, "service.shards.fan_out", "a for_each over no items"),
-    Transition(_RUN, _RETRY, "service.steps.fail_step", "a retryable failure, attempts left"),
-    Transition(_RUN, _FAIL, "service.steps.fail_step", "a failure for good"),
-    Transition(_RUN, _FAIL, "service.sweeper.sweep", "it ran past its timeout"),
-    Transition(_P, _SKIP, "service.steps.skip_step", "its needs rule refuses its upstream"),
-    Transition(_RUN, _SKIP, "service.steps.skip_step", "its when condition is false"),
-    Transition(_RUN, _WAIT, "service.gates.park", "its gate has no decision yet"),
-    Transition(_WAIT, _P, "service.approvals.decide", "approved: sent again, to run"),
-    Transition(_RUN, _WAIT, "service.gates.ask_decision", "a loop ran out of rounds: escalate"),
-    Transition(_WAIT, _OK, "service.approvals.decide", "approved: the loop ends"),
-    Transition(_WAIT, _REJECT, "service.approvals.decide", "rejected, or timed out so"),
-    Transition(_WAIT, _CANCEL, "service.settle.close_open_steps", "its job ended first"),
-    Transition(_P, _CANCEL, "service.settle.close_open_steps", "its job ended first"),
-    Transition(_RUN, _CANCEL, "service.settle.close_open_steps", "its job ended first"),
-    Transition(_RETRY, _CANCEL, "service.settle.close_open_steps", "its job ended first"),
+    Transition(
+        _P, _RUN, "service.engine.claims.fast_claim", "its upstream allows it; a lease is taken"
+    ),
+    Transition(_P, _RUN, "service.engine.claims.claim_step", "as above, under row locks"),
+    Transition(_P, _RUN, "service.engine.shards.fast_shard_claim", "a lane takes a shard"),
+    Transition(
+        _P, _RUN, "service.engine.completion.complete_step", "its only upstream's checkpoint: next"
+    ),
+    Transition(_RETRY, _RUN, "service.engine.claims.fast_claim", "the next attempt is delivered"),
+    Transition(_RUN, _RUN, "service.engine.claims.claim_step", "its lease lapsed: another worker"),
+    Transition(_RUN, _OK, "service.engine.completion.complete_step", "the checkpoint is written"),
+    Transition(_RUN, _OK, "service.engine.shards.finish_fanout", "every shard settled"),
+    Transition(_RUN, _OK, "service.engine.shards.fan_out", "a for_each over no items"),
+    Transition(
+        _RUN, _RETRY, "service.engine.completion.fail_step", "a retryable failure, attempts left"
+    ),
+    Transition(_RUN, _FAIL, "service.engine.completion.fail_step", "a failure for good"),
+    Transition(_RUN, _FAIL, "service.engine.sweeper.sweep", "it ran past its timeout"),
+    Transition(_P, _SKIP, "service.engine.claims.skip_step", "its needs rule refuses its upstream"),
+    Transition(_RUN, _SKIP, "service.engine.claims.skip_step", "its when condition is false"),
+    Transition(_RUN, _WAIT, "service.engine.gates.park", "its gate has no decision yet"),
+    Transition(_WAIT, _P, "service.engine.approvals.decide", "approved: sent again, to run"),
+    Transition(
+        _RUN, _WAIT, "service.engine.gates.ask_decision", "a loop ran out of rounds: escalate"
+    ),
+    Transition(_WAIT, _OK, "service.engine.approvals.decide", "approved: the loop ends"),
+    Transition(_WAIT, _REJECT, "service.engine.approvals.decide", "rejected, or timed out so"),
+    Transition(_WAIT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_P, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RUN, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RETRY, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
 )
 
 _Q, _JRUN, _JWAIT = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL
 JOB_TRANSITIONS: tuple[Transition, ...] = (
-    Transition(_JRUN, _JWAIT, "service.gates.park", "a step waits for a decision"),
-    Transition(_JWAIT, _JRUN, "service.approvals.decide", "no step waits any more"),
-    Transition(_JWAIT, JobStatus.FAILED, "service.approvals.decide", "rejected, fail_fast"),
-    Transition(_JWAIT, JobStatus.CANCELLED, "service.jobs.cancel_job", "a person cancelled it"),
-    Transition(_Q, _JRUN, "service.steps.fast_claim", "its first step is claimed"),
-    Transition(_JRUN, JobStatus.SUCCEEDED, "service.settle.settle_job", "its steps settled well"),
+    Transition(_JRUN, _JWAIT, "service.engine.gates.park", "a step waits for a decision"),
+    Transition(_JWAIT, _JRUN, "service.engine.approvals.decide", "no step waits any more"),
+    Transition(_JWAIT, JobStatus.FAILED, "service.engine.approvals.decide", "rejected, fail_fast"),
     Transition(
-        _JRUN, JobStatus.SUCCEEDED, "service.steps.complete_step", "its sole sink checkpointed"
+        _JWAIT, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"
     ),
-    Transition(_JRUN, JobStatus.FAILED, "service.settle.settle_job", "a step it needed failed"),
-    Transition(_JRUN, JobStatus.FAILED, "service.steps.fail_step", "a step failed, fail_fast"),
-    Transition(_Q, JobStatus.CANCELLED, "service.jobs.cancel_job", "a person cancelled it"),
-    Transition(_JRUN, JobStatus.CANCELLED, "service.jobs.cancel_job", "a person cancelled it"),
+    Transition(_Q, _JRUN, "service.engine.claims.fast_claim", "its first step is claimed"),
+    Transition(
+        _JRUN, JobStatus.SUCCEEDED, "service.engine.settle.settle_job", "its steps settled well"
+    ),
+    Transition(
+        _JRUN,
+        JobStatus.SUCCEEDED,
+        "service.engine.completion.complete_step",
+        "its sole sink checkpointed",
+    ),
+    Transition(
+        _JRUN, JobStatus.FAILED, "service.engine.settle.settle_job", "a step it needed failed"
+    ),
+    Transition(
+        _JRUN, JobStatus.FAILED, "service.engine.completion.fail_step", "a step failed, fail_fast"
+    ),
+    Transition(_Q, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"),
+    Transition(
+        _JRUN, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"
+    ),
     Transition(_Q, JobStatus.CANCELLED, "service.schedules.cancel_overdue", "a run timed out"),
     Transition(_JRUN, JobStatus.CANCELLED, "service.schedules.cancel_overdue", "a run timed out"),
 )
@@ -134,17 +155,22 @@ JOB_TRANSITIONS: tuple[Transition, ...] = (
 _CP, _CRUN = CompensationStatus.PENDING, CompensationStatus.RUNNING
 COMPENSATION_INITIAL = frozenset({_CP})
 COMPENSATION_TRANSITIONS: tuple[Transition, ...] = (
-    Transition(_CP, _CRUN, "service.compensations.claim_next", "first unfinished, no live lease"),
-    Transition(_CRUN, _CRUN, "service.compensations.claim_next", "its lease lapsed"),
-    Transition(_CRUN, _CP, "service.compensations.record_outcome", "failed, attempts left"),
-    Transition(_CRUN, _CP, "service.compensations.release", "cut short before its outcome"),
     Transition(
-        _CRUN, CompensationStatus.COMPENSATED, "service.compensations.record_outcome", "done"
+        _CP, _CRUN, "service.engine.compensations.claim_next", "first unfinished, no live lease"
+    ),
+    Transition(_CRUN, _CRUN, "service.engine.compensations.claim_next", "its lease lapsed"),
+    Transition(_CRUN, _CP, "service.engine.compensations.record_outcome", "failed, attempts left"),
+    Transition(_CRUN, _CP, "service.engine.compensations.release", "cut short before its outcome"),
+    Transition(
+        _CRUN, CompensationStatus.COMPENSATED, "service.engine.compensations.record_outcome", "done"
     ),
     Transition(
-        _CRUN, CompensationStatus.FAILED, "service.compensations.record_outcome", "for good"
+        _CRUN, CompensationStatus.FAILED, "service.engine.compensations.record_outcome", "for good"
     ),
     Transition(
-        _CP, CompensationStatus.FAILED, "service.compensations.claim_next", "inputs unresolved"
+        _CP,
+        CompensationStatus.FAILED,
+        "service.engine.compensations.claim_next",
+        "inputs unresolved",
     ),
 )

@@ -10,10 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from service.engine.runtime import Runtime
 from service.platform.metrics import registry
 from service.platform.models import HookDeliveryRow, HookRow, JobRow
 from service.platform.settings import Settings
-from service.runtime import Runtime
 from tests.api.conftest import MAX_BODY, KeyFactory
 from tests.support.apps import api_client
 from tests.support.webhook import signed_headers

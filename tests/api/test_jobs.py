@@ -14,7 +14,8 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from service.jobs import NewJob, insert_jobs_if_resolved, new_job
+from service.engine.runtime import Runtime
+from service.engine.submission import NewJob, insert_jobs_if_resolved, new_job
 from service.platform import logs
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
@@ -24,7 +25,6 @@ from service.platform.constants import (
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from service.runtime import Runtime
 from tests.api.conftest import GREET, MAX_BODY, KeyFactory
 from tests.support.apps import api_client
 from tests.support.tcpproxy import TcpProxy

@@ -7,9 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from service.engine.runtime import Runtime
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from service.runtime import Runtime
 from tests.api.conftest import CLOSED_PORT_REDIS, KeyFactory
 from tests.support.apps import api_client
 

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from service.engine.runtime import Runtime
 from service.platform.models import PipelineRow
 from service.platform.settings import Settings
-from service.runtime import Runtime
 from tests.api.conftest import KeyFactory
 from tests.support.apps import api_client
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service.engine.runtime import Runtime
 from service.platform.db import unit_of_work
 from service.platform.models import ScheduleRow
 from service.platform.settings import Settings
-from service.runtime import Runtime
 from service.schedules import fire_schedule
 from tests.api.conftest import KeyFactory
 

@@ -169,8 +169,8 @@ class Client:
 
     def __init__(self, stack: Stack, settings: Settings | None = None) -> None:
         """``settings`` in place of the stack's, for a scenario on a database of its own."""
+        from service.engine.runtime import Runtime
         from service.platform.settings import get_settings
-        from service.runtime import Runtime
         from tasks.app import app
 
         self.settings = settings or get_settings()
@@ -180,7 +180,7 @@ class Client:
         self.broker = redis.Redis.from_url(stack.broker_url)
 
     def submit(self, pipeline: str | Mapping[str, Any], **params: Any) -> uuid.UUID:
-        from service.jobs import JobRequest, submit_job
+        from service.engine.submission import JobRequest, submit_job
         from service.language.plan import load_plan
         from service.platform.db import unit_of_work
         from tasks.dispatch import publish_new_job
@@ -201,10 +201,10 @@ class Client:
 
     def rerun(self, parent: uuid.UUID, request: Any) -> uuid.UUID:
         """Rerun through the same service call and publish path as the rerun route."""
+        from service.engine.reruns import rerun_job
         from service.language.plan import load_plan
         from service.platform.clock import utcnow
         from service.platform.db import unit_of_work
-        from service.reruns import rerun_job
         from tasks.dispatch import publish_new_job
 
         with unit_of_work(self.rt.sessions) as session:
@@ -217,7 +217,7 @@ class Client:
 
     def decide(self, job_id: uuid.UUID, step_id: str, *, approve: bool, **given: Any) -> Any:
         """Decide through the same service call and publish path as the approval routes."""
-        from service.approvals import decide
+        from service.engine.approvals import decide
         from service.platform.clock import utcnow
         from service.platform.db import unit_of_work
         from tasks.dispatch import publish_or_defer
@@ -238,7 +238,7 @@ class Client:
 
     def cancel(self, job_id: uuid.UUID) -> None:
         """Cancel as the route does, sending the job's compensations after the commit."""
-        from service.jobs import cancel_job
+        from service.engine.jobs import cancel_job
         from service.language.plan import JobPlan
         from service.platform.clock import utcnow
         from service.platform.db import unit_of_work
@@ -249,7 +249,7 @@ class Client:
         publish_or_defer(self.app, self.rt, JobPlan(job_id, compensate=True))
 
     def view(self, job_id: uuid.UUID) -> Any:
-        from service.jobs import get_job, job_view
+        from service.engine.jobs import get_job, job_view
         from service.platform.db import unit_of_work
 
         with unit_of_work(self.rt.sessions) as session:

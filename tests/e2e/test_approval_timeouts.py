@@ -3,7 +3,7 @@
 import json
 import uuid
 
-from service.events import notice_events
+from service.engine.events import notice_events
 from service.platform.db import unit_of_work
 from service.platform.models import ApprovalRow
 from tests.e2e.conftest import Client, Cluster, wait_for

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from service.approvals import list_approvals
+from service.engine.approvals import list_approvals
 from service.platform.db import unit_of_work
 from service.platform.errors import AlreadyDecided, NotAwaitingApproval
 from tests.e2e.conftest import Client, wait_for

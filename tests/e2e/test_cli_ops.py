@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.jobs import resolve_request
+from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import select
 
 from service.catalogue.saving import save_pipeline
-from service.jobs import JobRequest, submit_job
+from service.engine.submission import JobRequest, submit_job
 from service.language.plan import initial_plan
 from service.language.snapshots import job_profile
 from service.platform.db import unit_of_work

@@ -6,8 +6,8 @@ import uuid
 from typing import Any
 
 from service.catalogue.diffs import DiffKind, diff_counts, diff_page
-from service.events import notice_events
-from service.jobs import JobRequest, submit_job
+from service.engine.events import notice_events
+from service.engine.submission import JobRequest, submit_job
 from service.language.plan import load_plan
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow

@@ -114,7 +114,7 @@ def test_cancel_stops_a_running_step_and_nothing_after_it_runs(
 ) -> None:
     from celery import Celery
 
-    from service.jobs import cancel_job
+    from service.engine.jobs import cancel_job
     from service.platform.clock import utcnow
     from service.platform.db import unit_of_work
 

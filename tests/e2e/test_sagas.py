@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from service.jobs import list_jobs
+from service.engine.jobs import list_jobs
 from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, wait_for
 

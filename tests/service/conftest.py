@@ -9,13 +9,13 @@ import pytest
 from tests.conftest import Stack
 
 if TYPE_CHECKING:
-    from service.runtime import Runtime
+    from service.engine.runtime import Runtime
 
 
 @pytest.fixture(scope="session")
 def runtime(stack: Stack) -> Iterator[object]:
+    from service.engine.runtime import Runtime
     from service.platform.settings import get_settings
-    from service.runtime import Runtime
 
     rt = Runtime.start(get_settings())
     yield rt
@@ -27,7 +27,7 @@ def leftovers(runtime: "Runtime") -> Iterator[list[uuid.UUID]]:
     """Jobs a test leaves open are cancelled afterwards. The database is shared with the e2e
     clusters, whose sweeper re-sends every open job after a broker wipe drill: a leftover
     job would be run there and hold up the drill's worker."""
-    from service.jobs import cancel_job
+    from service.engine.jobs import cancel_job
     from service.platform.clock import utcnow
     from service.platform.db import unit_of_work
     from service.platform.models import JobRow

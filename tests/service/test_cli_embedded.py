@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
 from tests.conftest import Stack
 from tests.support.embedded_cli import BROKER_ENV, DATABASE_ENV
 
@@ -89,10 +89,11 @@ def _queued_bodies(client: redis.Redis) -> str:
 
 def _submit(runtime: Runtime, profile: dict[str, Any], claim: str) -> uuid.UUID:
     """A job whose step ``claim`` a worker took (a gate parks there), without a worker."""
-    from service.jobs import JobRequest, submit_job
+    from service.engine.claims import claim_step
+    from service.engine.steps import StepKey
+    from service.engine.submission import JobRequest, submit_job
     from service.platform.clock import utcnow
     from service.platform.db import unit_of_work
-    from service.steps import StepKey, claim_step
 
     with unit_of_work(runtime.sessions) as session:
         job, _ = submit_job(
@@ -112,7 +113,7 @@ def _submit(runtime: Runtime, profile: dict[str, Any], claim: str) -> uuid.UUID:
 
 
 def _cancel(runtime: Runtime, job_id: uuid.UUID) -> None:
-    from service.jobs import cancel_job
+    from service.engine.jobs import cancel_job
     from service.platform.clock import utcnow
     from service.platform.db import unit_of_work
 

@@ -10,7 +10,8 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from service.compensations import (
+from service.engine.claims import claim_step
+from service.engine.compensations import (
     CompensationClaim,
     Due,
     claim_next,
@@ -18,7 +19,13 @@ from service.compensations import (
     lost,
     record_outcome,
 )
-from service.jobs import cancel_job, list_jobs, mark_dispatched
+from service.engine.jobs import cancel_job, list_jobs
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.saga import run_compensation
+from service.engine.steps import StepKey
+from service.engine.submission import mark_dispatched
+from service.engine.sweeper import sweep
 from service.language.plan import JobPlan
 from service.language.snapshots import job_profile
 from service.platform.clock import utcnow
@@ -26,10 +33,6 @@ from service.platform.constants import WAIT_FOR_PEER_MAX_S
 from service.platform.db import unit_of_work
 from service.platform.errors import RetryLater
 from service.platform.models import CompensationRow, JobRow
-from service.runner import run_compensation, run_step
-from service.runtime import Runtime
-from service.steps import StepKey, claim_step
-from service.sweeper import sweep
 from tests.support.fanouts import submitted
 
 LEASE_S = 30.0

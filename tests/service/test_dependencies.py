@@ -11,7 +11,12 @@ from sqlalchemy import select
 from service.catalogue.retention import prune_dependency_fires
 from service.catalogue.saving import delete_pipeline, save_pipeline
 from service.dependencies import fire_dependents
-from service.jobs import JobRequest, submit_job
+from service.engine.claims import claim_step
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.shards import FannedOut, fan_out
+from service.engine.steps import FanOutDue, StepKey
+from service.engine.submission import JobRequest, submit_job
 from service.language.loading import find_profile, load_profile_text
 from service.language.plan import JobPlan
 from service.platform.clock import utcnow
@@ -25,10 +30,6 @@ from service.platform.models import (
     PipelineTriggerRow,
     StepRunRow,
 )
-from service.runner import run_step
-from service.runtime import Runtime
-from service.shards import FannedOut, fan_out
-from service.steps import FanOutDue, StepKey, claim_step
 from tests.support.runs import run_items
 
 UP = "name: up\nsteps:\n  - {id: a, action: noop, with: {found: [1, 2]}}\n"

@@ -10,12 +10,18 @@ import pytest
 from sqlalchemy import func, select
 
 from service.catalogue.resolution import ResolvedPipeline
-from service.jobs import JobRequest, NewJob, insert_jobs_if_resolved, new_job, submit_job
+from service.engine.runtime import Runtime
+from service.engine.submission import (
+    JobRequest,
+    NewJob,
+    insert_jobs_if_resolved,
+    new_job,
+    submit_job,
+)
 from service.language.loading import find_profile
 from service.platform.db import libpq_url, unit_of_work
 from service.platform.errors import IdempotencyConflict
 from service.platform.models import JobRow, StepRunRow
-from service.runtime import Runtime
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 SUBMITTERS = 6

@@ -14,13 +14,13 @@ from service.catalogue.notices import (
     sign,
     validate_notify_url,
 )
-from service.events import notice_events
+from service.engine.events import notice_events
+from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import NotifyUrlInvalid
 from service.platform.metrics import registry
 from service.platform.settings import Settings
-from service.runtime import Runtime
 from tests.support.runs import run_items
 from tests.support.webhook import Received, WebhookServer
 

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from service.catalogue.pipelines import SYSTEM_OWNER, get_pipeline, list_pipelines, list_versions
 from service.catalogue.saving import delete_pipeline, save_pipeline, set_share
-from service.jobs import JobRequest, submit_job
+from service.engine.runtime import Runtime
+from service.engine.submission import JobRequest, submit_job
 from service.platform.db import unit_of_work
 from service.platform.errors import (
     InvalidShare,
@@ -22,7 +23,6 @@ from service.platform.errors import (
     ProfileNotFound,
 )
 from service.platform.models import JobRow, PipelineRow, PipelineVersionRow
-from service.runtime import Runtime
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 

@@ -10,6 +10,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.catalogue.retention import RetentionPolicy, prune_fires, prune_runs
+from service.engine.runtime import Runtime
 from service.language.cron import ScheduleSpec
 from service.language.loading import find_profile
 from service.platform.constants import FIRE_RECORDS_KEPT_S
@@ -17,7 +18,6 @@ from service.platform.db import unit_of_work
 from service.platform.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
 from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
 from service.platform.settings import Settings, get_settings
-from service.runtime import Runtime
 from service.schedules import (
     TickResult,
     cancel_overdue,

@@ -2,8 +2,8 @@
 
 from fastapi.testclient import TestClient
 
+from service.engine.runtime import Runtime
 from service.platform.settings import Settings
-from service.runtime import Runtime
 
 
 def api_client(settings: Settings, runtime: Runtime | None = None) -> TestClient:

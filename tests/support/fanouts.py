@@ -4,9 +4,9 @@ tests of the runner and of shards."""
 import uuid
 from typing import Any
 
-from service.jobs import JobRequest, submit_job
+from service.engine.runtime import Runtime
+from service.engine.submission import JobRequest, submit_job
 from service.platform.db import unit_of_work
-from service.runtime import Runtime
 
 
 def fan_profile(uses: str = "${{ item }}", items_type: str = "array") -> dict[str, Any]:

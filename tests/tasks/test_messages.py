@@ -15,6 +15,7 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish
 
+from service.engine.runtime import Runtime
 from service.language.plan import JobPlan, StepPlan
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
@@ -26,7 +27,6 @@ from service.platform.constants import (
 )
 from service.platform.errors import BrokerUnavailable
 from service.platform.settings import get_settings
-from service.runtime import Runtime
 from tasks.canvas import send_plan
 from tasks.dispatch import publish_new_jobs_async, publish_plan
 from tasks.messages import async_broker_client, direct_broker, plan_messages, push

@@ -2,8 +2,8 @@
 gathered into the step's output once all are settled.
 
 A shard is a step row of its own (``shard`` >= 0), claimed, checkpointed and failed through
-``service.steps`` like any step; what is here is how shards come to exist, how a lane finds the
-next open one, and how the fan-out ends.
+``service.engine.steps`` like any step; what is here is how shards come to exist, how a lane
+finds the next open one, and how the fan-out ends.
 """
 
 import uuid
@@ -17,18 +17,11 @@ from sqlalchemy import and_, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.language.expressions import ExprContext, resolve
-from service.language.plan import JobPlan
-from service.language.profiles import Profile
-from service.language.snapshots import cached_profile, job_profile, referenced_steps, step_facts
-from service.language.specs import ForEach
-from service.loops import settle_succeeded
-from service.platform.db import driver
-from service.platform.errors import ExpressionError, FanOutTooLarge, JobTooLarge, RetryLater
-from service.platform.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
-from service.platform.states import STEP_FINAL, StepStatus
-from service.settle import step_outputs
-from service.steps import (
+from service.engine.claims import _claim_of, _claim_row, _claimed, _job_json, _profile_json
+from service.engine.completion import _record_failure
+from service.engine.loops import settle_succeeded
+from service.engine.settle import step_outputs
+from service.engine.steps import (
     _INPUT_OUTPUTS,
     _TAKE_LEASE,
     Claimed,
@@ -38,16 +31,19 @@ from service.steps import (
     Skipped,
     StepKey,
     Unresolvable,
-    _claim_of,
-    _claim_row,
-    _claimed,
-    _job_json,
     _lease_params,
     _live_job,
     _lock_step,
-    _profile_json,
-    _record_failure,
 )
+from service.language.expressions import ExprContext, resolve
+from service.language.plan import JobPlan
+from service.language.profiles import Profile
+from service.language.snapshots import cached_profile, job_profile, referenced_steps, step_facts
+from service.language.specs import ForEach
+from service.platform.db import driver
+from service.platform.errors import ExpressionError, FanOutTooLarge, JobTooLarge, RetryLater
+from service.platform.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
+from service.platform.states import STEP_FINAL, StepStatus
 
 
 @dataclass(frozen=True)

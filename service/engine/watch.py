@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.events import Event, events_after, job_settled
-from service.jobs import get_job, job_view
+from service.engine.events import Event, events_after, job_settled
+from service.engine.jobs import get_job, job_view
 from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENT_PAGE_ROWS
 from service.platform.db import make_engine, make_session_factory, unit_of_work
 from service.platform.listener import EventListener

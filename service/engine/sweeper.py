@@ -13,12 +13,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import exists, func, or_, select
 from sqlalchemy.orm import Session
 
-from service.compensations import lost as lost_compensations
+from service.engine.compensations import lost as lost_compensations
+from service.engine.completion import fail_step
+from service.engine.steps import Lease, StepKey
 from service.language.snapshots import job_profile
 from service.platform.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_OPEN, StepStatus
-from service.steps import Lease, StepKey, fail_step
 
 OPEN_JOB = [status.value for status in JOB_OPEN]
 

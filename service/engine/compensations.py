@@ -23,6 +23,7 @@ from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, aliased
 
+from service.engine.settle import step_outputs
 from service.language.expressions import ExprContext, parse_refs, resolve
 from service.language.profiles import Profile
 from service.language.specs import CompensateSpec
@@ -30,7 +31,6 @@ from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.platform.errors import ExpressionError
 from service.platform.models import CompensationRow, JobRow, StepRunRow
 from service.platform.states import COMPENSATION_FINAL, CompensationStatus, StepStatus
-from service.settle import step_outputs
 
 
 def idempotency_key(job_id: uuid.UUID, step_id: str) -> str:

@@ -3,7 +3,7 @@
 A gated step is claimed like any other; in the claim's transaction the gate either lets it run
 (a person approved it) or parks it: the step becomes ``awaiting_approval`` with no lease, the
 job ``awaiting_approval``, a decision is asked for and an event written. Parked, it holds no
-worker slot and no message: ``service.approvals.decide`` sends it again once decided, and a
+worker slot and no message: ``service.engine.approvals.decide`` sends it again once decided, and a
 Redis flush meanwhile loses nothing, since only PostgreSQL knows it waits.
 """
 

@@ -18,7 +18,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.jobs import get_job, insert_job, step_rows
+from service.engine.jobs import get_job
+from service.engine.submission import insert_job, step_rows
 from service.language.dag import descendants
 from service.language.params import resolve_params
 from service.language.profiles import Profile

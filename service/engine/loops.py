@@ -18,7 +18,11 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import record_event
-from service.gates import ask_decision
+from service.engine.completion import _record_failure
+from service.engine.gates import ask_decision
+from service.engine.rounds import loop_context
+from service.engine.settle import settle_job, step_outputs
+from service.engine.steps import Lease, StepKey, _lock_step, holds_lease, release_children
 from service.language.conditions import evaluate
 from service.language.expressions import ExprContext
 from service.language.plan import JobPlan, steps_plan
@@ -28,9 +32,6 @@ from service.platform.db import driver
 from service.platform.errors import ExpressionError
 from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from service.platform.states import StepStatus
-from service.rounds import loop_context
-from service.settle import settle_job, step_outputs
-from service.steps import Lease, StepKey, _lock_step, _record_failure, holds_lease, release_children
 
 
 def close_round(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> JobPlan:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.actions import REGISTRY, ActionRegistry, load_plugins
-from service.heartbeat import Heartbeats
+from service.engine.heartbeat import Heartbeats
 from service.platform.db import DirectConnections, make_engine, make_session_factory
 from service.platform.settings import Settings
 

@@ -15,9 +15,10 @@ from datetime import datetime
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.engine.completion import renew_lease
+from service.engine.steps import Lease, StepKey
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
-from service.steps import Lease, StepKey, renew_lease
 
 Renew = Callable[[Session, float, datetime], bool]
 """Extends one lease by the given seconds from the given moment; ``False`` once it is lost."""

@@ -17,7 +17,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.catalogue.notices import Notice, record_event, try_delivery
-from service.jobs import get_job
+from service.engine.completion import _record_failure
+from service.engine.jobs import get_job
+from service.engine.settle import settle_job
+from service.engine.steps import StepKey, _lock_step, release_children
 from service.language.plan import JobPlan, steps_plan
 from service.language.snapshots import job_profile, step_facts
 from service.platform.db import unit_of_work
@@ -31,8 +34,6 @@ from service.platform.states import (
     JobStatus,
     StepStatus,
 )
-from service.settle import settle_job
-from service.steps import StepKey, _lock_step, _record_failure, release_children
 
 TIMEOUT_DECIDER = "system:timeout"
 EXPIRE_BATCH = 100
