@@ -31,15 +31,10 @@ from typing import Any
 
 import psycopg
 
-from bench.chain_throughput import (
-    DEFAULT_ADMIN_DB,
-    PIPELINE,
-    PROFILE_YAML,
-    calibrate,
-    disable_event_log,
-    fresh_database,
-)
 from bench.cpu import CpuMeter
+from bench.harness import DEFAULT_ADMIN_DB, PIPELINE, PROFILE_YAML, fresh_database
+from bench.rounds import calibrate
+from bench.stack import disable_event_log
 
 VARIANTS = ("as migrated", "without event triggers")
 OWNER = "bench"
