@@ -47,7 +47,7 @@ from service.platform.constants import (
 from service.platform.errors import FlowbeatError, JobNotFound, Unauthorized
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
-from service.schedules import delete_schedule, put_schedule, summarize
+from service.triggers.schedules import delete_schedule, put_schedule, summarize
 
 if TYPE_CHECKING:
     from celery import Celery

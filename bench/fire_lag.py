@@ -54,7 +54,7 @@ def _schedule(env: dict[str, str], schedules: int) -> None:
     from service.platform.clock import utcnow
     from service.platform.db import make_engine, make_session_factory, unit_of_work
     from service.platform.settings import get_settings
-    from service.schedules import put_schedule
+    from service.triggers.schedules import put_schedule
 
     get_settings.cache_clear()
     settings = get_settings()

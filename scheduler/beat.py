@@ -25,7 +25,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.catalogue.retention import RetentionPolicy, prune_runs
-from service.dependencies import fire_dependents
 from service.engine.approvals import expire_due
 from service.engine.runtime import Runtime
 from service.language.plan import JobPlan, initial_plan
@@ -36,7 +35,8 @@ from service.platform.db import unit_of_work
 from service.platform.errors import BrokerUnavailable
 from service.platform.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
 from service.platform.settings import Settings, get_settings
-from service.schedules import (
+from service.triggers.dependencies import fire_dependents
+from service.triggers.schedules import (
     TickResult,
     cancel_overdue,
     due_schedule_ids,

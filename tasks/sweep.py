@@ -15,12 +15,12 @@ from service.catalogue.retention import (
 from service.engine import sweeper
 from service.engine.runtime import Runtime
 from service.engine.submission import mark_dispatched
-from service.hooks import prune_deliveries
 from service.language.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.constants import TASK_SWEEP
 from service.platform.db import unit_of_work
 from service.platform.metrics import SWEEPER_REPUBLISHED
+from service.triggers.hooks import prune_deliveries
 from tasks import runtime
 from tasks.app import app
 from tasks.broker import BrokerState, forget_loss, read_broker

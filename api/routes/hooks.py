@@ -18,14 +18,6 @@ from api.openapi import RETRY_AFTER, errors, read_by_route
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
 from api.throttle import check_hook_rate
 from service.engine.jobs import job_view, new_job_view
-from service.hooks import (
-    HookSpec,
-    accept_delivery,
-    delete_hook,
-    get_hook,
-    list_hooks,
-    put_hook,
-)
 from service.language.plan import initial_plan
 from service.language.snapshots import job_profile
 from service.language.specs import NAME_PATTERN
@@ -34,6 +26,14 @@ from service.platform.clock import utcnow
 from service.platform.errors import FlowbeatError, HookNotFound
 from service.platform.metrics import WEBHOOK_DELIVERIES
 from service.platform.models import HookRow
+from service.triggers.hooks import (
+    HookSpec,
+    accept_delivery,
+    delete_hook,
+    get_hook,
+    list_hooks,
+    put_hook,
+)
 from tasks.dispatch import publish_new_job
 
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"])

@@ -16,7 +16,7 @@ from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
-from service.schedules import (
+from service.triggers.schedules import (
     ScheduleSummary,
     delete_schedule,
     get_schedule,

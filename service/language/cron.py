@@ -39,7 +39,7 @@ class ScheduleSpec(BaseModel):
     """The body of ``PUT .../schedule`` and the optional ``schedule:`` block of a profile.
 
     Only shapes are checked here; what needs the clock library or operator limits is checked
-    by ``normalize`` and ``service.schedules`` so each problem gets its own error code.
+    by ``normalize`` and ``service.triggers.schedules`` so each problem gets its own error code.
     """
 
     model_config = ConfigDict(extra="forbid")

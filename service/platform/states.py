@@ -148,8 +148,12 @@ JOB_TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         _JRUN, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"
     ),
-    Transition(_Q, JobStatus.CANCELLED, "service.schedules.cancel_overdue", "a run timed out"),
-    Transition(_JRUN, JobStatus.CANCELLED, "service.schedules.cancel_overdue", "a run timed out"),
+    Transition(
+        _Q, JobStatus.CANCELLED, "service.triggers.schedules.cancel_overdue", "a run timed out"
+    ),
+    Transition(
+        _JRUN, JobStatus.CANCELLED, "service.triggers.schedules.cancel_overdue", "a run timed out"
+    ),
 )
 
 _CP, _CRUN = CompensationStatus.PENDING, CompensationStatus.RUNNING

@@ -18,7 +18,7 @@ from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
-from service.schedules import put_schedule
+from service.triggers.schedules import put_schedule
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
 
 LOCK_TTL_S = 3

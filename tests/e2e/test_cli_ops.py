@@ -17,7 +17,7 @@ from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
-from service.schedules import put_schedule
+from service.triggers.schedules import put_schedule
 from tests.conftest import Stack
 from tests.e2e.conftest import Client, Cluster, Proc, wait_for
 

@@ -10,7 +10,6 @@ from sqlalchemy import select
 
 from service.catalogue.retention import prune_dependency_fires
 from service.catalogue.saving import delete_pipeline, save_pipeline
-from service.dependencies import fire_dependents
 from service.engine.claims import claim_step
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
@@ -30,6 +29,7 @@ from service.platform.models import (
     PipelineTriggerRow,
     StepRunRow,
 )
+from service.triggers.dependencies import fire_dependents
 from tests.support.runs import run_items
 
 UP = "name: up\nsteps:\n  - {id: a, action: noop, with: {found: [1, 2]}}\n"

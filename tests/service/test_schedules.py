@@ -18,7 +18,7 @@ from service.platform.db import unit_of_work
 from service.platform.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
 from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
 from service.platform.settings import Settings, get_settings
-from service.schedules import (
+from service.triggers.schedules import (
     TickResult,
     cancel_overdue,
     fire_schedule,
