@@ -32,11 +32,11 @@ from api.submit import loop_io
 from api.telemetry import RequestMetrics
 from api.throttle import throttle
 from api.ui import install_ui
-from service import logs
-from service.auth import KeyCache
-from service.constants import VERSION
-from service.runtime import Runtime
-from service.settings import Settings, get_settings
+from service.engine.runtime import Runtime
+from service.platform import logs
+from service.platform.auth import KeyCache
+from service.platform.constants import VERSION
+from service.platform.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -26,11 +26,11 @@ from service.cli.follow import (
     view_job,
 )
 from service.cli.tables import narrow_table
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.errors import FlowbeatError
-from service.models import JobRow
-from service.settings import Settings
-from service.states import JobStatus
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.models import JobRow
+from service.platform.settings import Settings
+from service.platform.states import JobStatus
 
 
 def job_document(job: JobRow) -> dict[str, Any]:
@@ -62,7 +62,7 @@ JobArgument = Annotated[
 def resolve_job(settings: Settings, given: str) -> uuid.UUID:
     """The id of the one job ``given`` names; the CLI sees every owner's jobs, as ``jobs
     list`` does. Refused (exit 2) when it names none, or several."""
-    from service.jobids import resolve_job_id
+    from service.engine.jobids import resolve_job_id
 
     sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
@@ -82,8 +82,8 @@ def jobs_list(
     as_json: JsonOption = False,
 ) -> None:
     """The newest jobs."""
-    from service.jobs import list_jobs
-    from service.states import JobStatus
+    from service.engine.jobs import list_jobs
+    from service.platform.states import JobStatus
 
     if status is not None and status not in set(JobStatus):
         allowed = ", ".join(JobStatus)
@@ -153,10 +153,10 @@ def jobs_cancel(job: JobArgument) -> None:
     from kombu.exceptions import OperationalError
     from redis.exceptions import RedisError
 
-    from service.clock import utcnow
-    from service.jobs import cancel_job, job_view
-    from service.plan import JobPlan
-    from service.runtime import Runtime
+    from service.engine.jobs import cancel_job, job_view
+    from service.engine.runtime import Runtime
+    from service.language.plan import JobPlan
+    from service.platform.clock import utcnow
     from tasks.dispatch import publish_or_defer
 
     settings = load_settings()
@@ -192,10 +192,10 @@ def jobs_rerun(
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
 ) -> None:
     """Run a finished job again from a step, reusing what came before it; prints the new id."""
-    from service.clock import utcnow
-    from service.plan import load_plan
-    from service.reruns import RerunRequest, rerun_job
-    from service.runtime import Runtime
+    from service.engine.reruns import RerunRequest, rerun_job
+    from service.engine.runtime import Runtime
+    from service.language.plan import load_plan
+    from service.platform.clock import utcnow
     from tasks.dispatch import publish_new_job
 
     settings = load_settings()
@@ -244,9 +244,9 @@ def _decide(
     payload: str | None,
     by: str,
 ) -> None:
-    from service.approvals import decide
-    from service.clock import utcnow
-    from service.runtime import Runtime
+    from service.engine.approvals import decide
+    from service.engine.runtime import Runtime
+    from service.platform.clock import utcnow
     from tasks.dispatch import publish_or_defer
 
     try:

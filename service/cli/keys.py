@@ -16,7 +16,7 @@ from service.cli.app import (
     load_settings,
 )
 from service.cli.tables import narrow_table
-from service.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import make_engine, make_session_factory, unit_of_work
 
 
 @keys_cli.command("create")
@@ -25,7 +25,7 @@ def keys_create(
     owner: OwnerOption = None,
 ) -> None:
     """Create an API key; it is printed once and stored hashed."""
-    from service.auth import create_api_key
+    from service.platform.auth import create_api_key
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -45,7 +45,7 @@ def keys_list(
     as_json: JsonOption = False,
 ) -> None:
     """Keys by prefix (the part after ``fb_``), never their secrets."""
-    from service.auth import list_api_keys
+    from service.platform.auth import list_api_keys
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -90,8 +90,8 @@ def keys_revoke(
     key: Annotated[str, typer.Argument(help="the key's prefix, as keys list shows it, or the key")],
 ) -> None:
     """Revoke a key; API processes refuse it once their key cache forgets it."""
-    from service.auth import revoke_api_key
-    from service.errors import KeyNotFound
+    from service.platform.auth import revoke_api_key
+    from service.platform.errors import KeyNotFound
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))

@@ -16,8 +16,8 @@ from service.cli.app import (
     schedules_cli,
 )
 from service.cli.tables import narrow_table
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.schedules import ScheduleSummary
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.triggers.schedules import ScheduleSummary
 
 
 def _iso(value: Any) -> str | None:
@@ -87,7 +87,7 @@ def schedules_list(
     as_json: JsonOption = False,
 ) -> None:
     """Every schedule with its next and last fire, the last run's status and its run count."""
-    from service.schedules import list_schedules
+    from service.triggers.schedules import list_schedules
 
     sessions = make_session_factory(make_engine(load_settings().require_database_url()))
     with unit_of_work(sessions) as session:
@@ -101,7 +101,7 @@ def schedules_list(
 @schedules_cli.command("show")
 def schedules_show(name: str, owner: OwnerOption = None, as_json: JsonOption = False) -> None:
     """One pipeline's schedule."""
-    from service.schedules import get_schedule, summarize
+    from service.triggers.schedules import get_schedule, summarize
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -121,8 +121,8 @@ def schedules_show(name: str, owner: OwnerOption = None, as_json: JsonOption = F
 
 
 def _set_enabled(name: str, owner: str | None, enabled: bool) -> None:
-    from service.clock import utcnow
-    from service.schedules import set_schedule_enabled
+    from service.platform.clock import utcnow
+    from service.triggers.schedules import set_schedule_enabled
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -157,7 +157,7 @@ def schedules_resume(name: str, owner: OwnerOption = None) -> None:
 @schedules_cli.command("delete")
 def schedules_delete(name: str, owner: OwnerOption = None) -> None:
     """Delete a schedule; the jobs it created stay."""
-    from service.schedules import delete_schedule
+    from service.triggers.schedules import delete_schedule
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))

@@ -5,9 +5,9 @@ from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
 from api.errors import STATUS_BY_CODE
-from service import errors
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform import errors
+from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 
 

@@ -15,7 +15,7 @@ from functools import partial
 
 import pytest
 
-from service.constants import BROKER_EPOCH_KEY
+from service.platform.constants import BROKER_EPOCH_KEY
 from tests.chaos.conftest import ProxiedRedis
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import finished, first_finish_after, lost_jobs

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
+from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import describe
 from tests.chaos.results import record, scaled

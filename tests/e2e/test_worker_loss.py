@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from service.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
+from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
 from tests.support.held import Held, held_by

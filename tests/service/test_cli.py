@@ -212,7 +212,7 @@ def test_one_server_set_without_the_other_is_refused_not_replaced_by_the_embedde
 def test_beat_check_reports_the_leader_and_fails_without_one(flowbeat: Cli, stack: Stack) -> None:
     import redis
 
-    from service.constants import BEAT_LOCK_KEY
+    from service.platform.constants import BEAT_LOCK_KEY
 
     client = redis.Redis.from_url(stack.broker_url)
     try:

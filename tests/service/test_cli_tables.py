@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete
 
-from service.auth import create_api_key
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.models import ApiKeyRow, PipelineRow, ScheduleRow
-from service.pipelines import save_pipeline
-from service.runtime import Runtime
-from service.settings import get_settings
+from service.catalogue.saving import save_pipeline
+from service.engine.runtime import Runtime
+from service.platform.auth import create_api_key
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import ApiKeyRow, PipelineRow, ScheduleRow
+from service.platform.settings import get_settings
 from tests.conftest import Stack
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy.orm import Session
 
-from service.clock import utcnow
-from service.errors import JobIdAmbiguous, JobIdInvalid, JobNotFound
-from service.jobids import resolve_job_id
-from service.models import JobRow, PrunedJobRow
-from service.runtime import Runtime
+from service.engine.jobids import resolve_job_id
+from service.engine.runtime import Runtime
+from service.platform.clock import utcnow
+from service.platform.errors import JobIdAmbiguous, JobIdInvalid, JobNotFound
+from service.platform.models import JobRow, PrunedJobRow
 
 
 @pytest.fixture

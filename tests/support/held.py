@@ -8,7 +8,7 @@ from typing import cast
 
 import redis
 
-from service.constants import WORKER_HELD_KEY_PREFIX, WORKERS_KEY
+from service.platform.constants import WORKER_HELD_KEY_PREFIX, WORKERS_KEY
 
 
 @dataclass(frozen=True)
