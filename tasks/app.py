@@ -79,7 +79,8 @@ def create_celery(settings: Settings) -> Celery:
     )
     app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices", "tasks.approvals"]
     app.steps["worker"].add(CompactTimers)
-    app.steps["worker"].add(LivenessStep)
+    if transport_for(broker_url) is not None:
+        app.steps["worker"].add(LivenessStep)
     runtime.configure(settings)
     return app
 

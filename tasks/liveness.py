@@ -150,7 +150,8 @@ def restore(app: Celery, tags: Iterable[str]) -> int:
 
 
 class LivenessStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Starts before the consumer (which Celery starts last) and stops after it."""
+    """Starts before the consumer (which Celery starts last) and stops after it. Added only
+    where flowbeat's transport (``tasks.transport``) notes what each worker holds."""
 
     requires = ("celery.worker.components:Pool",)
 
