@@ -10,7 +10,7 @@ import pytest
 
 from scripts import gen_reference
 from service.platform.settings import Settings
-from tests.chaos.report import BEGIN, END
+from tests.chaos.report import BEGIN, END, line, table
 from tests.test_readme import documents
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,3 +50,20 @@ def test_the_settings_reference_names_every_setting() -> None:
 def test_the_faults_survived_table_has_its_markers() -> None:
     page = (DOCS / "guarantees.md").read_text(encoding="utf-8")
     assert page.index(BEGIN) < page.index(END)
+
+
+def test_a_chaos_run_of_some_scenarios_updates_their_rows_and_keeps_the_others() -> None:
+    page = (DOCS / "guarantees.md").read_text(encoding="utf-8")
+    standing = page[page.index(BEGIN) + len(BEGIN) : page.index(END)].strip()
+    kept = standing.splitlines()[2:]
+    first = kept[0].split("|")[1].strip()
+    rerun = {"scenario": first, "faults": "again", "jobs": 1, "lost": 0, "doubled": 0}
+    rerun |= {"reruns": 0, "recovery_p50_s": 1.0, "recovery_p99_s": 2.0, "scale": "full"}
+    new = {**rerun, "scenario": "a scenario added since"}
+
+    lines = table([rerun, new], standing).splitlines()[2:]
+
+    assert len(lines) == len(kept) + 1
+    assert lines[0] == line(rerun)
+    assert lines[1:-1] == kept[1:]
+    assert lines[-1] == line(new)
