@@ -13,7 +13,7 @@ import pytest
 from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
-from tests.support.held import Held, held_by
+from tests.support.held import Held, held_by, held_jobs
 
 DEFAULTS = {
     "lease_s": "30",
@@ -98,14 +98,17 @@ def test_a_busy_workers_messages_are_not_taken_when_another_dies(
     busy = cluster.worker(concurrency=1, **{**DEFAULTS, "worker_prefetch": "2"})
     kept = [client.submit("slow", hold_s=30) for _ in range(2)]
     wait_for(
-        lambda: sum(len(m) for m in held_by(client.broker, busy.popen.pid).values()) == 2,
+        lambda: held_jobs(client.broker, busy.popen.pid) == set(kept),
         30,
         "the busy worker to run one job and hold the other",
     )
     doomed = cluster.worker(concurrency=2, **DEFAULTS)
     lost = [client.submit("slow", hold_s=2) for _ in range(3)]
     wait_for(
-        lambda: sum(client.count(job, "slow", "started") for job in lost) == 2,
+        lambda: (
+            held_jobs(client.broker, doomed.popen.pid) == set(lost)
+            and sum(client.count(job, "slow", "started") for job in lost) == 2
+        ),
         30,
         "the doomed worker to run two jobs and hold the third",
     )
@@ -118,4 +121,6 @@ def test_a_busy_workers_messages_are_not_taken_when_another_dies(
     for job in kept:
         assert client.count(job, "slow", "started") == 1, "a busy worker's job ran twice"
         assert client.checkpoints(job, "slow") == 1
+        ran_in = int(client.counters.get(f"drill:{job}:slow:pid") or 0)
+        assert ran_in in busy.children(), "a busy worker's job ran elsewhere"
     assert busy.popen.poll() is None
