@@ -45,9 +45,10 @@ docs: setup
 # The tiers, chosen by marker (tests/conftest.py marks each test by its folder): unit runs no
 # processes (in-process API, engine, tasks and scheduler on PostgreSQL and Redis, under two
 # minutes); e2e starts real workers, beat, the API and the CLI; chaos kills and restarts them.
+# ARGS goes to pytest: make unit ARGS="--durations=20 tests/api".
 PYTEST = FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
 	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
 
 # Lint, the docs site and every tier in one run, so the two workers stay busy to the end.
 test: lint docs
