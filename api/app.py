@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from fastapi import Depends, FastAPI
 
 from api.deps import text_parameters
+from api.docs import install_docs
 from api.errors import install_error_handlers
 from api.lane import SubmitLane
 from api.limits import BodySizeLimit
@@ -31,11 +32,11 @@ from api.submit import loop_io
 from api.telemetry import RequestMetrics
 from api.throttle import throttle
 from api.ui import install_ui
-from service import logs
-from service.auth import KeyCache
-from service.constants import VERSION
-from service.runtime import Runtime
-from service.settings import Settings, get_settings
+from service.engine.runtime import Runtime
+from service.platform import logs
+from service.platform.auth import KeyCache
+from service.platform.constants import VERSION
+from service.platform.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -75,6 +76,8 @@ def create_app(
         version=VERSION,
         lifespan=lifespan,
         dependencies=[Depends(text_parameters)],
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.runtime = runtime
@@ -100,6 +103,7 @@ def create_app(
     metrics.install_metrics(app, runtime)
     install_ui(app)
     install_openapi(app)
+    install_docs(app)
     return app
 
 

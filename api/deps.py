@@ -17,10 +17,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from api.throttle import check_rate
-from service.auth import SCOPES, KeyCache, Principal
-from service.errors import Unauthorized
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.auth import SCOPES, KeyCache, Principal
+from service.platform.errors import Unauthorized
+from service.platform.settings import Settings
 
 
 async def get_runtime(request: Request) -> Runtime:

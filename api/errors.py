@@ -18,7 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import FlowbeatError
+from service.platform.errors import FlowbeatError
 
 log = logging.getLogger(__name__)
 

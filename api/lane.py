@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.routes import jobs
 from api.schemas import JobCreate
 from api.throttle import check_rate
-from service.auth import KeyCache, Principal
+from service.platform.auth import KeyCache, Principal
 
 
 class SubmitLane:

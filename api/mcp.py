@@ -26,22 +26,28 @@ from api.routes.runs import DiffCountsPublic, DiffPublic, RunPublic
 from api.routes.schedules import SchedulePublic
 from api.schemas import JobCreate, JobPublic
 from api.submit import accept_job
-from service.auth import KeyCache, Principal
-from service.clock import utcnow
-from service.constants import DIFF_PAGE_MAX_LIMIT, JOB_LIST_MAX_LIMIT, MCP_HISTORY_NEW_ITEMS
-from service.cron import ScheduleSpec
-from service.diffs import DiffKind, diff_counts, diff_page
-from service.errors import FlowbeatError, JobNotFound, Unauthorized
-from service.imports import fetch_url, import_policy, read_import_file
-from service.jobs import get_job, job_view, list_jobs, resolve_request
-from service.pipelines import PipelineView, delete_pipeline, get_pipeline, list_pipelines
-from service.pipelines import save_pipeline as save
-from service.profiles import load_profile_text
-from service.runtime import Runtime
-from service.schedules import delete_schedule, put_schedule, summarize
-from service.settings import Settings
-from service.states import JobStatus
-from service.yamlsafe import load_yaml
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.catalogue.imports import fetch_url, import_policy, read_import_file
+from service.catalogue.pipelines import PipelineView, get_pipeline, list_pipelines
+from service.catalogue.saving import delete_pipeline
+from service.catalogue.saving import save_pipeline as save
+from service.engine.jobs import get_job, job_view, list_jobs
+from service.engine.runtime import Runtime
+from service.engine.submission import resolve_request
+from service.language.cron import ScheduleSpec
+from service.language.loading import load_profile_text
+from service.language.yamlsafe import load_yaml
+from service.platform.auth import KeyCache, Principal
+from service.platform.clock import utcnow
+from service.platform.constants import (
+    DIFF_PAGE_MAX_LIMIT,
+    JOB_LIST_MAX_LIMIT,
+    MCP_HISTORY_NEW_ITEMS,
+)
+from service.platform.errors import FlowbeatError, JobNotFound, Unauthorized
+from service.platform.settings import Settings
+from service.platform.states import JobStatus
+from service.triggers.schedules import delete_schedule, put_schedule, summarize
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from service.constants import SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
-from service.jobs import JobView, StepView
-from service.models import ApprovalRow
+from service.engine.jobs import JobView, StepView
+from service.platform.constants import SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
+from service.platform.models import ApprovalRow
 
 
 def _utc_iso(value: datetime) -> str:

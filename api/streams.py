@@ -17,13 +17,13 @@ from fastapi import FastAPI
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from service.constants import EVENT_PAGE_ROWS
-from service.db import unit_of_work
-from service.events import Event, events_after, events_of_jobs, events_since, job_settled
-from service.listener import EventListener
-from service.models import JobRow
-from service.runtime import Runtime
-from service.states import JOB_FINAL
+from service.engine.events import Event, events_after, events_of_jobs, events_since, job_settled
+from service.engine.runtime import Runtime
+from service.platform.constants import EVENT_PAGE_ROWS
+from service.platform.db import unit_of_work
+from service.platform.listener import EventListener
+from service.platform.models import JobRow
+from service.platform.states import JOB_FINAL
 
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"

@@ -18,30 +18,32 @@ from sqlalchemy.orm import Session
 
 from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
-from service import logs
-from service.auth import Principal
-from service.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
-from service.db import autocommit, libpq_url
-from service.egress import check_escalation_urls, check_notify_url
-from service.errors import FlowbeatError
-from service.jobs import (
+from service.catalogue.notices import validate_notify_url
+from service.catalogue.resolution import seen_resolution
+from service.engine.jobs import job_view, new_job_view
+from service.engine.runtime import Runtime
+from service.engine.submission import (
     JobRequest,
     NewJob,
     check_open_jobs,
     insert_jobs_if_resolved,
-    job_view,
     new_job,
-    new_job_view,
     submit_job,
 )
-from service.models import JobRow
-from service.notices import validate_notify_url
-from service.pipelines import seen_resolution
-from service.plan import JobPlan, initial_plan
-from service.profiles import NAME_PATTERN, load_profile_text, validate_profile
-from service.runtime import Runtime
-from service.settings import Settings
-from service.snapshots import job_profile
+from service.language.checks import validate_profile
+from service.language.escalations import check_escalation_urls
+from service.language.loading import load_profile_text
+from service.language.plan import JobPlan, initial_plan
+from service.language.snapshots import job_profile
+from service.language.specs import NAME_PATTERN
+from service.platform import logs
+from service.platform.auth import Principal
+from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
+from service.platform.db import autocommit, libpq_url
+from service.platform.egress import check_notify_url
+from service.platform.errors import FlowbeatError
+from service.platform.models import JobRow
+from service.platform.settings import Settings
 from tasks.dispatch import publish_new_job, publish_new_jobs_async
 from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
 

@@ -8,7 +8,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.metrics import API_REQUEST_SECONDS
+from service.platform.metrics import API_REQUEST_SECONDS
 
 
 class RequestMetrics:

@@ -2,8 +2,8 @@
 
 A key, or a hook taking deliveries without a key, may send ``rate_limit_burst`` requests in any
 ``burst / rate`` seconds: bursts up to the burst, ``rate`` per second on average. The limiter
-is ``service.ratelimit``'s sliding window, so two API processes can never both grant the last
-slot. It runs on the event loop: through the thread pool, the check queued every request
+is ``service.platform.ratelimit``'s sliding window, so two API processes can never both grant
+the last slot. It runs on the event loop: through the thread pool, the check queued every request
 behind the pool's other work, and at 500 requests a second cost more than the request itself.
 Checks that queue up while one is in flight go to Redis together, in one round trip.
 If Redis cannot be reached in ``RATE_LIMIT_REDIS_TIMEOUT_S`` the request goes on: the limit
@@ -22,11 +22,11 @@ import redis.asyncio
 from fastapi import FastAPI
 
 from api.batching import Coalescer
-from service.auth import Principal
-from service.constants import RATE_LIMIT_BATCH_MAX, RATE_LIMIT_REDIS_TIMEOUT_S
-from service.errors import RateLimited
-from service.ratelimit import AsyncRateLimiter, try_acquire_all
-from service.settings import Settings
+from service.platform.auth import Principal
+from service.platform.constants import RATE_LIMIT_BATCH_MAX, RATE_LIMIT_REDIS_TIMEOUT_S
+from service.platform.errors import RateLimited
+from service.platform.ratelimit import AsyncRateLimiter, try_acquire_all
+from service.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -30,14 +30,14 @@ from api.errors import status_for
 from api.routes import approvals, events, jobs, pipelines, runs, schedules
 from api.schemas import DecisionCreate, JobPublic, RerunCreate
 from api.throttle import check_rate
-from service.auth import KeyCache, Principal
-from service.dag import topological_layers
-from service.diffs import DiffKind
-from service.errors import CsrfInvalid, FlowbeatError, Forbidden, Unauthorized
-from service.jobs import get_job, step_task_ids
-from service.settle import step_outputs
-from service.snapshots import job_profile
-from service.states import JOB_FINAL
+from service.catalogue.diffs import DiffKind
+from service.engine.jobs import get_job, step_task_ids
+from service.engine.settle import step_outputs
+from service.language.dag import topological_layers
+from service.language.snapshots import job_profile
+from service.platform.auth import KeyCache, Principal
+from service.platform.errors import CsrfInvalid, FlowbeatError, Forbidden, Unauthorized
+from service.platform.states import JOB_FINAL
 
 HERE = Path(__file__).parent
 COOKIE = "flowbeat_key"

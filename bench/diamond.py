@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from bench.chain_throughput import WORKER_CONCURRENCY, log, on_sigterm, start_flowbeat, workspace
+from bench.harness import WORKER_CONCURRENCY, log, on_sigterm, workspace
+from bench.stack import start_flowbeat
 
 POLL_S = 0.02
 

@@ -6,8 +6,8 @@ Two runs of ``--items`` item keys each, half overlapping, are loaded into ``resu
 fresh database with ``INSERT ... SELECT generate_series`` (not timed). Then, each timed after a
 warm-up run:
 
-A. the database: ``service.diffs.count_against`` (new, removed, unchanged by anti-joins on the
-   primary key, as computed when a run succeeds) and the first page of 100 new items, as
+A. the database: ``service.catalogue.diffs.count_against`` (new, removed, unchanged by anti-joins
+   on the primary key, as computed when a run succeeds) and the first page of 100 new items, as
    ``GET /v1/jobs/{id}/diff`` returns it;
 B. Python: both runs' keys fetched into two sets, then the three set differences and the
    first 100 new keys in order, as a service would do without the database diff.
@@ -30,10 +30,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service.db import make_engine, make_session_factory
-from service.diffs import DiffKind, count_against, diff_page
-from service.migrate import upgrade
-from service.models import JobRow
+from service.catalogue.diffs import DiffKind, count_against, diff_page
+from service.platform.db import make_engine, make_session_factory
+from service.platform.migrate import upgrade
+from service.platform.models import JobRow
 from tests.support.servers import admin_database_url, create_test_database, drop_test_database
 
 PAGE = 100

@@ -31,22 +31,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.chain_throughput import (
-    PIPELINE,
-    PROFILE_YAML,
-    calibrate,
-    disturbed,
-    interpreter,
-    log,
-    machine_pace,
-    on_sigterm,
-    pace_line,
-    pct,
-    py_spy,
-    start_flowbeat,
-    workspace,
-)
 from bench.cpu import cpu_s
+from bench.harness import PIPELINE, PROFILE_YAML, log, on_sigterm, pct, py_spy, workspace
+from bench.rounds import calibrate, disturbed, interpreter, machine_pace, pace_line
+from bench.stack import start_flowbeat
 
 CLIENT_THREADS = 16
 

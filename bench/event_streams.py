@@ -30,15 +30,9 @@ from typing import Any
 
 import httpx
 
-from bench.chain_throughput import (
-    WORKER_CONCURRENCY,
-    calibrate,
-    log,
-    on_sigterm,
-    pct,
-    start_flowbeat,
-    workspace,
-)
+from bench.harness import WORKER_CONCURRENCY, log, on_sigterm, pct, workspace
+from bench.rounds import calibrate
+from bench.stack import start_flowbeat
 
 PIPELINE = "bench_events"
 PROFILE_YAML = f"""\

@@ -34,16 +34,10 @@ from typing import Any
 import httpx
 import psycopg
 
-from bench.chain_throughput import (
-    WORKER_CONCURRENCY,
-    alternate,
-    log,
-    on_sigterm,
-    raw_worker,
-    start_flowbeat,
-    tail,
-    workspace,
-)
+from bench.chain_throughput import raw_worker
+from bench.harness import WORKER_CONCURRENCY, log, on_sigterm, tail, workspace
+from bench.rounds import alternate
+from bench.stack import start_flowbeat
 
 PIPELINE = "bench_fanout"
 WARMUP_ITEMS = 50

@@ -49,12 +49,12 @@ steps:
 
 def _schedule(env: dict[str, str], schedules: int) -> None:
     os.environ.update(env)
-    from service.clock import utcnow
-    from service.cron import ScheduleSpec
-    from service.db import make_engine, make_session_factory, unit_of_work
-    from service.profiles import find_profile
-    from service.schedules import put_schedule
-    from service.settings import get_settings
+    from service.language.cron import ScheduleSpec
+    from service.language.loading import find_profile
+    from service.platform.clock import utcnow
+    from service.platform.db import make_engine, make_session_factory, unit_of_work
+    from service.platform.settings import get_settings
+    from service.triggers.schedules import put_schedule
 
     get_settings.cache_clear()
     settings = get_settings()
@@ -75,7 +75,7 @@ def _schedule(env: dict[str, str], schedules: int) -> None:
 
 def _await_leader(broker_url: str) -> None:
     """Schedules are made once a leader runs, so start-up time does not count as lag."""
-    from service.constants import BEAT_LOCK_KEY
+    from service.platform.constants import BEAT_LOCK_KEY
 
     client = redis.Redis.from_url(broker_url)
     deadline = time.monotonic() + 60
@@ -110,7 +110,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run(fires: int, schedules: int, replicas: int) -> dict[str, Any]:
-    from service.migrate import upgrade
+    from service.platform.migrate import upgrade
 
     admin, name = admin_database_url(), f"flowbeat_bench_{uuid.uuid4().hex[:8]}"
     base, owner = redis_base_url(), f"bench-fire-lag-{os.getpid()}"

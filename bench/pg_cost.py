@@ -31,15 +31,10 @@ from typing import Any
 
 import psycopg
 
-from bench.chain_throughput import (
-    DEFAULT_ADMIN_DB,
-    PIPELINE,
-    PROFILE_YAML,
-    calibrate,
-    disable_event_log,
-    fresh_database,
-)
 from bench.cpu import CpuMeter
+from bench.harness import DEFAULT_ADMIN_DB, PIPELINE, PROFILE_YAML, fresh_database
+from bench.rounds import calibrate
+from bench.stack import disable_event_log
 
 VARIANTS = ("as migrated", "without event triggers")
 OWNER = "bench"
@@ -59,8 +54,8 @@ class Cost:
 
 @contextmanager
 def runtime_on(db_url: str, profiles: Path) -> Iterator[Any]:
-    from service.runtime import Runtime
-    from service.settings import Settings
+    from service.engine.runtime import Runtime
+    from service.platform.settings import Settings
 
     settings = Settings(database_url=db_url, broker_url="redis://unused", profiles_dir=profiles)
     rt = Runtime.start(settings, pool_size=1)
@@ -72,8 +67,8 @@ def runtime_on(db_url: str, profiles: Path) -> Iterator[Any]:
 
 def _first_job(rt: Any) -> uuid.UUID:
     """One job through ``submit_job``, so the name's resolution is known as the API knows it."""
-    from service.db import unit_of_work
-    from service.jobs import JobRequest, submit_job
+    from service.engine.submission import JobRequest, submit_job
+    from service.platform.db import unit_of_work
 
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
@@ -87,8 +82,8 @@ def _first_job(rt: Any) -> uuid.UUID:
 
 
 async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> list[uuid.UUID]:
-    from service.jobs import JobRequest, insert_jobs_if_resolved, new_job
-    from service.pipelines import seen_resolution
+    from service.catalogue.resolution import seen_resolution
+    from service.engine.submission import JobRequest, insert_jobs_if_resolved, new_job
 
     resolved = seen_resolution(
         PIPELINE,
@@ -108,9 +103,9 @@ async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> lis
 
 
 def _run(rt: Any, ids: list[uuid.UUID]) -> None:
-    from service import runner
-    from service.shards import FannedOut
-    from service.steps import StepKey
+    from service.engine import runner
+    from service.engine.shards import FannedOut
+    from service.engine.steps import StepKey
 
     inline = runner.Inline(
         fits=lambda _timeout_s: True, timed=lambda _timeout_s: nullcontext(), send=lambda _: None
@@ -121,8 +116,8 @@ def _run(rt: Any, ids: list[uuid.UUID]) -> None:
 
 
 def measure(admin_db: str, profiles: Path, variant: str, jobs: int) -> Cost:
-    from service.db import libpq_url
-    from service.migrate import upgrade
+    from service.platform.db import libpq_url
+    from service.platform.migrate import upgrade
 
     with fresh_database(admin_db) as db_url:
         upgrade(db_url)

@@ -9,7 +9,7 @@ import os
 
 from celery import Celery
 
-from service.settings import Settings
+from service.platform.settings import Settings
 
 QUEUE = "bench.raw"
 

@@ -38,15 +38,9 @@ import httpx
 import psycopg
 import redis
 
-from bench.chain_throughput import (
-    calibrate,
-    log,
-    on_sigterm,
-    pct,
-    start_flowbeat,
-    subprocess_group,
-    workspace,
-)
+from bench.harness import log, on_sigterm, pct, subprocess_group, workspace
+from bench.rounds import calibrate
+from bench.stack import start_flowbeat
 from bench.worker_memory import children, pss_kib
 
 API_PIPELINE = "soak_api"

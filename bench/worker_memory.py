@@ -32,22 +32,19 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.chain_throughput import (
+from bench.chain_throughput import raw_worker, wait_results
+from bench.harness import (
     PIPELINE,
     PROFILE_YAML,
     STEPS_PER_JOB,
     WORKER_CONCURRENCY,
-    alternate,
     log,
     on_sigterm,
-    post_jobs,
-    raw_worker,
-    start_flowbeat,
     tail,
-    wait_final,
-    wait_results,
     workspace,
 )
+from bench.rounds import alternate
+from bench.stack import post_jobs, start_flowbeat, wait_final
 
 WARMUP_CHAINS = 200
 CLIENT_THREADS = 4

@@ -24,25 +24,25 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
-from service.approvals import expire_due
-from service.clock import utcnow
-from service.constants import BEAT_LOCK_KEY, LEADER_POLL_S
-from service.db import unit_of_work
-from service.dependencies import fire_dependents
-from service.errors import BrokerUnavailable
-from service.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
-from service.plan import JobPlan, initial_plan
-from service.retention import RetentionPolicy, prune_runs
-from service.runtime import Runtime
-from service.schedules import (
+from service.catalogue.retention import RetentionPolicy, prune_runs
+from service.engine.approvals import expire_due
+from service.engine.runtime import Runtime
+from service.language.plan import JobPlan, initial_plan
+from service.language.snapshots import job_profile
+from service.platform.clock import utcnow
+from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
+from service.platform.db import unit_of_work
+from service.platform.errors import BrokerUnavailable
+from service.platform.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
+from service.platform.settings import Settings, get_settings
+from service.triggers.dependencies import fire_dependents
+from service.triggers.schedules import (
     TickResult,
     cancel_overdue,
     due_schedule_ids,
     fire_schedule,
     next_wakeup,
 )
-from service.settings import Settings, get_settings
-from service.snapshots import job_profile
 from tasks.approvals import send_escalation
 from tasks.dispatch import publish_new_job, publish_or_defer
 

@@ -3,7 +3,7 @@
 RedBeat, like celery beat, only polls: a schedule added while the leader sleeps is seen when the
 sleep ends, up to ``max_interval`` later. Here the leader sleeps up to a third of the lock TTL,
 so a new schedule's first fires went out seconds late, all at once. A save instead sends
-``NOTIFY`` in its own transaction (``service.schedules.put_schedule``), which PostgreSQL
+``NOTIFY`` in its own transaction (``service.triggers.schedules.put_schedule``), which PostgreSQL
 delivers only once that transaction commits, so a woken leader always finds the row it was
 woken for, and a save that rolls back wakes nobody. The leader listens before it reads the due
 schedules, so a save committed while it reads is still in the connection when it goes to sleep.
@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import make_url
 
-from service.constants import SCHEDULES_CHANNEL
+from service.platform.constants import SCHEDULES_CHANNEL
 
 log = logging.getLogger(__name__)
 

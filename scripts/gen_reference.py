@@ -3,12 +3,12 @@
     python -m scripts.gen_reference            # write the pages (``make docs`` runs this)
     python -m scripts.gen_reference --check    # exit 1 if a page differs from what it would write
 
-- settings: the ``Settings`` model of ``service/settings.py`` (and ``LlmProvider``), with each
-  field's description or the docstring written under it;
+- settings: the ``Settings`` model of ``service/platform/settings.py`` (and ``LlmProvider``),
+  with each field's description or the docstring written under it;
 - CLI: the typer commands of ``service/cli``, as click sees them;
 - REST API: the OpenAPI document the API serves (``create_app(...).openapi()``, built without
   touching a database or broker);
-- metrics: the collectors defined in ``service/metrics.py``.
+- metrics: the collectors defined in ``service/platform/metrics.py``.
 
 The pages are committed, so they read well on the forge too, and ``tests/test_docs.py`` fails
 while one is stale.
@@ -108,7 +108,7 @@ def _fields(
 
 
 def settings_page() -> str:
-    from service.settings import LlmProvider, Settings
+    from service.platform.settings import LlmProvider, Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     lines = [
@@ -116,7 +116,8 @@ def settings_page() -> str:
         "",
         "# Settings",
         "",
-        f"Every field of `Settings` in `service/settings.py`, read from the environment with the "
+        f"Every field of `Settings` in `service/platform/settings.py`, read from the environment "
+        "with the "
         f"`{prefix}` prefix or from a `.env` file. Lists are comma-separated, `dict` and "
         "`list[LlmProvider]` are JSON. A description comes from the code (the field's description "
         "or its docstring), else from the settings table of "
@@ -204,7 +205,7 @@ def openapi_document() -> dict[str, Any]:
     from celery import Celery
 
     from api.app import create_app
-    from service.settings import Settings
+    from service.platform.settings import Settings
 
     settings = Settings(
         database_url="postgresql+psycopg://docs@127.0.0.1:1/docs",
@@ -273,14 +274,15 @@ def api_page() -> str:
 def metrics_page() -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from service import metrics
+    from service.platform import metrics
 
     lines = [
         GENERATED,
         "",
         "# Metrics",
         "",
-        "Every collector defined in `service/metrics.py`. The API's `GET /metrics` also serves "
+        "Every collector defined in `service/platform/metrics.py`. The API's `GET /metrics` "
+        "also serves "
         "gauges read at scrape time (`flowbeat_jobs`, `flowbeat_open_steps`, "
         "`flowbeat_queue_depth`, `flowbeat_beat_leader`); "
         "[Operations](../guides/operations.md#metrics-and-logs) says which process counts what.",

@@ -13,14 +13,14 @@ from celery import Celery
 from celery.signals import worker_before_create_process, worker_process_init
 from kombu.entity import Exchange, Queue
 
-from service.constants import (
+from service.platform.constants import (
     QUEUE_CONTROL,
     QUEUE_STEPS,
     REDIS_HEALTH_CHECK_S,
     REDIS_SOCKET_TIMEOUT_S,
     TASK_SWEEP,
 )
-from service.settings import Settings, get_settings
+from service.platform.settings import Settings, get_settings
 from tasks import runtime, telemetry  # noqa: F401
 from tasks.backend import backend_url
 from tasks.liveness import LivenessStep
@@ -79,7 +79,8 @@ def create_celery(settings: Settings) -> Celery:
     )
     app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices", "tasks.approvals"]
     app.steps["worker"].add(CompactTimers)
-    app.steps["worker"].add(LivenessStep)
+    if transport_for(broker_url) is not None:
+        app.steps["worker"].add(LivenessStep)
     runtime.configure(settings)
     return app
 

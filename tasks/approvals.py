@@ -3,9 +3,9 @@
 import time
 import uuid
 
-from service.approvals import send_escalation as send
-from service.constants import TASK_SEND_ESCALATION
-from service.errors import RetryLater
+from service.engine.approvals import send_escalation as send
+from service.platform.constants import TASK_SEND_ESCALATION
+from service.platform.errors import RetryLater
 from tasks import runtime
 from tasks.app import app
 from tasks.base import FlowbeatTask

@@ -8,9 +8,9 @@ from celery import Task
 from celery.exceptions import Ignore
 from sqlalchemy.exc import OperationalError
 
-from service.constants import HEADER_SENT_AT
-from service.errors import RetryLater, StopChain
-from service.metrics import STEP_QUEUE_WAIT
+from service.platform.constants import HEADER_SENT_AT
+from service.platform.errors import RetryLater, StopChain
+from service.platform.metrics import STEP_QUEUE_WAIT
 
 DATABASE_RETRY_S = 2.0
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import redis
 
-from service.clock import utcnow
-from service.constants import BROKER_EPOCH_KEY, HEADER_SENT_AT, QUEUE_STEPS
+from service.platform.clock import utcnow
+from service.platform.constants import BROKER_EPOCH_KEY, HEADER_SENT_AT, QUEUE_STEPS
 
 
 @dataclass(frozen=True)

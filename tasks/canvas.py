@@ -5,7 +5,7 @@ What a person reads in Flower and the worker logs is set beside the payload: the
 as ``<pipeline>/<step>`` (Celery's ``shadow`` name) and its arguments as ``job=… step=…``
 (``argsrepr``).
 No message carries what comes after its step: the step that settles last among a child's
-upstream sends the child (``service.steps.release_children``), or runs it next itself when it
+upstream sends the child (``service.engine.steps.release_children``), or runs it next itself when it
 was the child's only upstream and the message's time limits still hold the child's timeout
 (``tasks.inline``).
 """
@@ -16,8 +16,10 @@ from typing import Any
 from celery import Celery, chord
 from celery.canvas import Signature
 
-from service.compensations import Due
-from service.constants import (
+from service.engine.compensations import Due
+from service.engine.steps import StepKey
+from service.language.plan import JobPlan, StepPlan
+from service.platform.constants import (
     CHAIN_SLICE_S,
     LANE_SLICE_S,
     STEP_TIMEOUT_GRACE_S,
@@ -26,8 +28,6 @@ from service.constants import (
     TASK_RUN_LANE,
     TASK_RUN_STEP,
 )
-from service.plan import JobPlan, StepPlan
-from service.steps import StepKey
 
 
 def limits(timeout_s: int) -> dict[str, int]:

@@ -9,13 +9,13 @@ from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.errors import BrokerUnavailable
-from service.jobs import mark_dispatched
-from service.plan import JobPlan, load_plan
-from service.runtime import Runtime
-from service.settle import settle_job
+from service.engine.runtime import Runtime
+from service.engine.settle import settle_job
+from service.engine.submission import mark_dispatched
+from service.language.plan import JobPlan, load_plan
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import BrokerUnavailable
 from tasks.canvas import send_plan
 from tasks.messages import direct_broker, plain_steps, plan_messages, push, push_async
 

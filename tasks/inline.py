@@ -22,9 +22,9 @@ from types import FrameType
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from service.constants import CHAIN_START_MARGIN_S
-from service.runner import Inline
-from service.settings import Settings
+from service.engine.runner import Inline
+from service.platform.constants import CHAIN_START_MARGIN_S
+from service.platform.settings import Settings
 from tasks import canvas
 
 

@@ -34,8 +34,8 @@ from typing import Any, cast
 import redis
 from celery import Celery, bootsteps
 
-from service.constants import WORKER_HELD_KEY_PREFIX, WORKER_REAP_LOCK_PREFIX, WORKERS_KEY
-from service.metrics import WORKER_MESSAGES_RESTORED
+from service.platform.constants import WORKER_HELD_KEY_PREFIX, WORKER_REAP_LOCK_PREFIX, WORKERS_KEY
+from service.platform.metrics import WORKER_MESSAGES_RESTORED
 from tasks import runtime
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,8 @@ def restore(app: Celery, tags: Iterable[str]) -> int:
 
 
 class LivenessStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Starts before the consumer (which Celery starts last) and stops after it."""
+    """Starts before the consumer (which Celery starts last) and stops after it. Added only
+    where flowbeat's transport (``tasks.transport``) notes what each worker holds."""
 
     requires = ("celery.worker.components:Pool",)
 

@@ -30,7 +30,9 @@ from celery.utils.nodenames import anon_nodename
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
-from service.constants import (
+from service.engine.steps import StepKey
+from service.language.plan import JobPlan, StepPlan
+from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUBLISH_RETRY_INTERVAL_S,
     BROKER_PUSH_TIMEOUT_S,
@@ -38,8 +40,6 @@ from service.constants import (
     QUEUE_STEPS,
     TASK_RUN_STEP,
 )
-from service.plan import JobPlan, StepPlan
-from service.steps import StepKey
 from tasks.canvas import readable, step_limits
 
 DIRECT_BROKER_SCHEME = "redis://"

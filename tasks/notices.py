@@ -7,10 +7,10 @@ import uuid
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from service.constants import TASK_SEND_NOTICE
-from service.errors import RetryLater
-from service.notices import send_notice as send
-from service.notices import take_queued
+from service.catalogue.notices import send_notice as send
+from service.catalogue.notices import take_queued
+from service.platform.constants import TASK_SEND_NOTICE
+from service.platform.errors import RetryLater
 from tasks import runtime
 from tasks.app import app
 from tasks.base import FlowbeatTask

@@ -2,8 +2,8 @@
 
 import os
 
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.settings import Settings
 
 _settings: Settings | None = None
 _runtime: Runtime | None = None

@@ -4,10 +4,15 @@ import uuid
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from service import runner
-from service.constants import TASK_COMPENSATE, TASK_FINISH_FANOUT, TASK_RUN_LANE, TASK_RUN_STEP
-from service.shards import FannedOut
-from service.steps import StepKey
+from service.engine import runner, saga
+from service.engine.shards import FannedOut
+from service.engine.steps import StepKey
+from service.platform.constants import (
+    TASK_COMPENSATE,
+    TASK_FINISH_FANOUT,
+    TASK_RUN_LANE,
+    TASK_RUN_STEP,
+)
 from tasks import canvas, runtime
 from tasks.app import app
 from tasks.base import FlowbeatTask
@@ -53,7 +58,7 @@ def compensate(self: FlowbeatTask, job_id: str, step_id: str | None = None) -> N
     """One compensation of a saga per message, then the message for the next one, which
     carries that one's time limits."""
     key = uuid.UUID(job_id)
-    due = runner.run_compensation(runtime.get(), key, step_id, timeout_errors=TIMEOUTS)
+    due = saga.run_compensation(runtime.get(), key, step_id, timeout_errors=TIMEOUTS)
     if due is not None:
         canvas.send_compensation(self.app, key, due)
 

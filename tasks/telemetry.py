@@ -1,6 +1,6 @@
 """Logs and metrics of worker and beat processes, wired through Celery's signals.
 
-Celery's own logging set-up is replaced by ``service.logs``, so a worker's lines, Celery's
+Celery's own logging set-up is replaced by ``service.platform.logs``, so a worker's lines, Celery's
 included, come out as JSON (or text on a terminal) with the job, step and attempt they are
 about. A worker or beat with a metrics port serves ``/metrics`` from its main process; a
 worker's pool processes are summed through prometheus-client's multiprocess files, which
@@ -22,9 +22,9 @@ from celery.signals import (
     worker_process_shutdown,
 )
 
-from service import logs, metrics
-from service.errors import MetricsTokenRequired
-from service.settings import get_settings
+from service.platform import logs, metrics
+from service.platform.errors import MetricsTokenRequired
+from service.platform.settings import get_settings
 
 log = logging.getLogger(__name__)
 

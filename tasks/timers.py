@@ -15,7 +15,7 @@ from typing import Any
 from celery import bootsteps
 from kombu.asynchronous.timer import Timer
 
-from service.constants import TIMER_COMPACT_INTERVAL_S
+from service.platform.constants import TIMER_COMPACT_INTERVAL_S
 
 
 def compact(timer: Timer) -> int:

@@ -19,7 +19,7 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from service.constants import HEADER_SENT_AT
+from service.platform.constants import HEADER_SENT_AT
 from tasks import liveness
 
 

@@ -86,13 +86,13 @@ def stack() -> Iterator[Stack]:
     base = redis_base_url()
     db = allocate_redis_db(base, owner)
     broker_url = f"{base.rsplit('/', 1)[0]}/{db}"
-    from service.migrate import upgrade
+    from service.platform.migrate import upgrade
 
     upgrade(database_url)
     stack = Stack(database_url, broker_url, owner)
     saved = {key: os.environ.get(key) for key in stack.env}
     os.environ.update(stack.env)
-    from service.settings import get_settings
+    from service.platform.settings import get_settings
 
     get_settings.cache_clear()
     try:

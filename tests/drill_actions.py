@@ -11,7 +11,7 @@ import redis
 from sqlalchemy import make_url
 
 from service.actions import StepContext, action
-from service.errors import ActionError
+from service.platform.errors import ActionError
 from tests.support.servers import DRILL_RUN_ENV, run_jobs_key
 
 KEY_TTL_S = 3600

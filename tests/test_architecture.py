@@ -44,6 +44,57 @@ def test_the_api_never_touches_rows_without_the_service_layer() -> None:
         assert "session.add(" not in source and "session.execute(" not in source, path
 
 
+SERVICE = ROOT / "service"
+# The concerns of service/, lowest first: a module imports its own package and those before it,
+# never one after it. Each package's docstring says what it owns.
+PACKAGE_ORDER = ("platform", "language", "actions", "catalogue", "engine", "triggers", "cli")
+
+
+def _service_packages(tree: ast.AST) -> set[str]:
+    """The packages of ``service`` a module names, at import time or inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            dotted = [node.module]
+            if node.module == "service":
+                dotted = [f"service.{alias.name}" for alias in node.names]
+        else:
+            continue
+        names |= {name.split(".")[1] for name in dotted if name.startswith("service.")}
+    return {name for name in names if (SERVICE / name).is_dir()}
+
+
+def _package_of(path: Path) -> str | None:
+    parts = path.relative_to(SERVICE).parts
+    return parts[0] if len(parts) > 1 else None
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in SERVICE.rglob("*.py") if _package_of(p) is not None),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_service_packages_import_only_their_own_and_those_below(path: Path) -> None:
+    own = _package_of(path)
+    assert own in PACKAGE_ORDER, f"{own} is not placed in PACKAGE_ORDER"
+    allowed = set(PACKAGE_ORDER[: PACKAGE_ORDER.index(own) + 1])
+    assert _service_packages(ast.parse(path.read_text())) <= allowed
+
+
+@pytest.mark.parametrize("package", PACKAGE_ORDER)
+def test_every_service_package_says_what_it_owns(package: str) -> None:
+    init = SERVICE / package / "__init__.py"
+    assert ast.get_docstring(ast.parse(init.read_text())), init
+
+
+def test_service_holds_packages_only() -> None:
+    """A module of ``service/`` belongs to one concern; a new one goes into its package."""
+    loose = sorted(p.name for p in SERVICE.glob("*.py") if p.name != "__init__.py")
+    assert not loose
+
+
 PROCESS_APP = "tasks.app"
 
 

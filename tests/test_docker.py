@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.settings import Settings
+from service.platform.settings import Settings
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 FLOWBEAT_SUBCOMMANDS = {"migrate", "api", "worker", "beat", "dev", "run", "jobs", "keys", "flower"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scripts import gen_reference
-from service.settings import Settings
+from service.platform.settings import Settings
 from tests.chaos.report import BEGIN, END
 from tests.test_readme import documents
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 from sqlalchemy.engine import make_url
 
-from service.embedded import embedded_available, start_embedded, stop_embedded
+from service.platform.embedded import embedded_available, start_embedded, stop_embedded
 
 pytestmark = [
     pytest.mark.e2e,  # starts the embedded PostgreSQL and Redis servers
@@ -75,7 +75,8 @@ def test_data_survives_stop_and_restart(data_dir: Path) -> None:
 def test_servers_outlive_the_starting_process_and_are_reused(data_dir: Path) -> None:
     """`flowbeat api` and `flowbeat worker` start separately and must share one pair of servers."""
     script = (
-        "import json, sys; from pathlib import Path; from service.embedded import start_embedded; "
+        "import json, sys; from pathlib import Path; "
+        "from service.platform.embedded import start_embedded; "
         "print(json.dumps(start_embedded(Path(sys.argv[1])).__dict__))"
     )
     started = subprocess.run(

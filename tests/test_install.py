@@ -101,10 +101,10 @@ def test_flowbeat_is_imported_from_the_wheel_with_its_profiles_schema_and_migrat
 ) -> None:
     probe = f"""
 import importlib, json, pathlib
-from service.constants import SHIPPED_DIR
-from service.profiles import SCHEMA_PATH
+from service.platform.constants import SHIPPED_DIR
+from service.language.profiles import SCHEMA_PATH
 service = pathlib.Path(importlib.import_module("service").__file__).parent
-versions = service / "migrations" / "versions"
+versions = service / "platform" / "migrations" / "versions"
 api = pathlib.Path(importlib.import_module("api").__file__).parent
 print(json.dumps({{
     "ui": sorted(p.name for p in [*api.glob("templates/*"), *api.glob("static/*")]),

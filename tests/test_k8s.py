@@ -17,9 +17,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.constants import QUEUE_STEPS
-from service.profiles import StepSpec
-from service.settings import Settings
+from service.language.specs import StepSpec
+from service.platform.constants import QUEUE_STEPS
+from service.platform.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAY = ROOT / "deploy" / "k8s" / "overlays" / "example"

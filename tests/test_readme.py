@@ -29,8 +29,8 @@ import httpx
 import pytest
 import yaml
 
-from service.auth import create_api_key
-from service.db import make_engine, make_session_factory, unit_of_work
+from service.platform.auth import create_api_key
+from service.platform.db import make_engine, make_session_factory, unit_of_work
 from tests.conftest import Stack
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,10 @@ import pytest
 import yaml
 
 from service.actions import REGISTRY, load_plugins
-from service.errors import ParamsInvalid
-from service.profiles import load_profile_file, resolve_params, validate_profile
+from service.language.checks import validate_profile
+from service.language.loading import load_profile_file
+from service.language.params import resolve_params
+from service.platform.errors import ParamsInvalid
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 SCHEDULES: dict[str, dict[str, str | bool]] = {

@@ -16,12 +16,12 @@ from api.schemas import (
     DecisionEnvelope,
     JobPublic,
 )
-from service.approvals import decide, list_approvals
-from service.auth import Principal
-from service.clock import utcnow
-from service.constants import APPROVAL_LIST_MAX
-from service.jobs import job_view
-from service.states import APPROVAL_WAITING, ApprovalStatus
+from service.engine.approvals import decide, list_approvals
+from service.engine.jobs import job_view
+from service.platform.auth import Principal
+from service.platform.clock import utcnow
+from service.platform.constants import APPROVAL_LIST_MAX
+from service.platform.states import APPROVAL_WAITING, ApprovalStatus
 from tasks.dispatch import publish_or_defer
 
 router = APIRouter(prefix="/v1", tags=["approvals"])

@@ -22,9 +22,9 @@ from api.streams import (
     job_stream,
     listener_of,
 )
-from service.clock import utcnow
-from service.events import events_after, job_settled
-from service.jobs import get_job
+from service.engine.events import events_after, job_settled
+from service.engine.jobs import get_job
+from service.platform.clock import utcnow
 
 router = APIRouter(tags=["events"])
 

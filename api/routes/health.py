@@ -8,10 +8,10 @@ from fastapi.responses import JSONResponse
 
 from api.deps import broker_probe
 from api.schemas import Check, Health
-from service.constants import VERSION
-from service.db import ping
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.constants import VERSION
+from service.platform.db import ping
+from service.platform.settings import Settings
 
 router = APIRouter(tags=["health"])
 

@@ -17,10 +17,16 @@ from api.errors import ApiError
 from api.openapi import RETRY_AFTER, errors, read_by_route
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
 from api.throttle import check_hook_rate
-from service.auth import Principal
-from service.clock import utcnow
-from service.errors import FlowbeatError, HookNotFound
-from service.hooks import (
+from service.engine.jobs import job_view, new_job_view
+from service.language.plan import initial_plan
+from service.language.snapshots import job_profile
+from service.language.specs import NAME_PATTERN
+from service.platform.auth import Principal
+from service.platform.clock import utcnow
+from service.platform.errors import FlowbeatError, HookNotFound
+from service.platform.metrics import WEBHOOK_DELIVERIES
+from service.platform.models import HookRow
+from service.triggers.hooks import (
     HookSpec,
     accept_delivery,
     delete_hook,
@@ -28,12 +34,6 @@ from service.hooks import (
     list_hooks,
     put_hook,
 )
-from service.jobs import job_view, new_job_view
-from service.metrics import WEBHOOK_DELIVERIES
-from service.models import HookRow
-from service.plan import initial_plan
-from service.profiles import NAME_PATTERN
-from service.snapshots import job_profile
 from tasks.dispatch import publish_new_job
 
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"])

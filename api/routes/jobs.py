@@ -17,21 +17,16 @@ from api.openapi import errors
 from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
 from api.streams import listener_of, wait_until_final
 from api.submit import LoopIO, accept_job, accept_job_on_loop
-from service.auth import Principal
-from service.clock import utcnow
-from service.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
-from service.errors import JobNotFound
-from service.jobs import (
-    cancel_job,
-    get_job,
-    job_view,
-    list_jobs,
-)
-from service.plan import JobPlan, load_plan
-from service.reruns import RerunRequest, rerun_job
-from service.runtime import Runtime
-from service.settings import Settings
-from service.states import JOB_FINAL, JobStatus
+from service.engine.jobs import cancel_job, get_job, job_view, list_jobs
+from service.engine.reruns import RerunRequest, rerun_job
+from service.engine.runtime import Runtime
+from service.language.plan import JobPlan, load_plan
+from service.platform.auth import Principal
+from service.platform.clock import utcnow
+from service.platform.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
+from service.platform.errors import JobNotFound
+from service.platform.settings import Settings
+from service.platform.states import JOB_FINAL, JobStatus
 from tasks.dispatch import publish_new_job, publish_or_defer
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Gauges are read from PostgreSQL and the broker at scrape time, so every API replica reports
 the same truth and nothing is added to the request path; after them come this process's own
-counters and histograms (``service.metrics``).
+counters and histograms (``service.platform.metrics``).
 """
 
 from collections.abc import Iterable
@@ -13,10 +13,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from api.deps import Reader, broker_probe
-from service.constants import BEAT_LOCK_KEY, QUEUE_CONTROL, QUEUE_STEPS
-from service.metrics import exposition
-from service.runtime import Runtime
-from service.stats import jobs_by_status, steps_by_open_status
+from service.engine.runtime import Runtime
+from service.engine.stats import jobs_by_status, steps_by_open_status
+from service.platform.constants import BEAT_LOCK_KEY, QUEUE_CONTROL, QUEUE_STEPS
+from service.platform.metrics import exposition
 
 router = APIRouter(tags=["metrics"])
 

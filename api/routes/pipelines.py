@@ -13,20 +13,12 @@ from sqlalchemy.orm import Session
 from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.openapi import errors, read_by_route
 from api.schemas import UtcDatetime
-from service.auth import Principal
-from service.errors import ImportRequestInvalid, UnsupportedMediaType
-from service.imports import fetch_url, import_policy, read_import_file
-from service.pipelines import (
-    PipelineView,
-    SaveOutcome,
-    delete_pipeline,
-    get_pipeline,
-    list_pipelines,
-    list_versions,
-    save_pipeline,
-    set_share,
-)
-from service.settings import Settings
+from service.catalogue.imports import fetch_url, import_policy, read_import_file
+from service.catalogue.pipelines import PipelineView, get_pipeline, list_pipelines, list_versions
+from service.catalogue.saving import SaveOutcome, delete_pipeline, save_pipeline, set_share
+from service.platform.auth import Principal
+from service.platform.errors import ImportRequestInvalid, UnsupportedMediaType
+from service.platform.settings import Settings
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
 

@@ -9,18 +9,18 @@ from pydantic import BaseModel
 from api.deps import Reader, SessionDep
 from api.openapi import errors
 from api.schemas import UtcDatetime
-from service.auth import Principal
-from service.constants import (
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.engine.jobs import get_job, list_jobs
+from service.language.specs import NAME_PATTERN
+from service.platform.auth import Principal
+from service.platform.constants import (
     DIFF_PAGE_DEFAULT_LIMIT,
     DIFF_PAGE_MAX_LIMIT,
     JOB_LIST_DEFAULT_LIMIT,
     JOB_LIST_MAX_LIMIT,
 )
-from service.diffs import DiffKind, diff_counts, diff_page
-from service.errors import JobNotFound
-from service.jobs import get_job, list_jobs
-from service.models import JobRow
-from service.profiles import NAME_PATTERN
+from service.platform.errors import JobNotFound
+from service.platform.models import JobRow
 
 router = APIRouter(tags=["runs"])
 

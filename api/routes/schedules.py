@@ -12,11 +12,11 @@ from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
 from api.schemas import UtcDatetime
-from service.auth import Principal
-from service.clock import utcnow
-from service.cron import ScheduleSpec
-from service.jobs import resolve_request
-from service.schedules import (
+from service.engine.submission import resolve_request
+from service.language.cron import ScheduleSpec
+from service.platform.auth import Principal
+from service.platform.clock import utcnow
+from service.triggers.schedules import (
     ScheduleSummary,
     delete_schedule,
     get_schedule,

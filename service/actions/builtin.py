@@ -6,7 +6,7 @@ from typing import Any
 from service.actions import data, datajobs, europepmc, http, llm, pubmed
 from service.actions.context import StepContext
 from service.actions.registry import action
-from service.errors import ActionError
+from service.platform.errors import ActionError
 
 __all__ = [
     "data",

@@ -5,8 +5,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.errors import StepCancelled
-from service.settings import Settings
+from service.platform.errors import StepCancelled
+from service.platform.settings import Settings
 
 
 @dataclass

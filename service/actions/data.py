@@ -10,8 +10,8 @@ from typing import Any
 
 from service.actions.context import StepContext
 from service.actions.registry import action
-from service.errors import ActionError
-from service.profiles import search_dirs
+from service.language.loading import search_dirs
+from service.platform.errors import ActionError
 
 MAX_LOAD_BYTES = 50 * 1024 * 1024
 FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}

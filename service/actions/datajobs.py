@@ -25,8 +25,8 @@ from psycopg import sql
 from service.actions.context import StepContext
 from service.actions.data import get_path, resolve_data_path
 from service.actions.registry import action
-from service.egress import EgressPolicy, guarded_client
-from service.errors import ActionError
+from service.platform.egress import EgressPolicy, guarded_client
+from service.platform.errors import ActionError
 
 TABLE_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")

@@ -1,5 +1,5 @@
 """``http.request``: one HTTP call with a timeout, a response size cap and retry classification,
-let out only as far as the egress policy allows (``service.egress``)."""
+let out only as far as the egress policy allows (``service.platform.egress``)."""
 
 import json as jsonlib
 import time
@@ -10,8 +10,8 @@ import httpx
 
 from service.actions.context import StepContext
 from service.actions.registry import action
-from service.egress import EgressPolicy, guarded_client
-from service.errors import ActionError
+from service.platform.egress import EgressPolicy, guarded_client
+from service.platform.errors import ActionError
 
 ALLOWED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 ERROR_SNIPPET_CHARS = 500

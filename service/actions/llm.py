@@ -5,8 +5,8 @@ model and options, which override the provider's defaults (seed 004's precedence
 Jinja2 templates rendered in the sandboxed environment, so a template can read what it is
 given (``vars``, ``params``) and nothing else: no attribute of a Python object outside the
 sandbox's allow-list, no import, no call into the worker. Requests of one provider share one
-rate limit across every worker (``service.ratelimit``), go out through the egress policy, and
-are tried again within the attempt on 429 (after its ``Retry-After``), 5xx and transport
+rate limit across every worker (``service.platform.ratelimit``), go out through the egress
+policy, and are tried again within the attempt on 429 (after its ``Retry-After``), 5xx and transport
 errors; a 4xx is the step author's to fix and is not retried. ``json_strict`` output that does
 not parse or fit ``output_schema`` fails the attempt as retryable: a model may answer better
 the next time.
@@ -27,12 +27,12 @@ from jinja2.sandbox import SandboxedEnvironment
 from service.actions.context import StepContext
 from service.actions.registry import action
 from service.actions.scholarly import retry_after_s
-from service.constants import LLM_HTTP_ATTEMPTS
-from service.egress import EgressPolicy, guarded_client
-from service.errors import ActionError
-from service.metrics import LLM_REQUEST_SECONDS, LLM_TOKENS
-from service.ratelimit import RateLimiter, redis_client
-from service.settings import LlmProvider
+from service.platform.constants import LLM_HTTP_ATTEMPTS
+from service.platform.egress import EgressPolicy, guarded_client
+from service.platform.errors import ActionError
+from service.platform.metrics import LLM_REQUEST_SECONDS, LLM_TOKENS
+from service.platform.ratelimit import RateLimiter, redis_client
+from service.platform.settings import LlmProvider
 
 OPTION_NAMES = frozenset(
     {"temperature", "top_p", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty"}

@@ -11,10 +11,10 @@ from typing import Any
 from service.actions.context import StepContext
 from service.actions.registry import action
 from service.actions.scholarly import bad_inputs, get_json
-from service.constants import NCBI_RATE_LIMIT_NAME, NCBI_RATE_WINDOW_S
-from service.errors import ActionError
-from service.ratelimit import RateLimiter, redis_client
-from service.settings import Settings
+from service.platform.constants import NCBI_RATE_LIMIT_NAME, NCBI_RATE_WINDOW_S
+from service.platform.errors import ActionError
+from service.platform.ratelimit import RateLimiter, redis_client
+from service.platform.settings import Settings
 
 MAX_RETMAX = 10_000
 SUMMARY_BATCH = 200

@@ -10,7 +10,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
 
-from service.errors import ActionError, ActionModuleUnimportable, ActionNotFound
+from service.platform.errors import ActionError, ActionModuleUnimportable, ActionNotFound
 
 ActionFn = Callable[..., Any]
 F = TypeVar("F", bound=ActionFn)

@@ -20,10 +20,10 @@ import redis
 
 from service.actions.context import StepContext
 from service.actions.http import _read_capped
-from service.constants import LITERATURE_HTTP_ATTEMPTS, LITERATURE_RETRY_AFTER_MAX_S
-from service.egress import EgressPolicy, guarded_client
-from service.errors import ActionError
-from service.ratelimit import RateLimiter
+from service.platform.constants import LITERATURE_HTTP_ATTEMPTS, LITERATURE_RETRY_AFTER_MAX_S
+from service.platform.egress import EgressPolicy, guarded_client
+from service.platform.errors import ActionError
+from service.platform.ratelimit import RateLimiter
 
 BACKOFF_BASE_S = 0.5
 

@@ -2,7 +2,8 @@
 
 It is the one place in ``service/`` that starts the API, the Celery worker and beat, and it
 does so through subprocesses or imports inside the command that needs them, so the rest of
-``service/`` stays free of FastAPI and Celery.
+``service/`` stays free of FastAPI and Celery. It may import every other package of ``service``;
+none of them imports it.
 """
 
 from service.cli import flower, follow, jobs, keys, mcp, pipelines, schedules, servers

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from service.errors import FlowbeatError
-from service.settings import Settings, get_settings
+from service.platform.errors import FlowbeatError
+from service.platform.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -91,7 +91,7 @@ def load_settings() -> Settings:
     settings = get_settings()
     if not settings.embedded():
         return settings
-    from service.embedded import start_embedded
+    from service.platform.embedded import start_embedded
 
     servers = start_embedded(settings.data_dir)
     os.environ["FLOWBEAT_DATABASE_URL"] = servers.database_url
@@ -119,7 +119,7 @@ def celery_app(settings: Settings) -> "Celery":
 
 
 def migrate_schema(settings: Settings) -> None:
-    from service.migrate import upgrade
+    from service.platform.migrate import upgrade
 
     upgrade(settings.require_database_url())
 

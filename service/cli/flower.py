@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from service.cli.app import cli, console, load_settings
-from service.errors import FlowerAuthRequired
+from service.platform.errors import FlowerAuthRequired
 
 LOOPBACK_NAMES = frozenset({"localhost"})
 

@@ -20,10 +20,10 @@ from service.cli.app import (
     print_refusal,
 )
 from service.cli.processes import Stop, adopt_orphans, processes, stoppable, worker_argv
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.errors import FlowbeatError
-from service.settings import Settings, get_settings
-from service.yamlsafe import load_yaml
+from service.language.yamlsafe import load_yaml
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.settings import Settings, get_settings
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def pipeline_ref(target: str) -> str | dict[str, Any]:
-    from service.profiles import load_profile_document
+    from service.language.loading import load_profile_document
 
     path = Path(target)
     if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
@@ -120,10 +120,10 @@ def _print_left_behind(settings: Settings, job_id: uuid.UUID, stopped_worker: bo
 def submit(
     settings: Settings, pipeline: str | dict[str, Any], params: dict[str, Any], owner: str
 ) -> uuid.UUID:
-    from service.jobs import JobRequest, submit_job
-    from service.plan import initial_plan
-    from service.runtime import Runtime
-    from service.snapshots import job_profile
+    from service.engine.runtime import Runtime
+    from service.engine.submission import JobRequest, submit_job
+    from service.language.plan import initial_plan
+    from service.language.snapshots import job_profile
     from tasks.dispatch import publish_new_job
 
     rt = Runtime.start(settings)
@@ -172,7 +172,7 @@ def print_outcome(view: Any) -> None:
 
 
 def view_job(settings: Settings, job_id: uuid.UUID) -> Any:
-    from service.jobs import get_job, job_view
+    from service.engine.jobs import get_job, job_view
 
     sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
@@ -180,7 +180,7 @@ def view_job(settings: Settings, job_id: uuid.UUID) -> Any:
 
 
 def follow_job(settings: Settings, job_id: uuid.UUID, timeout_s: float) -> str:
-    from service.watch import follow
+    from service.engine.watch import follow
 
     status = follow(settings, job_id, timeout_s, console)
     if status == "timeout":

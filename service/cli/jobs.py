@@ -6,8 +6,6 @@ import uuid
 from typing import Annotated, Any
 
 import typer
-from rich import box
-from rich.table import Table
 
 from service.cli.app import (
     FINAL,
@@ -27,10 +25,12 @@ from service.cli.follow import (
     print_outcome,
     view_job,
 )
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.errors import FlowbeatError
-from service.models import JobRow
-from service.states import JobStatus
+from service.cli.tables import narrow_table
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.models import JobRow
+from service.platform.settings import Settings
+from service.platform.states import JobStatus
 
 
 def job_document(job: JobRow) -> dict[str, Any]:
@@ -49,6 +49,26 @@ def job_document(job: JobRow) -> dict[str, Any]:
     }
 
 
+JobArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="JOB",
+        help="the job's id, or its first 8 or more hex digits (as the dashboard shows them)",
+        show_default=False,
+    ),
+]
+
+
+def resolve_job(settings: Settings, given: str) -> uuid.UUID:
+    """The id of the one job ``given`` names; the CLI sees every owner's jobs, as ``jobs
+    list`` does. Refused (exit 2) when it names none, or several."""
+    from service.engine.jobids import resolve_job_id
+
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    with unit_of_work(sessions) as session:
+        return resolve_job_id(session, given, owner=None)
+
+
 StatusOption = Annotated[
     JobStatus | None, typer.Option(case_sensitive=False, help="only jobs with this status")
 ]
@@ -62,8 +82,8 @@ def jobs_list(
     as_json: JsonOption = False,
 ) -> None:
     """The newest jobs."""
-    from service.jobs import list_jobs
-    from service.states import JobStatus
+    from service.engine.jobs import list_jobs
+    from service.platform.states import JobStatus
 
     if status is not None and status not in set(JobStatus):
         allowed = ", ".join(JobStatus)
@@ -81,22 +101,28 @@ def jobs_list(
         if as_json:
             emit_json({"jobs": [job_document(job) for job in rows]})
             return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("id", no_wrap=True, min_width=36)
-    table.add_column("pipeline", overflow="fold")
-    table.add_column("status", overflow="fold")
-    table.add_column("trigger", overflow="fold")
-    table.add_column("created (UTC)", no_wrap=True)
-    for job in rows:
-        created = job.created_at.strftime("%Y-%m-%d %H:%M")
-        table.add_row(str(job.id), job.pipeline, job.status, job.trigger, created)
+    cells = [
+        [
+            str(job.id),
+            job.pipeline,
+            job.status,
+            job.trigger,
+            job.created_at.strftime("%Y-%m-%d %H:%M"),
+        ]
+        for job in rows
+    ]
+    headers = ["id", "pipeline", "status", "trigger", "created (UTC)"]
+    keep = ["created (UTC)", "status", "trigger", "pipeline"]
+    table = narrow_table(headers, cells, width=console.width, ids={"id"}, keep=keep)
     console.print(table)
 
 
 @jobs_cli.command("show")
-def jobs_show(job_id: uuid.UUID, as_json: JsonOption = False) -> None:
+def jobs_show(job: JobArgument, as_json: JsonOption = False) -> None:
     """One job with its steps, and the error of each step that has one."""
-    view = view_job(load_settings(), job_id)
+    settings = load_settings()
+    job_id = resolve_job(settings, job)
+    view = view_job(settings, job_id)
     if as_json:
         emit_json({"job": view_document(view)})
         return
@@ -108,10 +134,11 @@ def jobs_show(job_id: uuid.UUID, as_json: JsonOption = False) -> None:
 
 
 @jobs_cli.command("watch")
-def jobs_watch(job_id: uuid.UUID, timeout_s: float = 3600.0) -> None:
+def jobs_watch(job: JobArgument, timeout_s: float = 3600.0) -> None:
     """Follow a job's steps live until it ends; exits 0 when it succeeded, 1 otherwise."""
     settings = load_settings()
     try:
+        job_id = resolve_job(settings, job)
         view_job(settings, job_id)
     except FlowbeatError as exc:
         print_refusal(exc)
@@ -121,26 +148,27 @@ def jobs_watch(job_id: uuid.UUID, timeout_s: float = 3600.0) -> None:
 
 
 @jobs_cli.command("cancel")
-def jobs_cancel(job_id: uuid.UUID) -> None:
+def jobs_cancel(job: JobArgument) -> None:
     """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does."""
     from kombu.exceptions import OperationalError
     from redis.exceptions import RedisError
 
-    from service.clock import utcnow
-    from service.jobs import cancel_job, job_view
-    from service.plan import JobPlan
-    from service.runtime import Runtime
+    from service.engine.jobs import cancel_job, job_view
+    from service.engine.runtime import Runtime
+    from service.language.plan import JobPlan
+    from service.platform.clock import utcnow
     from tasks.dispatch import publish_or_defer
 
     settings = load_settings()
+    job_id = resolve_job(settings, job)
     app = celery_app(settings)
     rt = Runtime.start(settings)
     with unit_of_work(rt.sessions) as session:
-        job, running = cancel_job(session, job_id, owner=None, now=utcnow())
-        compensation = job_view(session, job).compensation
+        cancelled, running = cancel_job(session, job_id, owner=None, now=utcnow())
+        compensation = job_view(session, cancelled).compensation
     if compensation is not None and compensation["status"] == "running":
         publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
-    console.print(f"job {job_id}: {job.status}")
+    console.print(f"job {job_id}: {cancelled.status}")
     if running:
         try:
             app.control.revoke(running, terminate=True, signal="SIGUSR1")
@@ -151,7 +179,7 @@ def jobs_cancel(job_id: uuid.UUID) -> None:
 
 @jobs_cli.command("rerun")
 def jobs_rerun(
-    job_id: uuid.UUID,
+    job: JobArgument,
     from_step: Annotated[
         str | None, typer.Option("--from", help="the step to run again; default: every step")
     ] = None,
@@ -164,10 +192,10 @@ def jobs_rerun(
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
 ) -> None:
     """Run a finished job again from a step, reusing what came before it; prints the new id."""
-    from service.clock import utcnow
-    from service.plan import load_plan
-    from service.reruns import RerunRequest, rerun_job
-    from service.runtime import Runtime
+    from service.engine.reruns import RerunRequest, rerun_job
+    from service.engine.runtime import Runtime
+    from service.language.plan import load_plan
+    from service.platform.clock import utcnow
     from tasks.dispatch import publish_new_job
 
     settings = load_settings()
@@ -175,6 +203,7 @@ def jobs_rerun(
     request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items)
     rt = Runtime.start(settings)
     try:
+        job_id = resolve_job(settings, job)
         with unit_of_work(rt.sessions) as session:
             new_id = rerun_job(session, job_id, request, visible_to=None, now=utcnow()).id
         with unit_of_work(rt.sessions) as session:
@@ -208,16 +237,16 @@ def view_document(view: Any) -> dict[str, Any]:
 
 
 def _decide(
-    job_id: uuid.UUID,
+    job: str,
     step_id: str,
     approve: bool,
     comment: str | None,
     payload: str | None,
     by: str,
 ) -> None:
-    from service.approvals import decide
-    from service.clock import utcnow
-    from service.runtime import Runtime
+    from service.engine.approvals import decide
+    from service.engine.runtime import Runtime
+    from service.platform.clock import utcnow
     from tasks.dispatch import publish_or_defer
 
     try:
@@ -225,6 +254,7 @@ def _decide(
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
     settings = load_settings()
+    job_id = resolve_job(settings, job)
     app = celery_app(settings)
     rt = Runtime.start(settings)
     with unit_of_work(rt.sessions) as session:
@@ -250,7 +280,7 @@ ByOption = Annotated[str, typer.Option(help="who decided, as recorded")]
 
 @jobs_cli.command("approve")
 def jobs_approve(
-    job_id: uuid.UUID,
+    job: JobArgument,
     step_id: str,
     comment: CommentOption = None,
     payload: Annotated[
@@ -259,12 +289,12 @@ def jobs_approve(
     by: ByOption = "cli",
 ) -> None:
     """Approve a step waiting at its gate, as ``POST .../steps/{step}/approve`` does."""
-    _decide(job_id, step_id, True, comment, payload, by)
+    _decide(job, step_id, True, comment, payload, by)
 
 
 @jobs_cli.command("reject")
 def jobs_reject(
-    job_id: uuid.UUID, step_id: str, comment: CommentOption = None, by: ByOption = "cli"
+    job: JobArgument, step_id: str, comment: CommentOption = None, by: ByOption = "cli"
 ) -> None:
     """Reject a step waiting at its gate; the job's failure policy decides the rest."""
-    _decide(job_id, step_id, False, comment, None, by)
+    _decide(job, step_id, False, comment, None, by)

@@ -4,9 +4,7 @@ process once its key cache forgets it (``FLOWBEAT_AUTH_CACHE_S``)."""
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from service.cli.app import (
     JsonOption,
@@ -17,7 +15,8 @@ from service.cli.app import (
     keys_cli,
     load_settings,
 )
-from service.db import make_engine, make_session_factory, unit_of_work
+from service.cli.tables import narrow_table
+from service.platform.db import make_engine, make_session_factory, unit_of_work
 
 
 @keys_cli.command("create")
@@ -26,7 +25,7 @@ def keys_create(
     owner: OwnerOption = None,
 ) -> None:
     """Create an API key; it is printed once and stored hashed."""
-    from service.auth import create_api_key
+    from service.platform.auth import create_api_key
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -46,7 +45,7 @@ def keys_list(
     as_json: JsonOption = False,
 ) -> None:
     """Keys by prefix (the part after ``fb_``), never their secrets."""
-    from service.auth import list_api_keys
+    from service.platform.auth import list_api_keys
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -65,15 +64,24 @@ def keys_list(
     if as_json:
         emit_json({"keys": documents})
         return
-    table = Table("prefix", "owner", "scopes", "created (UTC)", "revoked", box=box.SIMPLE_HEAD)
-    for doc in documents:
-        table.add_row(
+    cells = [
+        [
             doc["prefix"],
             escape(doc["owner"]),
             ",".join(doc["scopes"]),
             doc["created_at"][:16],
             (doc["revoked_at"] or "")[:16],
-        )
+        ]
+        for doc in documents
+    ]
+    headers = ["prefix", "owner", "scopes", "created (UTC)", "revoked"]
+    table = narrow_table(
+        headers,
+        cells,
+        width=console.width,
+        ids={"prefix"},
+        keep=["created (UTC)", "revoked", "scopes"],
+    )
     console.print(table)
 
 
@@ -82,8 +90,8 @@ def keys_revoke(
     key: Annotated[str, typer.Argument(help="the key's prefix, as keys list shows it, or the key")],
 ) -> None:
     """Revoke a key; API processes refuse it once their key cache forgets it."""
-    from service.auth import revoke_api_key
-    from service.errors import KeyNotFound
+    from service.platform.auth import revoke_api_key
+    from service.platform.errors import KeyNotFound
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))

@@ -5,10 +5,10 @@ exactly as an HTTP client sending it would; it is checked before the first messa
 and again (through the key cache) on every call, so a revoked key stops working.
 """
 
-from service.auth import KeyCache
 from service.cli.app import celery_app, cli, load_settings
-from service.errors import McpKeyRequired
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
+from service.platform.auth import KeyCache
+from service.platform.errors import McpKeyRequired
 
 
 @cli.command()

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.markup import escape
-from rich.table import Table
 
 from service.cli.app import (
     JsonOption,
@@ -21,15 +20,16 @@ from service.cli.app import (
     pipelines_cli,
     print_refusal,
 )
-from service.db import unit_of_work
-from service.errors import FlowbeatError
-from service.settings import Settings
+from service.cli.tables import narrow_table
+from service.platform.db import unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.settings import Settings
 
 
 @contextmanager
 def _pipeline_session(settings: Settings) -> Iterator[Any]:
     """One unit of work; a refused request prints its code and exits 2, like ``run``."""
-    from service.runtime import Runtime
+    from service.engine.runtime import Runtime
 
     rt = Runtime.start(settings)
     try:
@@ -55,7 +55,7 @@ def pipelines_save(
     owner: OwnerOption = None,
 ) -> None:
     """Save a profile file as a pipeline; an unchanged file makes no new version."""
-    from service.pipelines import save_pipeline
+    from service.catalogue.saving import save_pipeline
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, rt):
@@ -75,7 +75,7 @@ def pipelines_list(
     tag: str | None = None, owner: OwnerOption = None, as_json: JsonOption = False
 ) -> None:
     """Own, shared and shipped pipelines with their run counts."""
-    from service.pipelines import list_pipelines
+    from service.catalogue.pipelines import list_pipelines
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
@@ -104,24 +104,28 @@ def pipelines_list(
             }
         )
         return
-    table = Table("name", "owner", "version", "tags", "runs", "read-only")
-    for view in views:
-        version = "-" if view.version is None else str(view.version)
-        table.add_row(
+    rows = [
+        [
             view.name,
             escape(view.owner),
-            version,
-            escape(",".join(view.tags)),
+            "-" if view.version is None else str(view.version),
+            escape(", ".join(view.tags)),
             str(view.run_count),
             "yes" if view.read_only else "",
-        )
+        ]
+        for view in views
+    ]
+    headers = ["name", "owner", "version", "tags", "runs", "read-only"]
+    table = narrow_table(
+        headers, rows, width=console.width, keep=["name", "version", "runs", "read-only"]
+    )
     console.print(table)
 
 
 @pipelines_cli.command("show")
 def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = None) -> None:
     """A pipeline's profile as YAML, its current version unless ``--version`` is given."""
-    from service.pipelines import get_pipeline
+    from service.catalogue.pipelines import get_pipeline
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
@@ -144,7 +148,7 @@ def pipelines_delete(
     owner: OwnerOption = None,
 ) -> None:
     """Delete a pipeline with its versions and schedule; its jobs only with --purge-history."""
-    from service.pipelines import delete_pipeline
+    from service.catalogue.saving import delete_pipeline
 
     settings = load_settings()
     with _pipeline_session(settings) as (session, _):
@@ -166,8 +170,8 @@ def pipelines_import(
     owner: OwnerOption = None,
 ) -> None:
     """Import a profile under the same rules as the API's import."""
-    from service.imports import fetch_url, import_policy, read_import_file
-    from service.pipelines import save_pipeline
+    from service.catalogue.imports import fetch_url, import_policy, read_import_file
+    from service.catalogue.saving import save_pipeline
 
     if (url is None) == (path is None):
         raise typer.BadParameter("give exactly one of --url and --path")
@@ -198,9 +202,9 @@ def pipelines_diff(
     as_json: JsonOption = False,
 ) -> None:
     """The items of the pipeline's last successful run that the run before it did not have."""
-    from service.diffs import DiffKind, diff_counts, diff_page
-    from service.errors import NoResultItems
-    from service.jobs import list_jobs
+    from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+    from service.engine.jobs import list_jobs
+    from service.platform.errors import NoResultItems
 
     if kind not in set(DiffKind):
         raise typer.BadParameter(f"{kind!r}: one of {', '.join(DiffKind)}", param_hint="--kind")

@@ -4,9 +4,7 @@ elected scheduler is woken by each change when it commits."""
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from service.cli.app import (
     JsonOption,
@@ -17,8 +15,9 @@ from service.cli.app import (
     load_settings,
     schedules_cli,
 )
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.schedules import ScheduleSummary
+from service.cli.tables import narrow_table
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.triggers.schedules import ScheduleSummary
 
 
 def _iso(value: Any) -> str | None:
@@ -58,20 +57,27 @@ def _timing(doc: dict[str, Any]) -> str:
 
 
 def _print(documents: list[dict[str, Any]]) -> None:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("pipeline", "owner", "when", "state", "next fire (UTC)", "last", "runs"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for doc in documents:
         last = f"{(doc['last_fire_at'] or '')[:16]} {doc['last_status'] or ''}".strip()
-        table.add_row(
-            doc["pipeline"],
-            escape(doc["owner"]),
-            _timing(doc),
-            "active" if doc["enabled"] else "paused",
-            (doc["next_fire_at"] or "-")[:16],
-            last or "-",
-            str(doc["run_count"]),
+        rows.append(
+            [
+                doc["pipeline"],
+                escape(doc["owner"]),
+                escape(_timing(doc)),
+                "active" if doc["enabled"] else "paused",
+                (doc["next_fire_at"] or "-")[:16],
+                last or "-",
+                str(doc["run_count"]),
+            ]
         )
+    headers = ["pipeline", "owner", "when", "state", "next fire (UTC)", "last", "runs"]
+    table = narrow_table(
+        headers,
+        rows,
+        width=console.width,
+        keep=["pipeline", "runs", "next fire (UTC)", "state", "last"],
+    )
     console.print(table)
 
 
@@ -81,7 +87,7 @@ def schedules_list(
     as_json: JsonOption = False,
 ) -> None:
     """Every schedule with its next and last fire, the last run's status and its run count."""
-    from service.schedules import list_schedules
+    from service.triggers.schedules import list_schedules
 
     sessions = make_session_factory(make_engine(load_settings().require_database_url()))
     with unit_of_work(sessions) as session:
@@ -95,7 +101,7 @@ def schedules_list(
 @schedules_cli.command("show")
 def schedules_show(name: str, owner: OwnerOption = None, as_json: JsonOption = False) -> None:
     """One pipeline's schedule."""
-    from service.schedules import get_schedule, summarize
+    from service.triggers.schedules import get_schedule, summarize
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -115,8 +121,8 @@ def schedules_show(name: str, owner: OwnerOption = None, as_json: JsonOption = F
 
 
 def _set_enabled(name: str, owner: str | None, enabled: bool) -> None:
-    from service.clock import utcnow
-    from service.schedules import set_schedule_enabled
+    from service.platform.clock import utcnow
+    from service.triggers.schedules import set_schedule_enabled
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
@@ -151,7 +157,7 @@ def schedules_resume(name: str, owner: OwnerOption = None) -> None:
 @schedules_cli.command("delete")
 def schedules_delete(name: str, owner: OwnerOption = None) -> None:
     """Delete a schedule; the jobs it created stay."""
-    from service.schedules import delete_schedule
+    from service.triggers.schedules import delete_schedule
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))

@@ -30,10 +30,10 @@ from service.cli.processes import (
     stoppable,
     worker_argv,
 )
-from service.db import make_engine, make_session_factory, unit_of_work
-from service.errors import MetricsTokenRequired
-from service.metrics import MULTIPROC_ENV, fresh_multiproc_dir, serve_refusal
-from service.settings import Settings, get_settings
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import MetricsTokenRequired
+from service.platform.metrics import MULTIPROC_ENV, fresh_multiproc_dir, serve_refusal
+from service.platform.settings import Settings, get_settings
 
 
 @cli.command()
@@ -113,7 +113,7 @@ def _beat_check(settings: Settings) -> int:
     import redis
 
     from scheduler.lock import inspect
-    from service.constants import BEAT_LOCK_KEY
+    from service.platform.constants import BEAT_LOCK_KEY
 
     client = redis.Redis.from_url(settings.require_broker_url(), socket_timeout=5)
     try:
@@ -176,8 +176,8 @@ def _check_actions(settings: Settings) -> None:
 def _ensure_dev_key(settings: Settings) -> str | None:
     from sqlalchemy import select
 
-    from service.auth import create_api_key
-    from service.models import ApiKeyRow
+    from service.platform.auth import create_api_key
+    from service.platform.models import ApiKeyRow
 
     sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
@@ -191,7 +191,7 @@ def _ensure_dev_key(settings: Settings) -> str | None:
 @cli.command()
 def stop() -> None:
     """Stop the embedded PostgreSQL and Redis of FLOWBEAT_DATA_DIR (``make clean`` runs it)."""
-    from service.embedded import stop_embedded
+    from service.platform.embedded import stop_embedded
 
     data_dir = get_settings().data_dir
     stop_embedded(data_dir)

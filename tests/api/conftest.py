@@ -9,11 +9,11 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.auth import create_api_key
-from service.db import unit_of_work
-from service.models import JobRow
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
+from service.platform.settings import Settings
 from tests.conftest import Stack
 from tests.support.apps import api_client
 

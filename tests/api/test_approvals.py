@@ -6,12 +6,12 @@ from typing import Any
 import redis
 from fastapi.testclient import TestClient
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.models import JobRow
-from service.plan import load_plan
-from service.runtime import Runtime
-from service.sweeper import sweep
+from service.engine.runtime import Runtime
+from service.engine.sweeper import sweep
+from service.language.plan import load_plan
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from tests.api.conftest import KeyFactory
 from tests.support.approvals import parked_job
 

@@ -1,10 +1,10 @@
 import pytest
 from fastapi.testclient import TestClient
 
-from service.auth import authenticate, create_api_key, revoke_api_key
-from service.db import unit_of_work
-from service.errors import Forbidden, Unauthorized
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
+from service.platform.auth import authenticate, create_api_key, revoke_api_key
+from service.platform.db import unit_of_work
+from service.platform.errors import Forbidden, Unauthorized
 from tests.api.conftest import KeyFactory
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
 from tests.api.conftest import GREET, KeyFactory
 from tests.support.runs import run_items
 

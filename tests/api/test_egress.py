@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.settings import Settings
 from tests.support.apps import api_client
 
 Headers = dict[str, str]

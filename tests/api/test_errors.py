@@ -5,9 +5,9 @@ from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
 from api.errors import STATUS_BY_CODE
-from service import errors
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform import errors
+from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 
 
@@ -47,6 +47,8 @@ def test_every_domain_code_has_a_status() -> None:
         "action_module_unimportable",
         "embedded_unavailable",
         "flower_auth_required",
+        "job_id_ambiguous",
+        "job_id_invalid",
         "key_not_found",
         "mcp_key_required",
         "metrics_token_required",

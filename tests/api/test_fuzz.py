@@ -19,10 +19,10 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import status_code_conformance
 from sqlalchemy import text
 
-from service.auth import create_api_key
-from service.db import unit_of_work
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
+from service.platform.settings import Settings
 from tests.api.conftest import MAX_BODY
 from tests.support.apps import api_client
 

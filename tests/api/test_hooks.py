@@ -10,10 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.metrics import registry
-from service.models import HookDeliveryRow, HookRow, JobRow
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.metrics import registry
+from service.platform.models import HookDeliveryRow, HookRow, JobRow
+from service.platform.settings import Settings
 from tests.api.conftest import MAX_BODY, KeyFactory
 from tests.support.apps import api_client
 from tests.support.webhook import signed_headers

@@ -14,17 +14,17 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from service import logs
-from service.constants import (
+from service.engine.runtime import Runtime
+from service.engine.submission import NewJob, insert_jobs_if_resolved, new_job
+from service.platform import logs
+from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUSH_TIMEOUT_S,
     RATE_LIMIT_REDIS_TIMEOUT_S,
 )
-from service.db import unit_of_work
-from service.jobs import NewJob, insert_jobs_if_resolved, new_job
-from service.models import JobRow
-from service.runtime import Runtime
-from service.settings import Settings
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
+from service.platform.settings import Settings
 from tests.api.conftest import GREET, MAX_BODY, KeyFactory
 from tests.support.apps import api_client
 from tests.support.tcpproxy import TcpProxy

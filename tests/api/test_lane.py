@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
 from api.deps import get_runtime
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.settings import Settings
 from tests.api.conftest import MAX_BODY, KeyFactory
 from tests.support.apps import api_client
 

@@ -7,9 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.models import JobRow
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.models import JobRow
+from service.platform.settings import Settings
 from tests.api.conftest import CLOSED_PORT_REDIS, KeyFactory
 from tests.support.apps import api_client
 

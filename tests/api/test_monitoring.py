@@ -10,7 +10,7 @@ import yaml
 from fastapi.testclient import TestClient
 from prometheus_client import Counter, Histogram
 
-from service import metrics
+from service.platform import metrics
 from tests.api.conftest import KeyFactory
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -71,7 +71,8 @@ GAUGE_LABELS = {"flowbeat_jobs": {"status"}, "flowbeat_open_steps": {"status"}}
 
 
 def _labels_of(name: str) -> set[str]:
-    """The labels ``service.metrics`` declares for a family, or the API's scrape-time gauges'."""
+    """The labels ``service.platform.metrics`` declares for a family, or the API's scrape-time
+    gauges'."""
     for metric in vars(metrics).values():
         if isinstance(metric, Counter | Histogram):
             family = metric._name.removesuffix("_total")

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.errors import STATUS_BY_CODE
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 from tests.support.apps import api_client
 

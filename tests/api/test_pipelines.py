@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.models import PipelineRow
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.models import PipelineRow
+from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 from tests.support.apps import api_client
 
@@ -271,7 +271,7 @@ def test_admins_see_and_manage_every_owners_pipelines(
 def test_a_job_records_the_version_it_ran(
     client: TestClient, writer: Headers, runtime: Runtime
 ) -> None:
-    from service.models import JobRow
+    from service.platform.models import JobRow
 
     name = unique_name()
     put(client, writer, name, profile_text(name))
@@ -286,7 +286,7 @@ def test_a_job_records_the_version_it_ran(
 
 def _run(client: TestClient, headers: Headers, name: str, runtime: Runtime) -> tuple[int, Any]:
     """Steps and (pipeline, version) of a job of ``name``, as stored."""
-    from service.models import JobRow
+    from service.platform.models import JobRow
 
     response = client.post("/v1/jobs", json={"pipeline": name}, headers=headers)
     assert response.status_code == 202, response.text

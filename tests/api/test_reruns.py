@@ -8,9 +8,9 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from service.db import unit_of_work
-from service.models import CheckpointRow, JobRow, StepRunRow
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
+from service.platform.db import unit_of_work
+from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from tests.api.conftest import GREET, KeyFactory
 
 Headers = dict[str, str]

@@ -10,15 +10,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.auth import create_api_key
-from service.db import unit_of_work
-from service.migrate import upgrade
-from service.models import JobRow
-from service.retention import RetentionPolicy, prune_all
-from service.runner import run_step
-from service.runtime import Runtime
-from service.settings import Settings
-from service.steps import StepKey
+from service.catalogue.retention import RetentionPolicy, prune_all
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.steps import StepKey
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
+from service.platform.migrate import upgrade
+from service.platform.models import JobRow
+from service.platform.settings import Settings
 from tests.conftest import Stack
 from tests.support.apps import api_client
 from tests.support.servers import admin_database_url, create_test_database, drop_test_database

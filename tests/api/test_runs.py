@@ -4,7 +4,7 @@ import uuid
 
 from fastapi.testclient import TestClient
 
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
 from tests.api.conftest import KeyFactory
 from tests.support.runs import run_items
 

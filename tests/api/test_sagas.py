@@ -8,9 +8,10 @@ from typing import Any
 import redis
 from fastapi.testclient import TestClient
 
-from service.runner import run_compensation, run_step
-from service.runtime import Runtime
-from service.steps import StepKey
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.saga import run_compensation
+from service.engine.steps import StepKey
 
 Headers = dict[str, str]
 QUEUE = "flowbeat.steps"

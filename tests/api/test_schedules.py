@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.db import unit_of_work
-from service.models import ScheduleRow
-from service.runtime import Runtime
-from service.schedules import fire_schedule
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.db import unit_of_work
+from service.platform.models import ScheduleRow
+from service.platform.settings import Settings
+from service.triggers.schedules import fire_schedule
 from tests.api.conftest import KeyFactory
 
 Headers = dict[str, str]

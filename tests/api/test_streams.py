@@ -9,9 +9,9 @@ import psycopg
 from sqlalchemy import make_url
 
 from api.streams import Follower, Framing, Scope, all_jobs_stream
-from service.constants import EVENTS_CHANNEL
-from service.listener import EventListener
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
+from service.platform.constants import EVENTS_CHANNEL
+from service.platform.listener import EventListener
 
 KEEPALIVE_S = 0.3
 LISTEN_S = 1.5

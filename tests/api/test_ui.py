@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from service.runner import run_step
-from service.runtime import Runtime
-from service.settings import Settings
-from service.steps import StepKey
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.steps import StepKey
+from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 from tests.support.approvals import parked_job
 from tests.support.apps import api_client

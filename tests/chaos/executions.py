@@ -85,8 +85,8 @@ def checkpoints(client: Client, job_ids: list[uuid.UUID]) -> dict[str, Checkpoin
     compensation."""
     from sqlalchemy import select
 
-    from service.db import unit_of_work
-    from service.models import CheckpointRow, CompensationRow, StepRoundRow, StepRunRow
+    from service.platform.db import unit_of_work
+    from service.platform.models import CheckpointRow, CompensationRow, StepRoundRow, StepRunRow
 
     kept: dict[str, Checkpoint] = {}
     with unit_of_work(client.rt.sessions) as session:

@@ -63,8 +63,8 @@ def finished(client: Client, job_ids: list[uuid.UUID]) -> Finished:
     """Each job's status and when it finished (epoch seconds)."""
     from sqlalchemy import select
 
-    from service.db import unit_of_work
-    from service.models import JobRow
+    from service.platform.db import unit_of_work
+    from service.platform.models import JobRow
 
     with unit_of_work(client.rt.sessions) as session:
         rows = session.execute(
@@ -109,8 +109,8 @@ def describe(client: Client, job_ids: list[uuid.UUID]) -> str:
     """One line per job: status, creation and last dispatch, then each step's row."""
     from sqlalchemy import select
 
-    from service.db import unit_of_work
-    from service.models import JobRow, StepRunRow
+    from service.platform.db import unit_of_work
+    from service.platform.models import JobRow, StepRunRow
 
     def at(moment: datetime | None) -> str:
         return moment.strftime("%H:%M:%S.%f")[:-3] if moment else "-"
@@ -146,8 +146,8 @@ def first_finish_after(done: Finished, moments: list[float]) -> list[float]:
 
 
 def write_key(client: Client) -> str:
-    from service.auth import create_api_key
-    from service.db import unit_of_work
+    from service.platform.auth import create_api_key
+    from service.platform.db import unit_of_work
 
     with unit_of_work(client.rt.sessions) as session:
         key, _ = create_api_key(session, owner="tests", scopes=["write"])

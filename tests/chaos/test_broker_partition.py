@@ -15,11 +15,13 @@ from functools import partial
 
 import pytest
 
+from service.platform.constants import BROKER_EPOCH_KEY
 from tests.chaos.conftest import ProxiedRedis
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import finished, first_finish_after, lost_jobs
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
+from tests.support.held import held_jobs
 
 CUTS = scaled(ci=1, full=5)
 JOBS_PER_CUT = 6
@@ -91,3 +93,81 @@ def test_a_worker_cut_off_from_redis_past_the_lease_never_runs_a_step_alongside_
     )
     assert not lost, f"{len(lost)} jobs did not succeed"
     findings.assert_exactly_once()
+
+
+SILENT_CUTS = scaled(ci=1, full=5)
+SILENT_JOBS_PER_CUT = 10
+SILENT_CUT_S = 12
+SILENT = {
+    "lease_s": str(LEASE_S),
+    "sweep_interval_s": "1",
+    "stall_after_s": "300",
+    "visibility_timeout_s": "300",
+    "unacked_restore_interval_s": "10",
+    "worker_prefetch": "4",
+    "worker_heartbeat_s": "1",
+    "worker_dead_after_s": "4",
+}
+"""A cut longer than the worker's silence may last: its peer takes it for dead."""
+
+
+@pytest.mark.drill
+@pytest.mark.timeout(scaled(ci=180, full=900))
+def test_a_worker_cut_off_past_its_silence_gives_back_what_it_held_and_nothing_runs_twice(
+    client: Client, cluster: Cluster, redis_proxy: ProxiedRedis
+) -> None:
+    """The peer sends the cut-off worker's messages back to the queue and runs them; the
+    cut-off worker, which still reaches PostgreSQL, may run its own copies of them meanwhile
+    or once healed: each step still settles once."""
+    client.broker.set(BROKER_EPOCH_KEY, "seen", nx=True)
+    cluster.beat(**SILENT)
+    cut_off = cluster.worker(concurrency=2, broker_url=redis_proxy.url, **SILENT)
+    direct = None
+    jobs: list[uuid.UUID] = []
+    recovery: list[float] = []
+    for _ in range(SILENT_CUTS):
+        batch = [client.submit("chaos-chain", hold_s=0.5) for _ in range(SILENT_JOBS_PER_CUT)]
+        jobs += batch
+        held = wait_for(
+            lambda: _holding(client, cut_off, 4), 30, "the worker to be cut off to hold four"
+        )
+        redis_proxy.proxy.cut()
+        cut_at = time.time()
+        if direct is None:
+            direct = cluster.worker(concurrency=2, **SILENT)
+        wait_for(partial(_finished, client, held), SILENT_CUT_S + 10, "its held jobs to finish")
+        recovery.append(_finished(client, held) - cut_at)
+        time.sleep(max(0.0, SILENT_CUT_S - (time.time() - cut_at)))
+        redis_proxy.proxy.heal()
+
+    wait_for(
+        lambda: all(s in FINAL for s, _ in finished(client, jobs).values()),
+        scaled(ci=120, full=600),
+        "every job to finish",
+    )
+    lost = lost_jobs(jobs, finished(client, jobs))
+    findings = examine(executions(client.counters, jobs), checkpoints(client, jobs), killed={})
+    record(
+        "workers cut off from Redis longer than their silence may last",
+        f"{SILENT_CUTS} cut(s) of {SILENT_CUT_S} s (a worker silent for 4 s is taken for dead, "
+        "visibility timeout 300 s, a second worker on Redis directly); recovery: cut to the "
+        "last job the cut-off worker held finishing",
+        len(jobs),
+        len(lost),
+        findings.doubled,
+        recovery,
+        findings.reruns,
+    )
+    assert not lost, f"{len(lost)} jobs did not succeed"
+    findings.assert_exactly_once()
+
+
+def _holding(client: Client, worker: Proc, at_least: int) -> list[uuid.UUID] | None:
+    jobs = held_jobs(client.broker, worker.popen.pid)
+    return sorted(jobs) if len(jobs) >= at_least else None
+
+
+def _finished(client: Client, jobs: list[uuid.UUID]) -> float:
+    """When the last of ``jobs`` finished, or 0 while one is still open."""
+    ends = [client.view(job).job.finished_at for job in jobs]
+    return 0.0 if None in ends else max(float(end.timestamp()) for end in ends)

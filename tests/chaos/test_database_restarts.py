@@ -20,10 +20,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from service.db import libpq_url
-from service.embedded import embedded_available, start_embedded, stop_embedded
-from service.migrate import upgrade
-from service.settings import get_settings
+from service.platform.db import libpq_url
+from service.platform.embedded import embedded_available, start_embedded, stop_embedded
+from service.platform.migrate import upgrade
+from service.platform.settings import get_settings
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import Poster, await_settled, first_finish_after, lost_jobs, write_key
 from tests.chaos.results import record, scaled

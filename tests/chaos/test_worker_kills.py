@@ -79,8 +79,8 @@ class Outcome:
 def _outcome(client: Client, jobs: dict[uuid.UUID, str]) -> Outcome:
     from sqlalchemy import select
 
-    from service.db import unit_of_work
-    from service.models import CompensationRow, JobRow, StepRunRow
+    from service.platform.db import unit_of_work
+    from service.platform.models import CompensationRow, JobRow, StepRunRow
 
     ids = list(jobs)
     with unit_of_work(client.rt.sessions) as session:

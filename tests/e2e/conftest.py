@@ -17,7 +17,7 @@ import redis
 from playwright.sync_api import Browser
 from sqlalchemy import func, select
 
-from service.settings import Settings
+from service.platform.settings import Settings
 from tests.conftest import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +70,13 @@ class Proc:
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait(timeout=10)
+
+    def kill_whole(self) -> dict[int, float]:
+        """SIGKILL to the main process and its children at once, as an OOM kill, a lost
+        machine or a pod deleted without grace does; each pid and when it was killed."""
+        pids = [self.popen.pid, *self.children()]
+        self.kill()
+        return dict.fromkeys(pids, time.time())
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -169,8 +176,8 @@ class Client:
 
     def __init__(self, stack: Stack, settings: Settings | None = None) -> None:
         """``settings`` in place of the stack's, for a scenario on a database of its own."""
-        from service.runtime import Runtime
-        from service.settings import get_settings
+        from service.engine.runtime import Runtime
+        from service.platform.settings import get_settings
         from tasks.app import app
 
         self.settings = settings or get_settings()
@@ -180,9 +187,9 @@ class Client:
         self.broker = redis.Redis.from_url(stack.broker_url)
 
     def submit(self, pipeline: str | Mapping[str, Any], **params: Any) -> uuid.UUID:
-        from service.db import unit_of_work
-        from service.jobs import JobRequest, submit_job
-        from service.plan import load_plan
+        from service.engine.submission import JobRequest, submit_job
+        from service.language.plan import load_plan
+        from service.platform.db import unit_of_work
         from tasks.dispatch import publish_new_job
 
         with unit_of_work(self.rt.sessions) as session:
@@ -201,10 +208,10 @@ class Client:
 
     def rerun(self, parent: uuid.UUID, request: Any) -> uuid.UUID:
         """Rerun through the same service call and publish path as the rerun route."""
-        from service.clock import utcnow
-        from service.db import unit_of_work
-        from service.plan import load_plan
-        from service.reruns import rerun_job
+        from service.engine.reruns import rerun_job
+        from service.language.plan import load_plan
+        from service.platform.clock import utcnow
+        from service.platform.db import unit_of_work
         from tasks.dispatch import publish_new_job
 
         with unit_of_work(self.rt.sessions) as session:
@@ -217,9 +224,9 @@ class Client:
 
     def decide(self, job_id: uuid.UUID, step_id: str, *, approve: bool, **given: Any) -> Any:
         """Decide through the same service call and publish path as the approval routes."""
-        from service.approvals import decide
-        from service.clock import utcnow
-        from service.db import unit_of_work
+        from service.engine.approvals import decide
+        from service.platform.clock import utcnow
+        from service.platform.db import unit_of_work
         from tasks.dispatch import publish_or_defer
 
         with unit_of_work(self.rt.sessions) as session:
@@ -238,10 +245,10 @@ class Client:
 
     def cancel(self, job_id: uuid.UUID) -> None:
         """Cancel as the route does, sending the job's compensations after the commit."""
-        from service.clock import utcnow
-        from service.db import unit_of_work
-        from service.jobs import cancel_job
-        from service.plan import JobPlan
+        from service.engine.jobs import cancel_job
+        from service.language.plan import JobPlan
+        from service.platform.clock import utcnow
+        from service.platform.db import unit_of_work
         from tasks.dispatch import publish_or_defer
 
         with unit_of_work(self.rt.sessions) as session:
@@ -249,8 +256,8 @@ class Client:
         publish_or_defer(self.app, self.rt, JobPlan(job_id, compensate=True))
 
     def view(self, job_id: uuid.UUID) -> Any:
-        from service.db import unit_of_work
-        from service.jobs import get_job, job_view
+        from service.engine.jobs import get_job, job_view
+        from service.platform.db import unit_of_work
 
         with unit_of_work(self.rt.sessions) as session:
             return job_view(session, get_job(session, job_id))
@@ -270,8 +277,8 @@ class Client:
         return int(raw) if raw else 0
 
     def checkpoints(self, job_id: uuid.UUID, step_id: str) -> int:
-        from service.db import unit_of_work
-        from service.models import CheckpointRow
+        from service.platform.db import unit_of_work
+        from service.platform.models import CheckpointRow
 
         with unit_of_work(self.rt.sessions) as session:
             return int(
@@ -284,8 +291,8 @@ class Client:
             )
 
     def task_id(self, job_id: uuid.UUID, step_id: str) -> str:
-        from service.db import unit_of_work
-        from service.models import StepRunRow
+        from service.platform.db import unit_of_work
+        from service.platform.models import StepRunRow
 
         with unit_of_work(self.rt.sessions) as session:
             return str(

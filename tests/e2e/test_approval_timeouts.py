@@ -3,9 +3,9 @@
 import json
 import uuid
 
-from service.db import unit_of_work
-from service.events import notice_events
-from service.models import ApprovalRow
+from service.engine.events import notice_events
+from service.platform.db import unit_of_work
+from service.platform.models import ApprovalRow
 from tests.e2e.conftest import Client, Cluster, wait_for
 from tests.e2e.test_approvals import gated
 from tests.support.webhook import WebhookServer

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from service.approvals import list_approvals
-from service.db import unit_of_work
-from service.errors import AlreadyDecided, NotAwaitingApproval
+from service.engine.approvals import list_approvals
+from service.platform.db import unit_of_work
+from service.platform.errors import AlreadyDecided, NotAwaitingApproval
 from tests.e2e.conftest import Client, wait_for
 
 pytestmark = pytest.mark.usefixtures("shared_worker")

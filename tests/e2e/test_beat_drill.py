@@ -12,13 +12,13 @@ import redis
 from sqlalchemy import select
 
 from scheduler.lock import inspect
-from service.clock import utcnow
-from service.constants import BEAT_LOCK_KEY
-from service.cron import ScheduleSpec
-from service.db import unit_of_work
-from service.models import JobRow
-from service.profiles import find_profile
-from service.schedules import put_schedule
+from service.language.cron import ScheduleSpec
+from service.language.loading import find_profile
+from service.platform.clock import utcnow
+from service.platform.constants import BEAT_LOCK_KEY
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
+from service.triggers.schedules import put_schedule
 from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
 
 LOCK_TTL_S = 3

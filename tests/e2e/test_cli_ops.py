@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from service.auth import create_api_key
-from service.cron import ScheduleSpec
-from service.db import unit_of_work
-from service.jobs import resolve_request
-from service.schedules import put_schedule
+from service.engine.submission import resolve_request
+from service.language.cron import ScheduleSpec
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
+from service.triggers.schedules import put_schedule
 from tests.conftest import Stack
 from tests.e2e.conftest import Client, Cluster, Proc, wait_for
 
@@ -152,7 +152,7 @@ def test_schedules_are_listed_paused_resumed_and_deleted(flowbeat: Cli, client: 
 
 
 def _now() -> Any:
-    from service.clock import utcnow
+    from service.platform.clock import utcnow
 
     return utcnow()
 

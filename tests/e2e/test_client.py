@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from flowbeat_client import Client, FlowbeatApiError, JobWaitTimeout
-from service.auth import create_api_key
-from service.db import unit_of_work
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client as StackClient
 from tests.e2e.conftest import Cluster, Proc, wait_for
 

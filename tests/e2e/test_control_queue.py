@@ -6,7 +6,7 @@ within a step or two, not once the backlog has drained.
 
 import re
 
-from service.constants import BROKER_EPOCH_KEY, TASK_SWEEP
+from service.platform.constants import BROKER_EPOCH_KEY, TASK_SWEEP
 from tests.e2e.conftest import Client, Cluster, wait_for
 
 HOLD_S = 1.0

@@ -6,12 +6,12 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from service.db import unit_of_work
-from service.jobs import JobRequest, submit_job
-from service.models import JobRow
-from service.pipelines import save_pipeline
-from service.plan import initial_plan
-from service.snapshots import job_profile
+from service.catalogue.saving import save_pipeline
+from service.engine.submission import JobRequest, submit_job
+from service.language.plan import initial_plan
+from service.language.snapshots import job_profile
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from tasks.dispatch import publish_new_job
 from tests.e2e.conftest import Client, Cluster, wait_for
 from tests.service.test_dependencies import DOWN, UP

@@ -5,12 +5,12 @@ import json
 import uuid
 from typing import Any
 
-from service.db import unit_of_work
-from service.diffs import DiffKind, diff_counts, diff_page
-from service.events import notice_events
-from service.jobs import JobRequest, submit_job
-from service.models import JobRow
-from service.plan import load_plan
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.engine.events import notice_events
+from service.engine.submission import JobRequest, submit_job
+from service.language.plan import load_plan
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from tasks.dispatch import publish_new_job
 from tests.e2e.conftest import Client, Cluster, wait_for
 from tests.support.webhook import WebhookServer

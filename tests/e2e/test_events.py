@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.auth import create_api_key
-from service.db import unit_of_work
-from service.events import events_after
+from service.engine.events import events_after
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, Cluster, wait_for
 
 KEEPALIVE_S = "0.5"

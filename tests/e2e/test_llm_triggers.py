@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service.db import unit_of_work
-from service.jobs import JobRequest, submit_job
-from service.models import JobRow
-from service.pipelines import save_pipeline
-from service.plan import load_plan
+from service.catalogue.saving import save_pipeline
+from service.engine.submission import JobRequest, submit_job
+from service.language.plan import load_plan
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from tasks.dispatch import publish_new_job
 from tests.e2e.conftest import ROOT, Client, Cluster, wait_for
 from tests.e2e.test_literature import shipped

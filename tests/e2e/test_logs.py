@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from service.constants import TASK_SWEEP
+from service.platform.constants import TASK_SWEEP
 from tests.e2e.conftest import Client, Cluster
 
 STEPS = {"flaky", "each", "after"}
-MAINTENANCE_LOGGERS = {"tasks.sweep", "service.sweeper", "service.retention"}
+MAINTENANCE_LOGGERS = {"tasks.sweep", "service.engine.sweeper", "service.catalogue.retention"}
 PROFILE = {
     "name": "logged",
     "params": {"items": {"type": "array", "default": [1, 2, 3]}},

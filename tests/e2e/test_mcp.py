@@ -18,8 +18,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import TextResourceContents
 
-from service.auth import create_api_key
-from service.db import unit_of_work
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
 from tests.e2e.conftest import ROOT, Cluster, Proc
 from tests.e2e.conftest import Client as StackClient
 

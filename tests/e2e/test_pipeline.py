@@ -114,9 +114,9 @@ def test_cancel_stops_a_running_step_and_nothing_after_it_runs(
 ) -> None:
     from celery import Celery
 
-    from service.clock import utcnow
-    from service.db import unit_of_work
-    from service.jobs import cancel_job
+    from service.engine.jobs import cancel_job
+    from service.platform.clock import utcnow
+    from service.platform.db import unit_of_work
 
     job_id = client.submit("slow", hold_s=60)
     wait_for(lambda: client.count(job_id, "slow", "started"), 30, "the slow step to start")

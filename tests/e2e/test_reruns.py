@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from service.reruns import RerunRequest
+from service.engine.reruns import RerunRequest
 from tests.e2e.conftest import Client
 
 pytestmark = pytest.mark.usefixtures("shared_worker")

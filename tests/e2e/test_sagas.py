@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from service.db import unit_of_work
-from service.jobs import list_jobs
+from service.engine.jobs import list_jobs
+from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, wait_for
 
 pytestmark = pytest.mark.usefixtures("shared_worker")

@@ -4,9 +4,9 @@ import uuid
 
 import pytest
 
-from service.db import unit_of_work
-from service.models import JobRow
-from service.pipelines import save_pipeline
+from service.catalogue.saving import save_pipeline
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from tests.e2e.conftest import Client
 
 pytestmark = pytest.mark.usefixtures("shared_worker")

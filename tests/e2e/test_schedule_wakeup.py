@@ -16,10 +16,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from scheduler.lock import inspect
-from service.auth import create_api_key
-from service.constants import BEAT_LOCK_KEY
-from service.db import unit_of_work
-from service.models import JobRow
+from service.platform.auth import create_api_key
+from service.platform.constants import BEAT_LOCK_KEY
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from tests.e2e.conftest import Client, Cluster, wait_for
 
 FIRES = 3

@@ -22,8 +22,8 @@ pytestmark = needs_chromium
 
 
 def _write_key(client: Client) -> str:
-    from service.auth import create_api_key
-    from service.db import unit_of_work
+    from service.platform.auth import create_api_key
+    from service.platform.db import unit_of_work
 
     with unit_of_work(client.rt.sessions) as session:
         key, _ = create_api_key(session, owner="tests", scopes=["write"])

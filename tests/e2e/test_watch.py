@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from service.watch import follow
+from service.engine.watch import follow
 from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
 
 ITEMS = 30

@@ -6,16 +6,13 @@ and the stall sweep at their five-minute defaults. A busy worker's messages stay
 The processes run with the production defaults of every setting that bounds recovery, so the
 bound these tests show is the one a deployment gets."""
 
-import os
-import signal
-import time
 import uuid
 
 import pytest
 
-from service.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
+from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
 from tests.chaos.executions import checkpoints, examine, executions
-from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
+from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
 from tests.support.held import Held, held_by
 
 DEFAULTS = {
@@ -39,16 +36,9 @@ def broker_seen(client: Client) -> None:
     client.broker.set(BROKER_EPOCH_KEY, "seen", nx=True)
 
 
-def _kill_whole(worker: Proc) -> dict[int, float]:
-    """SIGKILL to the worker's main process and its pool at once; each pid and when."""
-    pids = [worker.popen.pid, *worker.children()]
-    os.killpg(worker.popen.pid, signal.SIGKILL)
-    worker.popen.wait(timeout=10)
-    return dict.fromkeys(pids, time.time())
-
-
-def _waiting(client: Client, messages: list[Held]) -> list[str]:
-    return [m.job_id for m in messages if client.view(uuid.UUID(m.job_id)).job.status == "queued"]
+def _waiting(client: Client, messages: list[Held]) -> list[uuid.UUID]:
+    jobs = {uuid.UUID(m.job_id) for m in messages if m.job_id is not None}
+    return [job for job in jobs if client.view(job).job.status == "queued"]
 
 
 def _finished_at(client: Client, jobs: list[uuid.UUID]) -> float:
@@ -82,8 +72,8 @@ def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
         return messages if every_kind and _waiting(client, messages) else None
 
     messages = wait_for(holding, 120, "the worker to hold every kind and a job not started")
-    held = {m.job_id for m in messages}
-    killed = _kill_whole(doomed)
+    held = {m.job_id for m in messages if m.job_id is not None}
+    killed = doomed.kill_whole()
     at = min(killed.values())
     cluster.worker(concurrency=2, **DEFAULTS)
 
@@ -119,7 +109,7 @@ def test_a_busy_workers_messages_are_not_taken_when_another_dies(
         30,
         "the doomed worker to run two jobs and hold the third",
     )
-    _kill_whole(doomed)
+    doomed.kill_whole()
     cluster.worker(concurrency=2, **DEFAULTS)
 
     wait_for(lambda: _final(client, kept + lost), 150, "every job to finish")

@@ -9,13 +9,13 @@ import pytest
 from tests.conftest import Stack
 
 if TYPE_CHECKING:
-    from service.runtime import Runtime
+    from service.engine.runtime import Runtime
 
 
 @pytest.fixture(scope="session")
 def runtime(stack: Stack) -> Iterator[object]:
-    from service.runtime import Runtime
-    from service.settings import get_settings
+    from service.engine.runtime import Runtime
+    from service.platform.settings import get_settings
 
     rt = Runtime.start(get_settings())
     yield rt
@@ -27,11 +27,11 @@ def leftovers(runtime: "Runtime") -> Iterator[list[uuid.UUID]]:
     """Jobs a test leaves open are cancelled afterwards. The database is shared with the e2e
     clusters, whose sweeper re-sends every open job after a broker wipe drill: a leftover
     job would be run there and hold up the drill's worker."""
-    from service.clock import utcnow
-    from service.db import unit_of_work
-    from service.jobs import cancel_job
-    from service.models import JobRow
-    from service.states import JOB_FINAL
+    from service.engine.jobs import cancel_job
+    from service.platform.clock import utcnow
+    from service.platform.db import unit_of_work
+    from service.platform.models import JobRow
+    from service.platform.states import JOB_FINAL
 
     job_ids: list[uuid.UUID] = []
     yield job_ids

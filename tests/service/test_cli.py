@@ -136,6 +136,32 @@ def test_jobs_show_names_an_unknown_job_by_its_code_without_a_traceback(flowbeat
     assert "Traceback" not in done.stdout + done.stderr
 
 
+def test_job_commands_take_the_8_digit_ids_the_dashboard_shows(flowbeat: Cli) -> None:
+    queued = flowbeat("run", "dag", "--no-wait")
+    [job_id] = re.findall(r"job (\S+) queued", queued.stdout)
+
+    shown = flowbeat("jobs", "show", job_id[:8])
+    cancelled = flowbeat("jobs", "cancel", job_id[:8])
+
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert job_id in shown.stdout
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"job {job_id}: cancelled" in cancelled.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "code"), [("1234567", "job_id_invalid"), ("0000000000", "job_not_found")]
+)
+def test_a_short_job_id_that_names_no_job_is_refused_with_its_code(
+    flowbeat: Cli, given: str, code: str
+) -> None:
+    for command in (["show"], ["watch"], ["rerun"], ["approve", given, "step"]):
+        done = flowbeat("jobs", *command[:1], *(command[1:] or [given]))
+        assert done.returncode == 2, (command, done.stdout + done.stderr)
+        assert f"{code}:" in done.stdout, (command, done.stdout)
+        assert "Traceback" not in done.stdout + done.stderr
+
+
 def test_jobs_show_prints_the_error_of_each_failed_step(flowbeat: Cli) -> None:
     failed = flowbeat("run", "flaky", "-p", "succeed_on=9", "--local-worker")
     [job_id] = re.findall(r"job (\S+) queued", failed.stdout)
@@ -188,7 +214,7 @@ def test_one_server_set_without_the_other_is_refused_not_replaced_by_the_embedde
 def test_beat_check_reports_the_leader_and_fails_without_one(flowbeat: Cli, stack: Stack) -> None:
     import redis
 
-    from service.constants import BEAT_LOCK_KEY
+    from service.platform.constants import BEAT_LOCK_KEY
 
     client = redis.Redis.from_url(stack.broker_url)
     try:

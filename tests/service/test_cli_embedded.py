@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
 from tests.conftest import Stack
 from tests.support.embedded_cli import BROKER_ENV, DATABASE_ENV
 
@@ -91,10 +91,11 @@ def _queued_bodies(client: redis.Redis) -> str:
 
 def _submit(runtime: Runtime, profile: dict[str, Any], claim: str) -> uuid.UUID:
     """A job whose step ``claim`` a worker took (a gate parks there), without a worker."""
-    from service.clock import utcnow
-    from service.db import unit_of_work
-    from service.jobs import JobRequest, submit_job
-    from service.steps import StepKey, claim_step
+    from service.engine.claims import claim_step
+    from service.engine.steps import StepKey
+    from service.engine.submission import JobRequest, submit_job
+    from service.platform.clock import utcnow
+    from service.platform.db import unit_of_work
 
     with unit_of_work(runtime.sessions) as session:
         job, _ = submit_job(
@@ -114,9 +115,9 @@ def _submit(runtime: Runtime, profile: dict[str, Any], claim: str) -> uuid.UUID:
 
 
 def _cancel(runtime: Runtime, job_id: uuid.UUID) -> None:
-    from service.clock import utcnow
-    from service.db import unit_of_work
-    from service.jobs import cancel_job
+    from service.engine.jobs import cancel_job
+    from service.platform.clock import utcnow
+    from service.platform.db import unit_of_work
 
     with unit_of_work(runtime.sessions) as session:
         cancel_job(session, job_id, owner=None, now=utcnow())
@@ -182,8 +183,8 @@ def test_the_command_acts_as_the_owner_of_the_dev_key(
     embedded_flowbeat: Cli, runtime: Runtime, tmp_path: Path
 ) -> None:
     """What a client of ``flowbeat dev``'s key saved is what the command saves over and shows."""
-    from service.db import unit_of_work
-    from service.pipelines import save_pipeline
+    from service.catalogue.saving import save_pipeline
+    from service.platform.db import unit_of_work
 
     name = f"shared-{uuid.uuid4().hex[:8]}"
     text = f"name: {name}\nsteps:\n  - {{id: s1, action: noop}}\n"

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.auth import create_api_key
-from service.db import make_engine, make_session_factory, unit_of_work
+from service.platform.auth import create_api_key
+from service.platform.db import make_engine, make_session_factory, unit_of_work
 from tests.conftest import Stack
 from tests.e2e.conftest import wait_for
 

@@ -10,8 +10,8 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from service.clock import utcnow
-from service.compensations import (
+from service.engine.claims import claim_step
+from service.engine.compensations import (
     CompensationClaim,
     Due,
     claim_next,
@@ -19,17 +19,20 @@ from service.compensations import (
     lost,
     record_outcome,
 )
-from service.constants import WAIT_FOR_PEER_MAX_S
-from service.db import unit_of_work
-from service.errors import RetryLater
-from service.jobs import cancel_job, list_jobs, mark_dispatched
-from service.models import CompensationRow, JobRow
-from service.plan import JobPlan
-from service.runner import run_compensation, run_step
-from service.runtime import Runtime
-from service.snapshots import job_profile
-from service.steps import StepKey, claim_step
-from service.sweeper import sweep
+from service.engine.jobs import cancel_job, list_jobs
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.saga import run_compensation
+from service.engine.steps import StepKey
+from service.engine.submission import mark_dispatched
+from service.engine.sweeper import sweep
+from service.language.plan import JobPlan
+from service.language.snapshots import job_profile
+from service.platform.clock import utcnow
+from service.platform.constants import WAIT_FOR_PEER_MAX_S
+from service.platform.db import unit_of_work
+from service.platform.errors import RetryLater
+from service.platform.models import CompensationRow, JobRow
 from tests.support.fanouts import submitted
 
 LEASE_S = 30.0

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import conditions
-from service.conditions import (
+from service.language import conditions
+from service.language.conditions import (
     MAX_DEPTH,
     MAX_LENGTH,
     MAX_LIST_ITEMS,
@@ -19,8 +19,8 @@ from service.conditions import (
     parse_condition,
     truthy,
 )
-from service.errors import ConditionInvalid, ExpressionError
-from service.expressions import ExprContext, Ref
+from service.language.expressions import ExprContext, Ref
+from service.platform.errors import ConditionInvalid, ExpressionError
 
 ALL = frozenset({"params", "steps", "item", "output"})
 WHEN = frozenset({"params", "steps"})

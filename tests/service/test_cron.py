@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.cron import (
+from service.language.cron import (
     ScheduleSpec,
     Timing,
     due_fires,
@@ -16,7 +16,7 @@ from service.cron import (
     parse_cron,
     parse_duration,
 )
-from service.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
+from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
 
 
 def utc(

@@ -2,7 +2,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from service.dag import CycleError, UnknownDependency, ancestors, topological_layers
+from service.language.dag import CycleError, UnknownDependency, ancestors, topological_layers
 
 Deps = Mapping[str, list[str]]
 

@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
 
-from service.db import DirectConnections, autocommit, driver
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
+from service.platform.db import DirectConnections, autocommit, driver
 
 
 def _setting(conn: Any) -> str:

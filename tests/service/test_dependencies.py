@@ -8,12 +8,20 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.dependencies import fire_dependents
-from service.errors import ProfileInvalid, TriggerCycle
-from service.jobs import JobRequest, submit_job
-from service.models import (
+from service.catalogue.retention import prune_dependency_fires
+from service.catalogue.saving import delete_pipeline, save_pipeline
+from service.engine.claims import claim_step
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.shards import FannedOut, fan_out
+from service.engine.steps import FanOutDue, StepKey
+from service.engine.submission import JobRequest, submit_job
+from service.language.loading import find_profile, load_profile_text
+from service.language.plan import JobPlan
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import ProfileInvalid, TriggerCycle
+from service.platform.models import (
     DependencyFireRow,
     DependencyQueueRow,
     JobRow,
@@ -21,14 +29,7 @@ from service.models import (
     PipelineTriggerRow,
     StepRunRow,
 )
-from service.pipelines import delete_pipeline, save_pipeline
-from service.plan import JobPlan
-from service.profiles import find_profile, load_profile_text
-from service.retention import prune_dependency_fires
-from service.runner import run_step
-from service.runtime import Runtime
-from service.shards import FannedOut, fan_out
-from service.steps import FanOutDue, StepKey, claim_step
+from service.triggers.dependencies import fire_dependents
 from tests.support.runs import run_items
 
 UP = "name: up\nsteps:\n  - {id: a, action: noop, with: {found: [1, 2]}}\n"

@@ -6,12 +6,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service.db import unit_of_work
-from service.diffs import DiffKind, diff_counts, diff_page
-from service.errors import InvalidCursor, NoResultItems
-from service.events import Event, notice_events
-from service.models import JobRow, ResultItemRow
-from service.runtime import Runtime
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.engine.events import Event, notice_events
+from service.engine.runtime import Runtime
+from service.platform.db import unit_of_work
+from service.platform.errors import InvalidCursor, NoResultItems
+from service.platform.models import JobRow, ResultItemRow
 from tests.support.runs import run_items
 
 
@@ -124,7 +124,7 @@ def test_numeric_keys_are_compared_as_text(runtime: Runtime) -> None:
 
 
 def test_a_job_without_a_result_block_has_no_diff(runtime: Runtime) -> None:
-    from service.jobs import JobRequest, submit_job
+    from service.engine.submission import JobRequest, submit_job
 
     with unit_of_work(runtime.sessions) as session:
         job, _ = submit_job(

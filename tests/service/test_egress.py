@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from service.actions import REGISTRY, load_plugins
-from service.egress import EgressPolicy, Resolver, guarded_client, public_address
-from service.errors import (
+from service.catalogue.notices import Notice, deliver
+from service.platform.egress import EgressPolicy, Resolver, guarded_client, public_address
+from service.platform.errors import (
     ActionError,
     EgressAddressRefused,
     EgressHostNotAllowed,
@@ -25,8 +26,7 @@ from service.errors import (
     EgressRefused,
     EgressSchemeRefused,
 )
-from service.notices import Notice, deliver
-from service.settings import Settings
+from service.platform.settings import Settings
 from tests.service.actions import make_ctx
 from tests.support.replay import ReplayServer
 

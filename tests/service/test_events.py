@@ -9,14 +9,14 @@ import psycopg
 import pytest
 from sqlalchemy import delete, make_url, select, update
 
-from service.db import unit_of_work
-from service.events import Event, events_after, events_since, job_settled, notice_events
-from service.jobs import JobRequest, submit_job
-from service.listener import EventListener
-from service.models import JobEventRow, JobRow, StepRunRow
-from service.runner import run_finish_fanout, run_lane, run_step
-from service.runtime import Runtime
-from service.steps import StepKey
+from service.engine.events import Event, events_after, events_since, job_settled, notice_events
+from service.engine.runner import run_finish_fanout, run_lane, run_step
+from service.engine.runtime import Runtime
+from service.engine.steps import StepKey
+from service.engine.submission import JobRequest, submit_job
+from service.platform.db import unit_of_work
+from service.platform.listener import EventListener
+from service.platform.models import JobEventRow, JobRow, StepRunRow
 from tests.support.runs import run_items
 
 TWO_STEPS: dict[str, Any] = {

@@ -2,8 +2,8 @@ from typing import Any
 
 import pytest
 
-from service.errors import ExpressionError
-from service.expressions import NO_ITEM, ExprContext, Ref, parse_refs, resolve, whole_ref
+from service.language.expressions import NO_ITEM, ExprContext, Ref, parse_refs, resolve, whole_ref
+from service.platform.errors import ExpressionError
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service.db import make_engine, make_session_factory
-from service.heartbeat import Heartbeats
-from service.runtime import Runtime
+from service.engine.heartbeat import Heartbeats
+from service.engine.runtime import Runtime
+from service.platform.db import make_engine, make_session_factory
 
 LEASE_S = 0.6
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:1/flowbeat?connect_timeout=1"

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.errors import FlowbeatError
-from service.hooks import verify_signature
+from service.platform.errors import FlowbeatError
+from service.triggers.hooks import verify_signature
 from tests.support.webhook import signature
 
 SECRET = "whsec_" + "s" * 30

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from service.egress import EgressPolicy
-from service.errors import ImportRefused
-from service.imports import fetch_url, import_policy, read_import_file
-from service.settings import Settings
+from service.catalogue.imports import fetch_url, import_policy, read_import_file
+from service.platform.egress import EgressPolicy
+from service.platform.errors import ImportRefused
+from service.platform.settings import Settings
 
 PROFILE = "name: weekly\nsteps: [{id: search, action: noop}]\n"
 HOST = "pipelines.test"

@@ -9,13 +9,19 @@ import psycopg
 import pytest
 from sqlalchemy import func, select
 
-from service.db import libpq_url, unit_of_work
-from service.errors import IdempotencyConflict
-from service.jobs import JobRequest, NewJob, insert_jobs_if_resolved, new_job, submit_job
-from service.models import JobRow, StepRunRow
-from service.pipelines import ResolvedPipeline
-from service.profiles import find_profile
-from service.runtime import Runtime
+from service.catalogue.resolution import ResolvedPipeline
+from service.engine.runtime import Runtime
+from service.engine.submission import (
+    JobRequest,
+    NewJob,
+    insert_jobs_if_resolved,
+    new_job,
+    submit_job,
+)
+from service.language.loading import find_profile
+from service.platform.db import libpq_url, unit_of_work
+from service.platform.errors import IdempotencyConflict
+from service.platform.models import JobRow, StepRunRow
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 SUBMITTERS = 6

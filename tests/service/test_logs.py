@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service import logs
+from service.platform import logs
 
 
 class _Terminal(io.StringIO):

@@ -6,8 +6,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from service.metrics import after_commit
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
+from service.platform.metrics import after_commit
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from service.models import Base
+from service.platform.models import Base
 from tests.conftest import Stack
 
 

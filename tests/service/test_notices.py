@@ -7,20 +7,20 @@ from datetime import timedelta
 import pytest
 from pydantic import SecretStr
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.errors import NotifyUrlInvalid
-from service.events import notice_events
-from service.metrics import registry
-from service.notices import (
+from service.catalogue.notices import (
     record_event,
     requeue_lost_notices,
     send_notice,
     sign,
     validate_notify_url,
 )
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.events import notice_events
+from service.engine.runtime import Runtime
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import NotifyUrlInvalid
+from service.platform.metrics import registry
+from service.platform.settings import Settings
 from tests.support.runs import run_items
 from tests.support.webhook import Received, WebhookServer
 

@@ -10,26 +10,19 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.db import unit_of_work
-from service.errors import (
+from service.catalogue.pipelines import SYSTEM_OWNER, get_pipeline, list_pipelines, list_versions
+from service.catalogue.saving import delete_pipeline, save_pipeline, set_share
+from service.engine.runtime import Runtime
+from service.engine.submission import JobRequest, submit_job
+from service.platform.db import unit_of_work
+from service.platform.errors import (
     InvalidShare,
     PipelineNameMismatch,
     PipelineReadOnly,
     ProfileInvalid,
     ProfileNotFound,
 )
-from service.jobs import JobRequest, submit_job
-from service.models import JobRow, PipelineRow, PipelineVersionRow
-from service.pipelines import (
-    SYSTEM_OWNER,
-    delete_pipeline,
-    get_pipeline,
-    list_pipelines,
-    list_versions,
-    save_pipeline,
-    set_share,
-)
-from service.runtime import Runtime
+from service.platform.models import JobRow, PipelineRow, PipelineVersionRow
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 

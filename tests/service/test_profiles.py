@@ -9,24 +9,21 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from service.constants import SHIPPED_DIR
-from service.errors import ParamsInvalid, ProfileInvalid, ProfileNotFound
-from service.profiles import (
+from service.language.checks import validate_profile
+from service.language.loading import (
     MAX_PROFILE_BYTES,
-    MAX_VERIFY_RULES,
-    SCHEMA_PATH,
-    Profile,
-    RetryPolicy,
     find_profile,
     list_profiles,
     load_profile_file,
     load_profile_text,
-    resolve_params,
-    validate_profile,
-    write_json_schema,
 )
-from service.settings import Settings
-from service.snapshots import step_facts
+from service.language.params import resolve_params
+from service.language.profiles import SCHEMA_PATH, Profile, write_json_schema
+from service.language.snapshots import step_facts
+from service.language.specs import MAX_VERIFY_RULES, RetryPolicy
+from service.platform.constants import SHIPPED_DIR
+from service.platform.errors import ParamsInvalid, ProfileInvalid, ProfileNotFound
+from service.platform.settings import Settings
 
 ACTIONS = {"http.get", "search", "fetch", "merge"}
 
@@ -727,7 +724,7 @@ def test_committed_json_schema_is_current_and_regenerated_where_it_is_shipped(
     fresh = tmp_path / "schema.json"
     write_json_schema(fresh)
     assert SCHEMA_PATH.read_text(encoding="utf-8") == fresh.read_text(encoding="utf-8"), (
-        "profiles/profile.schema.json is stale: run python -m service.profiles"
+        "profiles/profile.schema.json is stale: run python -m service.language.profiles"
     )
     schema = json.loads(fresh.read_text())
     assert "with" in schema["$defs"]["StepSpec"]["properties"]

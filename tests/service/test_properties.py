@@ -15,10 +15,13 @@ import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.conditions import evaluate, parse_condition
-from service.errors import ExpressionError, ProfileInvalid
-from service.expressions import ExprContext
-from service.profiles import SCHEMA_PATH, WHEN_ROOTS, load_profile_text, validate_profile
+from service.language.checks import validate_profile
+from service.language.conditions import evaluate, parse_condition
+from service.language.expressions import ExprContext
+from service.language.loading import load_profile_text
+from service.language.profiles import SCHEMA_PATH
+from service.language.specs import WHEN_ROOTS
+from service.platform.errors import ExpressionError, ProfileInvalid
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

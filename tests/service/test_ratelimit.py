@@ -9,8 +9,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from service.constants import RATE_LIMIT_KEY_PREFIX
-from service.ratelimit import AsyncRateLimiter, RateLimiter, try_acquire_all
+from service.platform.constants import RATE_LIMIT_KEY_PREFIX
+from service.platform.ratelimit import AsyncRateLimiter, RateLimiter, try_acquire_all
 from tests.conftest import Stack
 
 LIMIT = 5

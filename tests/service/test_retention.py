@@ -9,17 +9,18 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.diffs import DiffCounts, DiffKind, diff_counts, diff_page
-from service.errors import JobExpired, JobNotFound
-from service.jobs import JobRequest, get_job, submit_job
-from service.migrate import upgrade
-from service.models import JobEventRow, JobRow, PrunedJobRow, StepRunRow
-from service.retention import RetentionPolicy, prune_all, prune_tombstones
-from service.runtime import Runtime
-from service.settings import Settings
-from service.states import JOB_FINAL
+from service.catalogue.diffs import DiffCounts, DiffKind, diff_counts, diff_page
+from service.catalogue.retention import RetentionPolicy, prune_all, prune_tombstones
+from service.engine.jobs import get_job
+from service.engine.runtime import Runtime
+from service.engine.submission import JobRequest, submit_job
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import JobExpired, JobNotFound
+from service.platform.migrate import upgrade
+from service.platform.models import JobEventRow, JobRow, PrunedJobRow, StepRunRow
+from service.platform.settings import Settings
+from service.platform.states import JOB_FINAL
 from tests.conftest import Stack
 from tests.support.runs import run_items
 from tests.support.servers import admin_database_url, create_test_database, drop_test_database

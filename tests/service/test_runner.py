@@ -11,17 +11,17 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from service.clock import utcnow
-from service.db import DirectConnections, ping, unit_of_work
-from service.errors import RetryLater, StopChain
-from service.jobs import cancel_job
-from service.metrics import registry
-from service.models import CheckpointRow, JobRow, StepRunRow
-from service.plan import JobPlan
-from service.runner import run_finish_fanout, run_lane, run_step
-from service.runtime import Runtime
-from service.shards import FannedOut
-from service.steps import StepKey
+from service.engine.jobs import cancel_job
+from service.engine.runner import run_finish_fanout, run_lane, run_step
+from service.engine.runtime import Runtime
+from service.engine.shards import FannedOut
+from service.engine.steps import StepKey
+from service.language.plan import JobPlan
+from service.platform.clock import utcnow
+from service.platform.db import DirectConnections, ping, unit_of_work
+from service.platform.errors import RetryLater, StopChain
+from service.platform.metrics import registry
+from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from tests.drill_actions import drop_connections, named_connections
 from tests.support.fanouts import fan_profile, submitted
 

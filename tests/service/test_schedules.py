@@ -9,15 +9,16 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from service.constants import FIRE_RECORDS_KEPT_S
-from service.cron import ScheduleSpec
-from service.db import unit_of_work
-from service.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
-from service.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
-from service.profiles import find_profile
-from service.retention import RetentionPolicy, prune_fires, prune_runs
-from service.runtime import Runtime
-from service.schedules import (
+from service.catalogue.retention import RetentionPolicy, prune_fires, prune_runs
+from service.engine.runtime import Runtime
+from service.language.cron import ScheduleSpec
+from service.language.loading import find_profile
+from service.platform.constants import FIRE_RECORDS_KEPT_S
+from service.platform.db import unit_of_work
+from service.platform.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
+from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
+from service.platform.settings import Settings, get_settings
+from service.triggers.schedules import (
     TickResult,
     cancel_overdue,
     fire_schedule,
@@ -25,7 +26,6 @@ from service.schedules import (
     put_schedule,
     summarize,
 )
-from service.settings import Settings, get_settings
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 

@@ -5,12 +5,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.models import CheckpointRow, JobRow, StepRunRow
-from service.runtime import Runtime
-from service.shards import FannedOut, fan_out
-from service.steps import Completion, FanOutDue, StepKey, Unresolvable, claim_step
+from service.engine.claims import claim_step
+from service.engine.runtime import Runtime
+from service.engine.shards import FannedOut, fan_out
+from service.engine.steps import Completion, FanOutDue, StepKey, Unresolvable
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from tests.support.fanouts import fan_profile, submitted
 
 LEASE_S = 30.0

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from service.profiles import validate_profile
-from service.snapshots import step_facts
+from service.language.checks import validate_profile
+from service.language.snapshots import step_facts
 
 ACTIONS = frozenset({"noop"})
 

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 import pytest
 
-from service.states import (
+from service.platform.states import (
     COMPENSATION_FINAL,
     COMPENSATION_INITIAL,
     COMPENSATION_TRANSITIONS,

@@ -8,26 +8,17 @@ import psycopg
 import pytest
 from sqlalchemy import func, select
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.errors import RetryLater, StopChain
-from service.jobs import JobRequest, cancel_job, submit_job
-from service.models import CheckpointRow, JobRow, StepRunRow
-from service.profiles import find_profile
-from service.runtime import Runtime
-from service.steps import (
-    Claimed,
-    Follow,
-    Lease,
-    StepKey,
-    claim_step,
-    complete_step,
-    fail_step,
-    fast_claim,
-    release_lease,
-    renew_lease,
-    taken_by,
-)
+from service.engine.claims import claim_step, fast_claim, taken_by
+from service.engine.completion import complete_step, fail_step, release_lease, renew_lease
+from service.engine.jobs import cancel_job
+from service.engine.runtime import Runtime
+from service.engine.steps import Claimed, Follow, Lease, StepKey
+from service.engine.submission import JobRequest, submit_job
+from service.language.loading import find_profile
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.errors import RetryLater, StopChain
+from service.platform.models import CheckpointRow, JobRow, StepRunRow
 
 LEASE_S = 30.0
 

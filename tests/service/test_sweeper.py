@@ -5,14 +5,16 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.jobs import JobRequest, mark_dispatched, submit_job
-from service.models import JobRow, StepRunRow
-from service.runtime import Runtime
-from service.shards import FannedOut, fan_out
-from service.steps import Claimed, FanOutDue, StepKey, claim_step, release_lease
-from service.sweeper import SweepReport, sweep
+from service.engine.claims import claim_step
+from service.engine.completion import release_lease
+from service.engine.runtime import Runtime
+from service.engine.shards import FannedOut, fan_out
+from service.engine.steps import Claimed, FanOutDue, StepKey
+from service.engine.submission import JobRequest, mark_dispatched, submit_job
+from service.engine.sweeper import SweepReport, sweep
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow, StepRunRow
 from tests.support.fanouts import fan_profile, submitted
 
 STALL_S = 60.0

@@ -2,8 +2,8 @@ from typing import Any
 
 import pytest
 
-from service.profiles import VerifyRule
-from service.verify import Unverified, check
+from service.language.specs import VerifyRule
+from service.language.verify import Unverified, check
 
 OUTPUT = {
     "items": [{"doi": "a"}, {"doi": "b"}],

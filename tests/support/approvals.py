@@ -5,10 +5,11 @@ import uuid
 
 from fastapi.testclient import TestClient
 
-from service.clock import utcnow
-from service.db import unit_of_work
-from service.runtime import Runtime
-from service.steps import StepKey, claim_step
+from service.engine.claims import claim_step
+from service.engine.runtime import Runtime
+from service.engine.steps import StepKey
+from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
 
 GATED = {
     "name": "gated",

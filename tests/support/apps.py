@@ -2,8 +2,8 @@
 
 from fastapi.testclient import TestClient
 
-from service.runtime import Runtime
-from service.settings import Settings
+from service.engine.runtime import Runtime
+from service.platform.settings import Settings
 
 
 def api_client(settings: Settings, runtime: Runtime | None = None) -> TestClient:

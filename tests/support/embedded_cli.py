@@ -6,9 +6,9 @@ it resolved the embedded settings, and the stack's Redis DB is private to this t
 import os
 from pathlib import Path
 
-import service.embedded
+import service.platform.embedded
 from service.cli import main
-from service.embedded import EmbeddedServers
+from service.platform.embedded import EmbeddedServers
 
 DATABASE_ENV = "FLOWBEAT_TEST_EMBEDDED_DATABASE_URL"
 BROKER_ENV = "FLOWBEAT_TEST_EMBEDDED_BROKER_URL"
@@ -19,5 +19,5 @@ def _stack_servers(data_dir: Path) -> EmbeddedServers:
 
 
 if __name__ == "__main__":
-    service.embedded.start_embedded = _stack_servers
+    service.platform.embedded.start_embedded = _stack_servers
     main()

@@ -4,9 +4,9 @@ tests of the runner and of shards."""
 import uuid
 from typing import Any
 
-from service.db import unit_of_work
-from service.jobs import JobRequest, submit_job
-from service.runtime import Runtime
+from service.engine.runtime import Runtime
+from service.engine.submission import JobRequest, submit_job
+from service.platform.db import unit_of_work
 
 
 def fan_profile(uses: str = "${{ item }}", items_type: str = "array") -> dict[str, Any]:

@@ -2,18 +2,20 @@
 
 import base64
 import json
+import uuid
 from dataclasses import dataclass
 from typing import cast
 
 import redis
 
-from service.constants import WORKER_HELD_KEY_PREFIX, WORKERS_KEY
+from service.platform.constants import WORKER_HELD_KEY_PREFIX, WORKERS_KEY
 
 
 @dataclass(frozen=True)
 class Held:
     task: str
-    job_id: str
+    job_id: str | None
+    """``None`` for a message of no job (the sweeper's)."""
 
 
 def held_by(broker: redis.Redis, pid: int | None = None) -> dict[str, list[Held]]:
@@ -38,4 +40,10 @@ def _held(payload: dict[str, object]) -> Held:
     body = payload["body"]
     assert isinstance(headers, dict) and isinstance(body, str)
     args, _kwargs, _embed = json.loads(base64.b64decode(body))
-    return Held(str(headers["task"]), str(args[0]))
+    return Held(str(headers["task"]), str(args[0]) if args else None)
+
+
+def held_jobs(broker: redis.Redis, pid: int) -> set[uuid.UUID]:
+    """The jobs whose messages the worker whose main process is ``pid`` holds."""
+    held = held_by(broker, pid).values()
+    return {uuid.UUID(m.job_id) for found in held for m in found if m.job_id is not None}

@@ -4,12 +4,12 @@ through the same claim, checkpoint and settle path a worker takes."""
 import uuid
 from typing import Any
 
-from service.db import unit_of_work
-from service.jobs import JobRequest, submit_job
-from service.models import JobRow
-from service.runner import run_step
-from service.runtime import Runtime
-from service.steps import StepKey
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.steps import StepKey
+from service.engine.submission import JobRequest, submit_job
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 
 
 def echo_profile(name: str, key: str = "id") -> dict[str, Any]:

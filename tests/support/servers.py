@@ -3,7 +3,7 @@
 1. ``FLOWBEAT_TEST_DATABASE_URL`` (an admin URL: we may CREATE DATABASE there) and
    ``FLOWBEAT_TEST_REDIS_URL``, for CI services and developers with their own servers;
 2. testcontainers, when a Docker engine answers;
-3. the embedded servers of ``service.embedded`` in a temporary directory.
+3. the embedded servers of ``service.platform.embedded`` in a temporary directory.
 
 Servers started here live as long as the process; isolation between tests, pytest-xdist workers
 and concurrent CI runs on one server comes from a fresh database per run and a Redis DB number
@@ -218,7 +218,7 @@ def _from_docker() -> _Servers | None:
 
 
 def _from_embedded() -> _Servers:
-    from service.embedded import embedded_available, start_embedded, stop_embedded
+    from service.platform.embedded import embedded_available, start_embedded, stop_embedded
 
     if not embedded_available():
         raise RuntimeError(

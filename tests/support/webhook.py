@@ -1,5 +1,5 @@
 """A local webhook receiver that answers with scripted statuses and records what it got, and
-the signature scheme written out again, independently of ``service.notices.sign``."""
+the signature scheme written out again, independently of ``service.catalogue.notices.sign``."""
 
 import hashlib
 import hmac

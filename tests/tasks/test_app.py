@@ -35,7 +35,7 @@ def test_the_objects_a_pool_process_inherits_are_left_out_of_its_collections(
 def test_an_app_without_a_broker_url_is_refused_rather_than_pointed_at_amqp_localhost() -> None:
     """Celery's own default broker is ``amqp://guest@localhost:5672``: a command that built its
     app before resolving the embedded default's broker would publish where nobody consumes."""
-    from service.settings import Settings
+    from service.platform.settings import Settings
     from tasks.app import create_celery
 
     with pytest.raises(RuntimeError, match="FLOWBEAT_BROKER_URL"):

@@ -9,7 +9,7 @@ import redis
 from celery import Celery
 from celery.result import AsyncResult
 
-from service.steps import StepKey
+from service.engine.steps import StepKey
 from tasks.backend import backend_url
 from tasks.canvas import fan_out
 from tasks.transport import message_router

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from service.errors import RetryLater, StopChain
+from service.platform.errors import RetryLater, StopChain
 from tasks.base import FlowbeatTask
 
 TIMES = 6

@@ -9,8 +9,8 @@ import pytest
 import redis
 from celery import Celery
 
-from service.clock import utcnow
-from service.constants import BROKER_EPOCH_KEY
+from service.platform.clock import utcnow
+from service.platform.constants import BROKER_EPOCH_KEY
 from tasks.broker import forget_loss, oldest_waiting, read_broker
 from tasks.transport import message_router
 from tests.conftest import Stack

@@ -8,7 +8,8 @@ import pytest
 from celery import Celery
 from kombu.message import Message
 
-from service.constants import (
+from service.language.plan import JobPlan, StepPlan
+from service.platform.constants import (
     CHAIN_SLICE_S,
     HEADER_SENT_AT,
     QUEUE_STEPS,
@@ -16,7 +17,6 @@ from service.constants import (
     TASK_RUN_LANE,
     TASK_RUN_STEP,
 )
-from service.plan import JobPlan, StepPlan
 from tasks.canvas import send_plan, step_signature
 
 JOB = uuid.uuid4()

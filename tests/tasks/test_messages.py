@@ -15,7 +15,9 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish
 
-from service.constants import (
+from service.engine.runtime import Runtime
+from service.language.plan import JobPlan, StepPlan
+from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUSH_TIMEOUT_S,
     CHAIN_SLICE_S,
@@ -23,10 +25,8 @@ from service.constants import (
     QUEUE_STEPS,
     STEP_TIMEOUT_GRACE_S,
 )
-from service.errors import BrokerUnavailable
-from service.plan import JobPlan, StepPlan
-from service.runtime import Runtime
-from service.settings import get_settings
+from service.platform.errors import BrokerUnavailable
+from service.platform.settings import get_settings
 from tasks.canvas import send_plan
 from tasks.dispatch import publish_new_jobs_async, publish_plan
 from tasks.messages import async_broker_client, direct_broker, plan_messages, push

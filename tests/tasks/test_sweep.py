@@ -15,14 +15,14 @@ import pytest
 import redis
 from sqlalchemy import update
 
-from service.clock import utcnow
-from service.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
-from service.db import unit_of_work
-from service.models import CompensationRow
-from service.runner import run_step
-from service.runtime import Runtime
-from service.settings import get_settings
-from service.steps import StepKey
+from service.engine.runner import run_step
+from service.engine.runtime import Runtime
+from service.engine.steps import StepKey
+from service.platform.clock import utcnow
+from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
+from service.platform.db import unit_of_work
+from service.platform.models import CompensationRow
+from service.platform.settings import get_settings
 from tests.conftest import Stack
 from tests.support.fanouts import submitted
 from tests.support.servers import allocate_redis_db, redis_base_url, release_redis_db

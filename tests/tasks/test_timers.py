@@ -51,7 +51,7 @@ def test_the_scheduler_still_fires_what_is_due_after_a_compaction() -> None:
 
 
 def test_every_flowbeat_worker_runs_the_compaction(stack: Stack) -> None:
-    from service.settings import Settings
+    from service.platform.settings import Settings
     from tasks.app import create_celery  # builds the process-wide app: only once stack is up
 
     app = create_celery(Settings(broker_url=stack.broker_url))

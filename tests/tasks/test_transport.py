@@ -11,8 +11,8 @@ from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from sqlalchemy import make_url
 
-from service.constants import QUEUE_CONTROL, QUEUE_STEPS, TASK_SWEEP
-from service.settings import Settings
+from service.platform.constants import QUEUE_CONTROL, QUEUE_STEPS, TASK_SWEEP
+from service.platform.settings import Settings
 from tasks.transport import Transport, message_router, transport_for
 from tests.conftest import Stack
 from tests.support.tcpproxy import TcpProxy

@@ -2,7 +2,7 @@ from pathlib import Path
 from typing import Any
 
 from service.actions import StepContext
-from service.settings import Settings
+from service.platform.settings import Settings
 from tests.conftest import LOCAL_HOSTS
 
 

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from service.actions import REGISTRY, StepContext, load_plugins
-from service.errors import ActionError, StepCancelled
+from service.platform.errors import ActionError, StepCancelled
 from tests.service.actions import make_ctx
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from service.actions import REGISTRY, StepContext, load_plugins
 from service.actions import data as data_module
-from service.errors import ActionError
+from service.platform.errors import ActionError
 from tests.service.actions import make_ctx
 
 PROFILES_DIR = Path(__file__).resolve().parents[3] / "profiles"

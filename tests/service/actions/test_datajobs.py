@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from service.actions import REGISTRY, StepContext, load_plugins
-from service.errors import ActionError
+from service.platform.errors import ActionError
 from tests.conftest import Stack
 from tests.service.actions import make_ctx
 

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from service.actions import REGISTRY, StepContext, load_plugins
-from service.errors import ActionError
+from service.platform.errors import ActionError
 from tests.conftest import Stack
 from tests.service.actions import make_ctx
 from tests.support.replay import ReplayServer

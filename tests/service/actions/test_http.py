@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from service.actions import REGISTRY, StepContext, load_plugins
-from service.errors import ActionError, StepCancelled
+from service.platform.errors import ActionError, StepCancelled
 from tests.service.actions import make_ctx
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from service.actions import REGISTRY, StepContext, load_plugins
-from service.errors import ActionError
-from service.metrics import registry
+from service.platform.errors import ActionError
+from service.platform.metrics import registry
 from tests.conftest import Stack
 from tests.service.actions import make_ctx
 from tests.support.llm_server import LlmServer, running

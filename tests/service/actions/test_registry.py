@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from service.actions import REGISTRY, ActionRegistry, StepContext, action, load_plugins
-from service.errors import ActionError, ActionModuleUnimportable, ActionNotFound
+from service.platform.errors import ActionError, ActionModuleUnimportable, ActionNotFound
 from tests.service.actions import make_ctx
 
 PLUGIN_CALLS: list[ActionRegistry] = []

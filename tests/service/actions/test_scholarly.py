@@ -6,7 +6,7 @@ from email.utils import format_datetime
 import pytest
 
 from service.actions.scholarly import retry_after_s
-from service.constants import LITERATURE_RETRY_AFTER_MAX_S
+from service.platform.constants import LITERATURE_RETRY_AFTER_MAX_S
 
 CAP = LITERATURE_RETRY_AFTER_MAX_S
 

@@ -1,0 +1,420 @@
+"""Runs one step attempt in a worker: claim, call the action under a renewed lease, record.
+
+Each returns the steps its attempt made ready, for the task adapter to send; task adapters also
+translate ``RetryLater`` and ``StopChain`` for Celery.
+"""
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from sqlalchemy.orm import Session
+
+from service.actions import StepContext
+from service.engine.claims import (
+    FastClaim,
+    claim_step,
+    fast_claim,
+    ready_claim,
+    taken_by,
+    use_fast_claim,
+)
+from service.engine.completion import complete_step, fail_step, release_lease
+from service.engine.loops import complete_round
+from service.engine.runtime import Runtime
+from service.engine.settle import settle_job, sink_settles_job
+from service.engine.shards import (
+    FannedOut,
+    ShardClaim,
+    claim_next_shard,
+    fan_out,
+    fast_shard_claim,
+    finish_fanout,
+    job_params,
+    ready_shard,
+    use_shard_claim,
+)
+from service.engine.steps import (
+    Claimed,
+    Completion,
+    FanOutDue,
+    Follow,
+    Lease,
+    Skipped,
+    StepKey,
+    Unresolvable,
+)
+from service.language import verify
+from service.language.plan import JobPlan
+from service.language.snapshots import step_facts
+from service.language.specs import RetryPolicy
+from service.platform import logs, metrics
+from service.platform.clock import utcnow
+from service.platform.constants import LANE_SLICE_S, SHARD_NONE
+from service.platform.db import unit_of_work
+from service.platform.errors import ActionError, RetryLater, StepCancelled, StopChain
+from service.platform.settings import Settings
+from service.platform.states import JobStatus
+
+RELEASE_TRIES = 2
+"""The first try may meet a connection that PostgreSQL dropped with the one the attempt died
+on; the second goes out on a fresh one."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: dict[str, Any]
+    retryable: bool
+
+
+@dataclass(frozen=True)
+class Inline:
+    """What lets a step's message run the rest of a chain in the same process, each next step
+    claimed by the checkpoint of the one before (``steps.Follow``) instead of sent.
+
+    ``fits`` says whether a step with that timeout can still start within the message's time
+    limits; ``timed`` holds one action to its step's own timeout, since those limits are
+    longer than one step's; ``send`` sends what else a step made ready before the next runs.
+    A step that follows carries the message's task id, so the message's redelivery after its
+    worker died, or its retry, goes on with that step (``run_step``); the sweeper sends it
+    again once its lease lapsed, as for any step whose worker died.
+    """
+
+    fits: Callable[[int], bool]
+    timed: Callable[[int], AbstractContextManager[None]]
+    send: Callable[[JobPlan], None]
+
+
+_Next = tuple[StepKey, FastClaim]
+
+
+@contextlib.contextmanager
+def _released_if_cut_short(rt: Runtime, key: StepKey, lease: Lease) -> Iterator[None]:
+    """Give the lease back when the attempt ends before its outcome is recorded.
+
+    A dropped connection, a time limit or a bug between claim and record would otherwise leave
+    a live lease behind, and the delivery that follows would wait ``lease_s`` for it to lapse.
+    ``RetryLater`` and ``StopChain`` come once the outcome is recorded, or once the lease is no
+    longer this attempt's. With the database out of reach the lease lapses as before.
+    """
+    try:
+        yield
+    except (RetryLater, StopChain):
+        raise
+    except BaseException:
+        _release(rt, key, lease)
+        raise
+
+
+def _release(rt: Runtime, key: StepKey, lease: Lease) -> None:
+    for _ in range(RELEASE_TRIES):
+        try:
+            with rt.claims.connect() as conn:
+                release_lease(conn, key, lease, utcnow())
+        except psycopg.OperationalError:
+            continue
+        return
+
+
+def run_step(
+    rt: Runtime,
+    key: StepKey,
+    *,
+    task_id: str,
+    timeout_errors: tuple[type[BaseException], ...] = (),
+    inline: Inline | None = None,
+) -> FannedOut | JobPlan:
+    """Run a step once, and with ``inline`` the steps that follow it in a chain while they
+    fit. Returns what is left to send, or a for_each step's shards for the caller to fan out.
+
+    A message whose step is settled already goes on where an earlier delivery of it left off
+    (``steps.taken_by``): a step that followed in it, whose worker died or that is to be
+    tried again, is run by the message's next delivery or retry, as its own message's would."""
+    with logs.bound(job_id=str(key.job_id), step_id=key.step_id):
+        now, lease_s = utcnow(), rt.settings.lease_s
+        with rt.claims.connect() as conn:
+            fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
+        claim: Claimed | FannedOut | Unresolvable | Skipped | Completion | None
+        if fast is None:
+            with unit_of_work(rt.sessions) as session:
+                held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
+                claim = _fanned_out(session, held, now, rt.settings)
+            if claim is None and key.shard == SHARD_NONE:
+                with rt.claims.connect() as conn:
+                    went_on = taken_by(conn, key.job_id, task_id)
+                if went_on is not None and went_on != key.step_id:
+                    resumed = StepKey(key.job_id, went_on)
+                    return run_step(
+                        rt, resumed, task_id=task_id, timeout_errors=timeout_errors, inline=inline
+                    )
+        else:
+            claim = _fast_work(rt, key, fast, now)
+        if isinstance(claim, FannedOut):
+            return claim
+        plan, follow = _run_claim(rt, key, claim, timeout_errors, inline, task_id)
+    while follow is not None:
+        assert inline is not None
+        plan, follow = _run_next(rt, plan, follow, timeout_errors, inline, task_id)
+    return plan
+
+
+def _fast_work(
+    rt: Runtime, key: StepKey, fast: FastClaim, now: datetime
+) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | None:
+    with _released_if_cut_short(rt, key, fast.lease):
+        claim = ready_claim(key, fast)
+        if claim is None:
+            with unit_of_work(rt.sessions) as session:
+                due = use_fast_claim(session, key, fast, now)
+                return _fanned_out(session, due, now, rt.settings)
+        return claim
+
+
+def _run_next(
+    rt: Runtime,
+    ready: JobPlan,
+    follow: _Next,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline,
+    task_id: str,
+) -> tuple[JobPlan, _Next | None]:
+    """Send what the step before made ready beside ``follow``, then run ``follow``."""
+    key, fast = follow
+    with logs.bound(job_id=str(key.job_id), step_id=key.step_id):
+        with _released_if_cut_short(rt, key, fast.lease):
+            inline.send(ready)
+        claim = _fast_work(rt, key, fast, utcnow())
+        assert not isinstance(claim, FannedOut)
+        return _run_claim(rt, key, claim, timeout_errors, inline, task_id)
+
+
+def _fanned_out(
+    session: Session,
+    claim: Claimed | FanOutDue | Unresolvable | Skipped | None,
+    now: datetime,
+    settings: Settings,
+) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | None:
+    if isinstance(claim, FanOutDue):
+        max_items, max_job_steps = settings.max_fanout_items, settings.max_job_steps
+        return fan_out(session, claim, now, max_items=max_items, max_job_steps=max_job_steps)
+    return claim
+
+
+def run_lane(
+    rt: Runtime,
+    parent: StepKey,
+    *,
+    task_id: str,
+    timeout_errors: tuple[type[BaseException], ...] = (),
+    slice_s: float = LANE_SLICE_S,
+) -> bool:
+    """Run open shards of a fan-out one after another until ``slice_s`` has passed.
+
+    ``True`` when the slice ran out (the caller sends the lane on in a new message),
+    ``False`` once no shard is left to take. Short shards share one message, so a fan-out of
+    thousands does not pay a message, an ack and a task replacement for every item.
+    """
+    with logs.bound(job_id=str(parent.job_id), step_id=parent.step_id):
+        started = time.monotonic()
+        params: dict[str, Any] | None = None
+        while True:
+            now = utcnow()
+            with rt.claims.connect() as conn:
+                fast = fast_shard_claim(
+                    conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
+                )
+            claim: Claimed | Unresolvable | None
+            if fast is None:
+                with unit_of_work(rt.sessions) as session:
+                    claim = claim_next_shard(
+                        session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
+                    )
+            else:
+                with _released_if_cut_short(rt, fast.key, fast.lease):
+                    if params is None:
+                        with rt.claims.connect() as conn:
+                            params = job_params(conn, parent.job_id)
+                    claim = _shard_work(rt, fast, params, now)
+            if claim is None:
+                return False
+            _run_claim(rt, parent, claim, timeout_errors)
+            if time.monotonic() - started >= slice_s:
+                return True
+
+
+def _shard_work(
+    rt: Runtime, fast: ShardClaim, params: dict[str, Any], now: datetime
+) -> Claimed | Unresolvable:
+    """The fast claim as work when its inputs resolve; otherwise a transaction records why not."""
+    ready = ready_shard(fast, params)
+    if ready is not None:
+        return ready
+    with unit_of_work(rt.sessions) as session:
+        return use_shard_claim(session, fast, params, now)
+
+
+def _run_claim(
+    rt: Runtime,
+    asked: StepKey,
+    claim: Claimed | Unresolvable | Skipped | Completion | None,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None = None,
+    task_id: str = "",
+) -> tuple[JobPlan, _Next | None]:
+    if claim is None:
+        return JobPlan(asked.job_id), None
+    if not isinstance(claim, Claimed):
+        return claim.ready, None
+    with logs.bound(attempt=claim.lease.attempt):
+        return _settled(rt, claim, timeout_errors, inline, task_id)
+
+
+def _settled(
+    rt: Runtime,
+    claim: Claimed,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None,
+    task_id: str,
+) -> tuple[JobPlan, _Next | None]:
+    """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round;
+    and the step that follows, when the checkpoint claimed it."""
+    key = claim.key
+    with _released_if_cut_short(rt, key, claim.lease):
+        outcome = _attempt(rt, claim, timeout_errors, inline)
+        if isinstance(outcome, _Failure):
+            return _settle_failure(rt, claim, outcome), None
+        now = utcnow()
+        if key.shard == SHARD_NONE and step_facts(claim.profile, key.step_id).ends_round:
+            with unit_of_work(rt.sessions) as session:
+                plan = complete_round(session, key, claim.lease, outcome, claim.profile, now)
+                return plan, None
+        succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
+        with rt.checkpoints.connect() as conn:
+            done = complete_step(
+                conn,
+                key,
+                claim.lease,
+                outcome,
+                now,
+                profile=claim.profile,
+                succeeds_job=succeeds_job,
+                follow=_follow(rt, claim, inline, task_id),
+            )
+    if done.written and key.shard != SHARD_NONE:
+        metrics.FANOUT_ITEMS.labels(claim.action).inc()
+    if done.succeeded_trigger is not None:
+        metrics.job_finished(None, claim.profile.name, done.succeeded_trigger, JobStatus.SUCCEEDED)
+    if done.written and claim.sink and not succeeds_job:
+        with unit_of_work(rt.sessions) as session:
+            settle_job(session, key.job_id, now)
+    if done.taken is None:
+        return done.ready, None
+    taken = done.taken
+    fast = FastClaim(taken.lease, claim.profile, claim.params, taken.outputs)
+    return done.ready, (taken.key, fast)
+
+
+def _follow(rt: Runtime, claim: Claimed, inline: Inline | None, task_id: str) -> Follow | None:
+    """The child to claim with this step's checkpoint, if one may follow it here."""
+    if inline is None or claim.key.shard != SHARD_NONE:
+        return None
+    child = step_facts(claim.profile, claim.key.step_id).follows
+    if child is None or not inline.fits(claim.profile.step(child).timeout_s):
+        return None
+    return Follow(child, task_id, rt.settings.lease_s)
+
+
+def _attempt(
+    rt: Runtime,
+    claim: Claimed,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None,
+) -> Any:
+    """The attempt's outcome, timed by action."""
+    started = time.monotonic()
+    outcome = _call_action(rt, claim, timeout_errors, inline)
+    result = "error" if isinstance(outcome, _Failure) else "ok"
+    metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
+    return outcome
+
+
+def _call_action(
+    rt: Runtime,
+    claim: Claimed,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None,
+) -> Any:
+    key = claim.key
+    spec = claim.profile.step(key.step_id)
+    timed = nullcontext() if inline is None else inline.timed(spec.timeout_s)
+    ctx = StepContext(
+        job_id=str(key.job_id),
+        step_id=key.step_id,
+        attempt=claim.lease.attempt,
+        shard=None if key.shard == SHARD_NONE else key.shard,
+        params=claim.params,
+        settings=rt.settings,
+    )
+    try:
+        with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
+            with timed:
+                output = rt.registry.call(claim.action, ctx, claim.inputs)
+            unverified = verify.check(spec.verify, output, ctx.params, claim.trigger)
+        if unverified is None:
+            return output
+        error = _error("verification_failed", unverified.message, unverified.details)
+        failure = _Failure(error, unverified.retry)
+    except StepCancelled as exc:
+        raise StopChain("cancelled") from exc
+    except ActionError as exc:
+        failure = _Failure(_error(exc.code, exc.message, exc.details), exc.retryable)
+    except timeout_errors as exc:
+        failure = _Failure(_error("timeout", f"step timed out: {exc!r}", {}), True)
+    except Exception as exc:
+        kind = type(exc).__name__
+        failure = _Failure(_error("exception", f"{kind}: {exc}", {"type": kind}), True)
+    if ctx.cancel_event.is_set():
+        raise StopChain("cancelled or taken over")
+    return failure
+
+
+def _error(code: str, message: str, details: dict[str, Any]) -> dict[str, Any]:
+    return {"code": code, "message": message, "details": dict(details)}
+
+
+def _retry_in_s(policy: RetryPolicy, attempt: int, failure: _Failure) -> float | None:
+    """Seconds until a failed attempt runs again; ``None`` when it is not to: the failure is
+    permanent, its code or exception type is listed as such, or the attempts are spent."""
+    error = failure.error
+    blocked = {error["code"], error["details"].get("type")} & set(policy.non_retryable)
+    if not failure.retryable or blocked or attempt >= policy.attempts:
+        return None
+    return policy.delay_s(attempt)
+
+
+def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> JobPlan:
+    attempt, error = claim.lease.attempt, failure.error
+    delay = _retry_in_s(claim.retry, attempt, failure)
+    with unit_of_work(rt.sessions) as session:
+        failed = fail_step(
+            session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow()
+        )
+    if delay is None and failed.recorded and claim.key.shard != SHARD_NONE:
+        metrics.FANOUT_ITEMS.labels(claim.action).inc()
+    if delay is not None:
+        metrics.STEP_RETRIES.labels(claim.action).inc()
+        raise RetryLater(delay, f"attempt {attempt} failed: {error['message']}")
+    return failed.ready
+
+
+def run_finish_fanout(rt: Runtime, key: StepKey) -> JobPlan:
+    with (
+        logs.bound(job_id=str(key.job_id), step_id=key.step_id),
+        unit_of_work(rt.sessions) as session,
+    ):
+        return finish_fanout(session, key, utcnow())

@@ -1,0 +1,381 @@
+"""Submitting jobs: a request resolved to a profile and checked params, stored with its step rows
+before anything is sent (one job per idempotency key), alone or in batches that are refused
+when the pipeline they named has changed since it was resolved."""
+
+import hashlib
+import json
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from service.catalogue.notices import validate_notify_url
+from service.catalogue.pipelines import own_or_shared
+from service.catalogue.resolution import ResolvedPipeline, resolve_pipeline
+from service.language.checks import validate_profile
+from service.language.params import resolve_params
+from service.language.profiles import Profile
+from service.language.snapshots import step_facts
+from service.platform import metrics
+from service.platform.clock import utcnow
+from service.platform.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
+from service.platform.db import driver
+from service.platform.errors import (
+    IdempotencyConflict,
+    OpenJobsLimit,
+)
+from service.platform.models import JobRow
+from service.platform.states import JOB_OPEN, JobStatus, StepStatus
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    pipeline: str | Mapping[str, Any]
+    params: Mapping[str, Any]
+    idempotency_key: str | None = None
+    trigger: str = "api"
+    parent_job_id: uuid.UUID | None = None
+    schedule_id: uuid.UUID | None = None
+    scheduled_for: datetime | None = None
+    diff_mode: bool = False
+    notify_url: str | None = None
+
+
+def resolve_request(
+    session: Session,
+    pipeline: str | Mapping[str, Any],
+    *,
+    owner: str,
+    profiles_dir: Path | None,
+    known_actions: Collection[str],
+) -> ResolvedPipeline:
+    """A name resolves to the owner's saved pipeline, one shared with it, or a shipped profile,
+    in that order; an inline profile stands for itself and comes from no saved pipeline."""
+    if not isinstance(pipeline, str):
+        profile = validate_profile(dict(pipeline), source="inline", known_actions=known_actions)
+        return ResolvedPipeline(profile, None, None)
+    return resolve_pipeline(
+        session, pipeline, owner=owner, profiles_dir=profiles_dir, known_actions=known_actions
+    )
+
+
+def _request_hash(profile: Profile, params: Mapping[str, Any], request: JobRequest) -> str:
+    """What makes two submissions the same request, for idempotency keys."""
+    canonical = json.dumps(
+        {
+            "profile": profile.content_hash(),
+            "params": params,
+            "diff_mode": request.diff_mode,
+            "notify_url": request.notify_url,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_open_jobs(session: Session, owner: str, limit: int) -> None:
+    """Refuse a new job when ``owner`` already has ``limit`` open ones (0: no limit).
+
+    A cap, not a fence: two submissions at the same moment may both pass at ``limit - 1``;
+    the count reads at most ``limit`` entries of an index of open jobs, whatever the history.
+    """
+    if limit <= 0:
+        return
+    open_jobs = session.scalar(
+        select(func.count()).select_from(
+            select(JobRow.id)
+            .where(JobRow.owner == owner, JobRow.status.in_(sorted(JOB_OPEN)))
+            .limit(limit)
+            .subquery()
+        )
+    )
+    if open_jobs is not None and open_jobs >= limit:
+        raise OpenJobsLimit(
+            f"{owner} has {limit} jobs queued, running or waiting; the limit is {limit}",
+            {"limit": limit, "retry_after_s": OPEN_JOBS_RETRY_AFTER_S},
+        )
+
+
+def submit_job(
+    session: Session,
+    request: JobRequest,
+    *,
+    owner: str,
+    profiles_dir: Path | None,
+    known_actions: Collection[str],
+    publish_now: bool = True,
+) -> tuple[JobRow, bool]:
+    """Store a queued job and its steps. Returns the job and whether it is new.
+
+    With ``publish_now`` the job is recorded as sent: the caller publishes right after the
+    commit and marks it unsent if that fails. Should the caller die in between, the
+    sweeper finds the job as stalled.
+
+    The same idempotency key with the same request returns the first job; with a different
+    request it is refused, so a client retrying a timeout cannot start a second run.
+
+    Everything it reads is read-only and its one write is a single statement, so a caller may
+    run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none.
+    """
+    resolved = resolve_request(
+        session,
+        request.pipeline,
+        owner=owner,
+        profiles_dir=profiles_dir,
+        known_actions=known_actions,
+    )
+    if request.notify_url is not None:
+        validate_notify_url(request.notify_url)
+    profile = resolved.profile
+    params = resolve_params(profile, request.params)
+    request_hash = _request_hash(profile, params, request)
+    if request.idempotency_key:
+        existing = _by_idempotency_key(session, owner, request.idempotency_key)
+        if existing is not None:
+            return _same_request(existing, request_hash), False
+    job = _job_values(request, resolved, params, request_hash, owner, publish_now)
+    if insert_job(session, job, step_rows(profile)):
+        return JobRow(**job), True
+    raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
+    if raced is None:
+        raise IdempotencyConflict(
+            "the job first stored under this idempotency_key is gone; use a new key",
+            {"idempotency_key": request.idempotency_key},
+        )
+    return _same_request(raced, request_hash), False
+
+
+def _job_values(
+    request: JobRequest,
+    resolved: ResolvedPipeline,
+    params: dict[str, Any],
+    request_hash: str,
+    owner: str,
+    publish_now: bool,
+) -> dict[str, Any]:
+    profile = resolved.profile
+    now = utcnow()
+    return {
+        "id": uuid.uuid4(),
+        "owner": owner,
+        "pipeline": profile.name,
+        "profile": profile.to_json(),
+        "profile_hash": profile.content_hash(),
+        "params": params,
+        "status": JobStatus.QUEUED,
+        "trigger": request.trigger,
+        "parent_job_id": request.parent_job_id,
+        "idempotency_key": request.idempotency_key,
+        "request_hash": request_hash,
+        "created_at": now,
+        "dispatched_at": now if publish_now else None,
+        "diff_mode": request.diff_mode,
+        "notify_url": request.notify_url,
+        "pipeline_id": resolved.pipeline_id,
+        "pipeline_version": resolved.version,
+        "schedule_id": request.schedule_id,
+        "scheduled_for": request.scheduled_for,
+    }
+
+
+_JOB_COLUMNS = (
+    "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
+    "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
+    "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
+)  # fmt: skip
+_STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
+                    waiting_on int, finished_at timestamptz"""
+
+
+def _new_steps(steps_from: str) -> str:
+    """The step rows of the jobs that the statement's ``new_job`` stored, from ``steps_from``:
+    the job's ``new_job`` row and the recordset of its steps."""
+    return f"""
+    ), new_steps AS (
+        INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on,
+                               inputs_from, waiting_on, finished_at)
+        SELECT new_job.id, s.step_id, {SHARD_NONE}, s.status, 0, s.depends_on, s.inputs_from,
+               s.waiting_on, s.finished_at
+          FROM {steps_from} AS s({_STEP_COLUMNS})
+    )"""
+
+
+_INSERT_JOB = (
+    f"""
+    WITH new_job AS (
+        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
+        VALUES ({", ".join(f"%({column})s" for column in _JOB_COLUMNS)})
+        ON CONFLICT (owner, idempotency_key) DO NOTHING
+        RETURNING id"""
+    + _new_steps("new_job, jsonb_to_recordset(%(steps)s)")
+    + " SELECT count(*) FROM new_job"
+)
+
+
+_JOB_TYPES = {
+    "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid",
+    "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
+    "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
+    "scheduled_for": "timestamptz",
+}  # fmt: skip
+_BATCH_COLUMNS = ", ".join(
+    [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in _JOB_COLUMNS]
+    + ["ord int", "name text", "seen text", "steps jsonb"]
+)
+_OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
+_INSERT_JOBS_IF_RESOLVED = (
+    f"""
+    WITH batch AS (
+        SELECT b.*, row_number() OVER (PARTITION BY b.owner ORDER BY b.ord) AS owner_rank
+          FROM jsonb_to_recordset(%(jobs)s) AS b({_BATCH_COLUMNS})
+    ), allowed AS (
+        SELECT * FROM batch
+         WHERE coalesce((SELECT id::text || ' ' || current_version
+                           FROM ({own_or_shared("batch.name", "batch.owner")}) AS resolved), '')
+               = batch.seen
+           AND (%(cap)s <= 0 OR (
+                SELECT count(*) FROM (
+                    SELECT 1 FROM jobs
+                     WHERE owner = batch.owner AND status IN ({_OPEN_STATUSES})
+                     LIMIT greatest(%(cap)s, 0)
+                ) AS open_jobs) + batch.owner_rank <= %(cap)s)
+    ), new_job AS (
+        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
+        SELECT {", ".join(_JOB_COLUMNS)} FROM allowed ORDER BY ord
+        ON CONFLICT (owner, idempotency_key) DO NOTHING
+        RETURNING id"""
+    + _new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
+    + " SELECT id FROM new_job"
+)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to be sent right after it is stored (``insert_jobs_if_resolved``): its row, its
+    step rows, and the pipeline name it was asked for by."""
+
+    values: dict[str, Any]
+    steps: list[dict[str, Any]]
+    name: str
+
+    @property
+    def id(self) -> uuid.UUID:
+        job_id: uuid.UUID = self.values["id"]
+        return job_id
+
+
+def new_job(request: JobRequest, resolved: ResolvedPipeline, *, owner: str, name: str) -> NewJob:
+    """The job ``submit_job`` would store for ``request``, asked for by the pipeline ``name``."""
+    params = resolve_params(resolved.profile, request.params)
+    request_hash = _request_hash(resolved.profile, params, request)
+    values = _job_values(request, resolved, params, request_hash, owner, True)
+    return NewJob(values, step_rows(resolved.profile), name)
+
+
+async def insert_jobs_if_resolved(
+    conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], *, open_jobs_limit: int
+) -> set[uuid.UUID]:
+    """The ids of the jobs stored, in one statement on an autocommitted connection. A job is
+    stored only if its name still resolves for its owner to the saved pipeline and version of
+    its row (or still to no saved pipeline), its owner is under ``open_jobs_limit`` counting the
+    batch's earlier jobs, and its idempotency key is free.
+
+    A job left out says only that it was not stored: ``submit_job`` then finds out why and
+    answers as it always does. One statement instead of the lookup, the open-jobs count and
+    the insert, for every job of the batch: one round trip and one commit, and the lookup can
+    be skipped safely from a hint.
+    """
+    rows = [_batch_row(ord_, job) for ord_, job in enumerate(jobs)]
+    cursor = await conn.execute(
+        _INSERT_JOBS_IF_RESOLVED, {"jobs": Jsonb(rows), "cap": open_jobs_limit}
+    )
+    stored = {row[0] for row in await cursor.fetchall()}
+    for job in jobs:
+        if job.id in stored:
+            metrics.JOBS_SUBMITTED.labels(job.values["pipeline"], job.values["trigger"]).inc()
+    return stored
+
+
+def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
+    values = job.values
+    pipeline_id = values["pipeline_id"]
+    seen = "" if pipeline_id is None else f"{pipeline_id} {values['pipeline_version']}"
+    row = {column: _json_value(values[column]) for column in _JOB_COLUMNS}
+    row.update(ord=ord_, name=job.name, seen=seen, steps=job.steps)
+    return row
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def step_rows(
+    profile: Profile, reused: Collection[str] = (), now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The step rows of a new job: ``reused`` steps (a rerun's) settled at ``now``, the rest
+    pending on as many upstream steps as are not reused."""
+    return [
+        {
+            "step_id": step.id,
+            "depends_on": list(step.depends_on),
+            "inputs_from": sorted(step_facts(profile, step.id).referenced),
+            "status": StepStatus.REUSED if step.id in reused else StepStatus.PENDING,
+            "waiting_on": len(set(step.depends_on) - set(reused)),
+            "finished_at": now.isoformat() if step.id in reused and now else None,
+        }
+        for step in profile.steps
+    ]
+
+
+def _insert_values(job: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters both job inserts share: the job's row and its steps' rows."""
+    return {
+        **job,
+        "profile": Jsonb(job["profile"]),
+        "params": Jsonb(job["params"]),
+        "steps": Jsonb(steps),
+    }
+
+
+def insert_job(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+    """The job and its steps in one constant statement; ``False`` if its idempotency key was
+    taken first. ``ON CONFLICT`` waits for a concurrent holder of the key to commit or roll
+    back, so a key is never stored twice and no savepoint is needed."""
+    row = driver(session).execute(_INSERT_JOB, _insert_values(job, steps)).fetchone()
+    inserted = row is not None and row[0] == 1
+    if inserted:
+        counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
+        metrics.after_commit(session, counter.inc)
+    return inserted
+
+
+def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:
+    return session.scalars(
+        select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key)
+    ).one_or_none()
+
+
+def _same_request(job: JobRow, request_hash: str) -> JobRow:
+    if job.request_hash != request_hash:
+        raise IdempotencyConflict(
+            "this idempotency_key was used with a different pipeline or params",
+            {"job_id": str(job.id)},
+        )
+    return job
+
+
+def mark_dispatched(session: Session, job_id: uuid.UUID, now: datetime | None) -> None:
+    """``None`` marks a job as never sent, for the sweeper to send after its grace period."""
+    session.execute(update(JobRow).where(JobRow.id == job_id).values(dispatched_at=now))

@@ -1,0 +1,136 @@
+"""Following a job from a terminal: the event log, woken by the process's listener.
+
+``flowbeat run`` and ``flowbeat jobs watch`` print one line per step change as the log records
+it, and a progress bar per fan-out step from its batched progress events. Like the API's
+streams, they read the log after each notification, so a notification they miss costs a
+second's delay, never a line.
+"""
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.engine.events import Event, events_after, job_settled
+from service.engine.jobs import get_job, job_view
+from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENT_PAGE_ROWS
+from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.listener import EventListener
+from service.platform.settings import Settings
+
+_STEP_FINAL = {"succeeded", "failed", "skipped", "cancelled", "reused", "rejected"}
+
+
+class _Printer:
+    def __init__(self, console: Console, progress: Progress, sessions: sessionmaker[Session]):
+        self.console = console
+        self.progress = progress
+        self.sessions = sessions
+        self.bars: dict[str, TaskID] = {}
+
+    def show(self, event: Event) -> None:
+        family, _, status = event.kind.partition(".")
+        if event.kind == "step.progress":
+            self._advance(event)
+        elif family == "step" and event.step_id is not None:
+            self._step(event, status)
+        elif family in ("approval", "compensation"):
+            self._line(f"  {event.step_id or '':<24} {family} {status}")
+        elif family not in ("job",):
+            self._line(f"  {event.kind}")
+
+    def _step(self, event: Event, status: str) -> None:
+        assert event.step_id is not None
+        extra = ""
+        attempt = int(event.data.get("attempt", 1))
+        if status == "running" and attempt > 1:
+            extra = f" (attempt {attempt})"
+        if int(event.data.get("round", 1)) > 1:
+            extra += f" (round {event.data['round']})"
+        if status in _STEP_FINAL:
+            extra += self._settle_bar(event.job_id, event.step_id)
+        self._line(f"  {event.step_id:<24} {status}{extra}")
+        error = event.data.get("error")
+        if isinstance(error, dict):
+            self._line(f"    {error.get('code')}: {error.get('message')}")
+
+    def _settle_bar(self, job_id: uuid.UUID, step_id: str) -> str:
+        """Draw the bar at its final count before it goes: the last progress batch may be
+        folded into the step's own final event, and the bar would vanish short of its end."""
+        with unit_of_work(self.sessions) as session:
+            view = job_view(session, get_job(session, job_id))
+        shards: dict[str, Any] = next(
+            (s.shards or {} for s in view.steps if s.step_id == step_id), {}
+        )
+        bar = self.bars.pop(step_id, None)
+        if bar is not None:
+            ended = int(shards.get("succeeded", 0)) + int(shards.get("failed", 0))
+            self.progress.update(bar, completed=ended, total=shards.get("total"))
+            self.progress.refresh()
+            self.progress.remove_task(bar)
+        if not shards:
+            return ""
+        return f" ({shards.get('succeeded', 0)}/{shards['total']} items)"
+
+    def _advance(self, event: Event) -> None:
+        assert event.step_id is not None
+        done = int(event.data.get("done", 0)) + int(event.data.get("failed", 0))
+        total = int(event.data.get("total", 0))
+        bar = self.bars.get(event.step_id)
+        if bar is None:
+            bar = self.progress.add_task(event.step_id, total=total)
+            self.bars[event.step_id] = bar
+        self.progress.update(bar, completed=done, total=total)
+
+    def _line(self, text: str) -> None:
+        """Plain text: step ids and errors are the user's, and rich would take ``[x]`` in them
+        for markup and drop it."""
+        self.progress.console.print(text, highlight=False, markup=False)
+
+
+@contextmanager
+def _woken_on_news(settings: Settings, job_id: uuid.UUID) -> Iterator[threading.Event]:
+    listener = EventListener(settings.require_database_url()).start()
+    news = threading.Event()
+    listener.subscribe(job_id, lambda _: news.set())
+    try:
+        yield news
+    finally:
+        listener.stop()
+
+
+def follow(settings: Settings, job_id: uuid.UUID, timeout_s: float, console: Console) -> str:
+    """Print the job's changes until it is settled; its final status, or ``"timeout"``."""
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    progress = Progress(
+        TextColumn("  {task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        transient=True,
+    )
+    printer = _Printer(console, progress, sessions)
+    deadline = time.monotonic() + timeout_s
+    after = 0
+    with _woken_on_news(settings, job_id) as news, progress:
+        while time.monotonic() < deadline:
+            news.clear()
+            with unit_of_work(sessions) as session:
+                settled = job_settled(session, job_id)
+                events = events_after(session, job_id, after)
+            for event in events:
+                printer.show(event)
+                after = event.seq
+            if len(events) == EVENT_PAGE_ROWS:
+                continue
+            if settled:
+                with unit_of_work(sessions) as session:
+                    return get_job(session, job_id).status
+            news.wait(min(EVENT_LISTEN_RETRY_S, max(0.0, deadline - time.monotonic())))
+    return "timeout"

@@ -1,0 +1,105 @@
+"""What of a job can be sent now: the steps whose upstream is settled and that are not.
+
+A job's first message carries its root steps; from then on each step that settles sends the
+steps it was the last upstream of (``steps.release_children``), so a step starts as soon as its
+own upstream is done, whatever else runs. The same frontier, read from PostgreSQL, is what the
+sweeper re-publishes when the broker lost messages, never what the broker remembers.
+"""
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.language.profiles import Profile
+from service.language.snapshots import job_profile
+from service.platform.constants import SHARD_NONE
+from service.platform.models import JobRow, StepRunRow
+from service.platform.states import JOB_FINAL, STEP_FINAL, StepStatus
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    step_id: str
+    timeout_s: int
+    shards: list[int] | None = None
+    max_parallel: int = 1
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    job_id: uuid.UUID
+    steps: list[StepPlan] = field(default_factory=list)
+    compensate: bool = False
+    """The job ended with compensations to run (a saga): send the task that runs them."""
+    pipeline: str | None = field(default=None, compare=False)
+    """The job's pipeline, for the names its messages show in Flower and worker logs only; a
+    label, so two plans of the same steps are equal with or without it."""
+
+
+def steps_plan(profile: Profile, job_id: uuid.UUID, step_ids: Iterable[str]) -> JobPlan:
+    """Messages for steps that have just become ready, in profile order."""
+    wanted = set(step_ids)
+    return JobPlan(
+        job_id=job_id,
+        steps=[StepPlan(s.id, s.timeout_s) for s in profile.steps if s.id in wanted],
+        pipeline=profile.name,
+    )
+
+
+def initial_plan(profile: Profile, job_id: uuid.UUID) -> JobPlan:
+    """The root steps of a job that has not started yet."""
+    return steps_plan(profile, job_id, (s.id for s in profile.steps if not s.depends_on))
+
+
+def plan_remaining(profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow]) -> JobPlan:
+    """Unsettled steps with a settled upstream, but for those parked at their gate; a fanned-out
+    step carries its open shards."""
+    open_shards: dict[str, list[int]] = {}
+    for row in rows:
+        if row.shard != SHARD_NONE and row.status not in STEP_FINAL:
+            open_shards.setdefault(row.step_id, []).append(row.shard)
+    ready = {
+        row.step_id: row
+        for row in rows
+        if row.shard == SHARD_NONE
+        and row.status not in STEP_FINAL
+        and row.status != StepStatus.AWAITING_APPROVAL
+        and row.waiting_on == 0
+    }
+    return JobPlan(
+        job_id=job_id,
+        steps=[
+            _plan_step(profile, s.id, ready[s.id], sorted(open_shards.get(s.id, [])))
+            for s in profile.steps
+            if s.id in ready
+        ],
+        pipeline=profile.name,
+    )
+
+
+def _plan_step(profile: Profile, step_id: str, row: StepRunRow, shards: list[int]) -> StepPlan:
+    spec = profile.step(step_id)
+    fanned_out = (
+        spec.for_each is not None and row.status == StepStatus.RUNNING and row.lease_until is None
+    )
+    if not fanned_out:
+        return StepPlan(step_id=step_id, timeout_s=spec.timeout_s)
+    assert spec.for_each is not None
+    return StepPlan(
+        step_id=step_id,
+        timeout_s=spec.timeout_s,
+        shards=shards,
+        max_parallel=spec.for_each.max_parallel,
+    )
+
+
+def load_plan(session: Session, job_id: uuid.UUID) -> JobPlan | None:
+    """The plan of a job that is still open, or ``None`` when it is over."""
+    job = session.get(JobRow, job_id)
+    if job is None or job.status in JOB_FINAL:
+        return None
+    rows = list(session.scalars(select(StepRunRow).where(StepRunRow.job_id == job_id)))
+    return plan_remaining(job_profile(job), job_id, rows)

@@ -1,0 +1,398 @@
+"""Domain errors with stable machine codes; the API maps codes to HTTP status in one place."""
+
+from typing import Any
+
+
+class FlowbeatError(Exception):
+    code = "internal_error"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+
+class ProfileInvalid(FlowbeatError):
+    """A profile failed validation; details name the file, the step and the field."""
+
+    code = "profile_invalid"
+
+
+class ProfileNotFound(FlowbeatError):
+    code = "pipeline_not_found"
+
+
+class ParamsInvalid(FlowbeatError):
+    code = "params_invalid"
+
+
+class JobNotFound(FlowbeatError):
+    code = "job_not_found"
+
+
+class JobIdInvalid(FlowbeatError):
+    """A job id given to a command is neither a whole id nor at least 8 of its first hex
+    digits (``service.engine.jobids``)."""
+
+    code = "job_id_invalid"
+
+
+class JobIdAmbiguous(FlowbeatError):
+    """A short job id that begins more than one job's id; details list some of them."""
+
+    code = "job_id_ambiguous"
+
+
+class JobExpired(FlowbeatError):
+    """The job existed and was pruned by retention; details say when (``pruned_at``)."""
+
+    code = "job_expired"
+
+
+class JobConflict(FlowbeatError):
+    """The job is in a state that refuses the request (e.g. cancelling a finished job)."""
+
+    code = "job_conflict"
+
+
+class UnknownStep(FlowbeatError):
+    code = "unknown_step"
+
+
+class RerunInvalid(FlowbeatError):
+    """A rerun request that cannot apply to this job, e.g. ``only_failed_items`` on a step
+    that does not fan out."""
+
+    code = "rerun_invalid"
+
+
+class PipelineVersionGone(FlowbeatError):
+    """The saved pipeline version a job ran was deleted, so it cannot be rerun as it was."""
+
+    code = "pipeline_version_gone"
+
+
+class NotAwaitingApproval(FlowbeatError):
+    code = "not_awaiting_approval"
+
+
+class AlreadyDecided(FlowbeatError):
+    code = "already_decided"
+
+
+class IdempotencyConflict(FlowbeatError):
+    """The idempotency key was used before with a different request."""
+
+    code = "idempotency_conflict"
+
+
+class InvalidCursor(FlowbeatError):
+    code = "invalid_cursor"
+
+
+class Unauthorized(FlowbeatError):
+    code = "unauthorized"
+
+
+class Forbidden(FlowbeatError):
+    code = "forbidden"
+
+
+class CsrfInvalid(FlowbeatError):
+    """A dashboard form POST without its key's token, or from another site's page."""
+
+    code = "csrf_invalid"
+
+
+class DatabaseUnavailable(FlowbeatError):
+    code = "database_unavailable"
+
+
+class BrokerUnavailable(FlowbeatError):
+    code = "broker_unavailable"
+
+
+class ServersHalfSet(FlowbeatError):
+    """One of the two server settings without the other. It is a mistake (a misspelt name, a
+    variable not exported), not a request for the embedded default: falling back would put the
+    jobs in a database the operator never pointed at, and ``migrate`` would say all is well."""
+
+    code = "settings_incomplete"
+
+
+class ActionNotFound(FlowbeatError):
+    code = "unknown_action"
+
+
+class ActionError(FlowbeatError):
+    """Raised by actions. ``retryable`` tells the engine whether another attempt may succeed."""
+
+    code = "action_failed"
+
+    def __init__(
+        self, message: str, details: dict[str, Any] | None = None, *, retryable: bool = True
+    ) -> None:
+        super().__init__(message, details)
+        self.retryable = retryable
+
+
+class StepCancelled(FlowbeatError):
+    code = "cancelled"
+
+
+class ExpressionError(FlowbeatError):
+    """A ``${{ ... }}`` reference could not be resolved at run time."""
+
+    code = "bad_reference"
+
+
+class FanOutTooLarge(FlowbeatError):
+    """A for_each step resolved to more items than ``FLOWBEAT_MAX_FANOUT_ITEMS``."""
+
+    code = "fanout_too_large"
+
+
+class JobTooLarge(FlowbeatError):
+    """A for_each step would take its job past ``FLOWBEAT_MAX_JOB_STEPS`` step rows."""
+
+    code = "job_too_large"
+
+
+class RateLimited(FlowbeatError):
+    """A key sent more requests than ``FLOWBEAT_RATE_LIMIT_PER_S`` allows."""
+
+    code = "rate_limited"
+
+
+class OpenJobsLimit(FlowbeatError):
+    """An owner has ``FLOWBEAT_MAX_OPEN_JOBS_PER_OWNER`` jobs still open."""
+
+    code = "open_jobs_limit"
+
+
+class ConditionInvalid(ExpressionError):
+    """A condition breaks the grammar or its limits, or compares values of incompatible types.
+
+    A subclass so that code catching ``ExpressionError`` (what does not resolve) also catches
+    what cannot be evaluated; the own code tells a client which of the two happened."""
+
+    code = "condition_invalid"
+
+
+class PipelineReadOnly(FlowbeatError):
+    """A shipped profile, or a pipeline another owner shared: it can be run, not changed."""
+
+    code = "pipeline_read_only"
+
+
+class PipelineNameMismatch(FlowbeatError):
+    code = "pipeline_name_mismatch"
+
+
+class UnsupportedMediaType(FlowbeatError):
+    code = "unsupported_media_type"
+
+
+class InvalidShare(FlowbeatError):
+    code = "invalid_share"
+
+
+class ImportRefused(FlowbeatError):
+    """An import the policy refuses; each subclass names the rule, so clients can tell why."""
+
+    code = "import_refused"
+
+
+class ImportsDisabled(ImportRefused):
+    code = "imports_disabled"
+
+
+class ImportRequestInvalid(ImportRefused):
+    code = "import_request_invalid"
+
+
+class ImportSchemeRefused(ImportRefused):
+    code = "import_scheme_refused"
+
+
+class ImportHostNotAllowed(ImportRefused):
+    code = "import_host_not_allowed"
+
+
+class ImportAddressRefused(ImportRefused):
+    code = "import_address_refused"
+
+
+class ImportRedirectRefused(ImportRefused):
+    code = "import_redirect_refused"
+
+
+class ImportContentTypeRefused(ImportRefused):
+    code = "import_content_type_refused"
+
+
+class ImportTooLarge(ImportRefused):
+    code = "import_too_large"
+
+
+class ImportTimeout(ImportRefused):
+    code = "import_timeout"
+
+
+class ImportFetchFailed(ImportRefused):
+    """The source answered with an error status, or could not be reached or spoken to."""
+
+    code = "import_fetch_failed"
+
+
+class ImportPathRefused(ImportRefused):
+    code = "import_path_refused"
+
+
+class ImportNotFound(ImportRefused):
+    code = "import_not_found"
+
+
+class ActionModuleUnimportable(FlowbeatError):
+    """A process cannot start with a module of ``FLOWBEAT_ACTION_MODULES`` (or an entry point)
+    that does not import; never an API answer, since the API does not start without it."""
+
+    code = "action_module_unimportable"
+
+
+class RetryLater(Exception):
+    """Control flow for task adapters: deliver this message again after ``delay_s``."""
+
+    def __init__(self, delay_s: float, reason: str) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s
+        self.reason = reason
+
+
+class StopChain(Exception):
+    """Control flow for task adapters: the job is over, drop the rest of this canvas."""
+
+
+class NoResultItems(FlowbeatError):
+    """The job stored no result items: it has no ``result`` block or has not succeeded."""
+
+    code = "no_result_items"
+
+
+class NotifyUrlInvalid(FlowbeatError):
+    code = "notify_url_invalid"
+
+
+class CronInvalid(FlowbeatError):
+    code = "cron_invalid"
+
+
+class IntervalInvalid(FlowbeatError):
+    code = "interval_invalid"
+
+
+class TimezoneUnknown(FlowbeatError):
+    code = "timezone_unknown"
+
+
+class ScheduleTooFrequent(FlowbeatError):
+    """Fires closer together than the operator's minimum interval."""
+
+    code = "schedule_too_frequent"
+
+
+class ScheduleLimitReached(FlowbeatError):
+    """The owner already has as many enabled schedules as the operator allows."""
+
+    code = "schedule_limit_reached"
+
+
+class ScheduleNotFound(FlowbeatError):
+    code = "schedule_not_found"
+
+
+class FlowerAuthRequired(FlowbeatError):
+    """Flower would answer anyone: no credentials, and not an unauthenticated loopback."""
+
+    code = "flower_auth_required"
+
+
+class MetricsTokenRequired(FlowbeatError):
+    """A worker or beat exporter off loopback would answer anyone."""
+
+    code = "metrics_token_required"
+
+
+class McpKeyRequired(FlowbeatError):
+    """A stdio MCP server acts as one API key, and none was given."""
+
+    code = "mcp_key_required"
+
+
+class KeyNotFound(FlowbeatError):
+    """No live API key has the prefix given: unknown, or revoked already."""
+
+    code = "key_not_found"
+
+
+class EgressRefused(ActionError):
+    """A request the egress policy does not let out: a step failure never retried."""
+
+    code = "egress_refused"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details, retryable=False)
+
+
+class EgressSchemeRefused(EgressRefused):
+    code = "egress_scheme_refused"
+
+
+class EgressHostNotAllowed(EgressRefused):
+    code = "egress_host_not_allowed"
+
+
+class EgressAddressRefused(EgressRefused):
+    code = "egress_address_refused"
+
+
+class EgressRedirectRefused(EgressRefused):
+    code = "egress_redirect_refused"
+
+
+class HookNotFound(FlowbeatError):
+    code = "hook_not_found"
+
+
+class HookInvalid(FlowbeatError):
+    """A hook's definition: its mapping, secret or pipeline."""
+
+    code = "hook_invalid"
+
+
+class HookSignatureInvalid(FlowbeatError):
+    """A delivery whose signature headers are missing or do not match its body."""
+
+    code = "hook_signature_invalid"
+
+
+class HookTimestampStale(FlowbeatError):
+    """A correctly signed delivery signed too long ago (or ahead): a replay, or a bad clock."""
+
+    code = "hook_timestamp_stale"
+
+
+class HookPayloadInvalid(FlowbeatError):
+    """A delivery's body is not JSON or lacks what the hook's mapping reads."""
+
+    code = "hook_payload_invalid"
+
+
+class HookDeliverySeen(FlowbeatError):
+    code = "hook_delivery_seen"
+
+
+class TriggerCycle(FlowbeatError):
+    """Saving the pipeline would make dependency triggers start each other in a circle."""
+
+    code = "trigger_cycle"

@@ -1,0 +1,100 @@
+"""One PostgreSQL ``LISTEN`` connection per process for the event log's notifications.
+
+Every open stream of a process shares it: two hundred streams cost one connection, not two
+hundred. A notification only says "job X has news"; the reader then reads the log, so a
+notification lost while the connection was down costs nothing but a read, which every
+subscriber is told to make (with ``None``) once the listener is back.
+"""
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from sqlalchemy import make_url
+
+from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENTS_CHANNEL
+
+log = logging.getLogger(__name__)
+
+Wake = Callable[[uuid.UUID | None], None]
+"""Told a job id with news, or ``None`` when any job may have news (after a reconnect)."""
+
+
+class EventListener:
+    def __init__(self, database_url: str) -> None:
+        self._conninfo = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+        self._lock = threading.Lock()
+        self._by_job: dict[uuid.UUID, set[Wake]] = {}
+        self._every: set[Wake] = set()
+        self._stop = threading.Event()
+        self._listening = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="event-listener", daemon=True)
+
+    def start(self, timeout_s: float = 10.0) -> "EventListener":
+        """Start listening; returns once the first ``LISTEN`` is in place, so a subscriber that
+        reads the log after ``start`` misses no change committed after that read."""
+        self._thread.start()
+        self._listening.wait(timeout_s)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def subscribe(self, job_id: uuid.UUID | None, wake: Wake) -> Callable[[], None]:
+        """Call ``wake`` on news of ``job_id`` (of every job for ``None``); returns the undo."""
+        with self._lock:
+            if job_id is None:
+                self._every.add(wake)
+            else:
+                self._by_job.setdefault(job_id, set()).add(wake)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if job_id is None:
+                    self._every.discard(wake)
+                    return
+                waiting = self._by_job.get(job_id, set())
+                waiting.discard(wake)
+                if not waiting:
+                    self._by_job.pop(job_id, None)
+
+        return unsubscribe
+
+    @property
+    def subscribers(self) -> int:
+        with self._lock:
+            return len(self._every) + sum(len(w) for w in self._by_job.values())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    if self._listening.is_set():
+                        self._wake_all()
+                    self._listening.set()
+                    self._drain(conn)
+            except psycopg.Error as exc:
+                log.warning("event listener lost its connection, reconnecting: %s", exc)
+                self._stop.wait(EVENT_LISTEN_RETRY_S)
+
+    def _drain(self, conn: psycopg.Connection[Any]) -> None:
+        while not self._stop.is_set():
+            for note in conn.notifies(timeout=EVENT_LISTEN_RETRY_S):
+                self._wake(uuid.UUID(note.payload))
+
+    def _wake(self, job_id: uuid.UUID) -> None:
+        with self._lock:
+            targets = [*self._by_job.get(job_id, ()), *self._every]
+        for wake in targets:
+            wake(job_id)
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            targets = [*(w for ws in self._by_job.values() for w in ws), *self._every]
+        for wake in targets:
+            wake(None)

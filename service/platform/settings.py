@@ -1,0 +1,227 @@
+"""Process settings, read once at start from the environment (``FLOWBEAT_`` prefix) or ``.env``."""
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.platform.constants import EVENT_KEEPALIVE_S
+from service.platform.errors import ServersHalfSet
+
+
+class LlmProvider(BaseModel):
+    """An OpenAI-compatible endpoint (OpenAI, Azure OpenAI, vLLM, Ollama). The key is named
+    here, never given: ``api_key_env`` is the environment variable that holds it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")
+    kind: Literal["openai", "azure", "vllm", "ollama"] = "openai"
+    base_url: str = Field(description="e.g. https://api.openai.com/v1")
+    api_key_env: str | None = None
+    default_model: str
+    embedding_model: str | None = None
+    api_version: str | None = Field(default=None, description="Azure's api-version")
+    timeout_s: float = Field(default=60.0, gt=0)
+    requests_per_minute: int = Field(default=0, ge=0, description="0: no limit")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="defaults a step's own options override"
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLOWBEAT_", env_file=".env", extra="ignore")
+
+    database_url: str | None = None
+    broker_url: str | None = None
+    result_backend_url: str | None = None
+    profiles_dir: Path | None = None
+    action_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    data_dir: Path = Path(".flowbeat")
+
+    lease_s: float = 30.0
+    visibility_timeout_s: int = 300
+    unacked_restore_interval_s: int = 10
+    sweep_interval_s: float = 10.0
+    worker_heartbeat_s: float = Field(default=2.0, gt=0)
+    worker_dead_after_s: float = Field(default=15.0, gt=0)
+    """A worker silent this long is dead: a peer sends the messages it held to other workers.
+    Long enough that a busy machine's pause does not count as a death (that would only run
+    prefetched messages twice, each step still settling once), short beside a lease."""
+    stall_after_s: float = 300.0
+    dispatch_grace_s: float = 10.0
+    result_expires_s: int = 3600
+
+    max_body_bytes: int = 1_000_000
+    auth_cache_s: float = 5.0
+    api_db_pool_size: int = Field(default=20, ge=1)
+    """Connections an API process keeps open; requests beyond it open and close their own, which
+    costs PostgreSQL a backend each, so it is sized for the thread pool's usual concurrency."""
+    event_keepalive_s: float = Field(default=EVENT_KEEPALIVE_S, gt=0)
+    rate_limit_per_s: float = Field(default=100.0, ge=0)
+    """Requests per second each API key may send, shared by every API process; 0: no limit."""
+    rate_limit_burst: int = Field(default=200, ge=1)
+    max_open_jobs_per_owner: int = Field(default=10_000, ge=0)
+    """Queued, running and waiting jobs an owner may have before a new one is refused; 0: none."""
+    max_fanout_items: int = Field(default=100_000, ge=1)
+    max_job_steps: int = Field(default=200_000, ge=1)
+    """Step rows one job may hold, the items of all its fan-outs included: a profile's 200
+    steps could each fan out ``max_fanout_items`` times over otherwise."""
+    http_max_response_bytes: int = 10_000_000
+    http_timeout_s: float = 30.0
+    egress_allow_http: bool = False
+    egress_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    egress_internal_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    egress_action_allowed_hosts: dict[str, list[str]] = Field(default_factory=dict)
+    egress_max_redirects: int = 5
+
+    webhook_secret: SecretStr | None = None
+    flower_basic_auth: SecretStr | None = None
+    forwarded_allow_ips: str | None = None
+    """Comma-separated addresses or networks (``*``: any) of the proxies whose
+    ``X-Forwarded-Proto`` and ``-For`` ``flowbeat api`` believes: behind a proxy that terminates
+    TLS, the login cookie is Secure only if the API learns the request came over https. None:
+    uvicorn's own default, loopback only."""
+    flower_url: str | None = None
+    """Where people reach Flower; the dashboard links each step's task there when set."""
+    cli_owner: str | None = Field(default=None, min_length=1, max_length=128)
+    """The owner the ``flowbeat`` command acts as where ``--owner`` is not given, and whose
+    admin key ``flowbeat dev`` makes. Unset: ``dev`` in the embedded default, so the command
+    sees what a client of ``flowbeat dev``'s key saved; ``default`` with your own servers."""
+    mcp_key: SecretStr | None = None
+    """The API key ``flowbeat mcp`` acts as over stdio; HTTP clients send their own."""
+    notify_max_attempts: int = 5
+    notify_backoff_s: float = 2.0
+    notify_timeout_s: float = 10.0
+    notify_items_max: int = 20
+    notify_resend_after_s: float = 600.0
+    import_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    import_dir: Path | None = None
+    import_max_bytes: int = 100_000
+    import_timeout_s: float = 10.0
+    import_max_redirects: int = 5
+    pubmed_base_url: str = "https://eutils.ncbi.nlm.nih.gov/entrez/eutils"
+    europepmc_base_url: str = "https://www.ebi.ac.uk/europepmc/webservices/rest"
+    ncbi_api_key: str | None = None
+    ncbi_tool: str = "flowbeat"
+    ncbi_email: str | None = None
+    ncbi_rate_per_s: int = 3
+    ncbi_rate_per_s_with_key: int = 10
+
+    upsert_schema: str = "datasets"
+    download_max_bytes: int = 100_000_000
+    parse_max_rows: int = 1_000_000
+    schedule_min_interval_s: float = 3600.0
+    schedule_max_active_per_owner: int = 5
+    schedule_run_timeout_s: float = 300.0
+    runs_kept_per_pipeline: int = Field(default=100, ge=0)
+    """Finished runs each owner's pipeline keeps once they are older than the minimum age."""
+    retention_min_age_s: float = Field(default=86_400.0, ge=0)
+    """A finished job is kept at least this long, however many runs its pipeline has: a client
+    given a 202 must still find it when it polls after the job ends."""
+    retention_max_age_days: float | None = Field(default=None, gt=0)
+    """Finished jobs older than this are pruned whatever the count (never before the minimum
+    age, nor a diff base still needed); none: no age limit."""
+    beat_lock_ttl_s: float = 30.0
+
+    llm_providers: list[LlmProvider] = Field(default_factory=list)
+    """JSON in ``FLOWBEAT_LLM_PROVIDERS``; ``llm.chat`` steps name one, or get the first."""
+
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Where a worker serves ``/metrics`` (its pool processes summed); 0: no exporter."""
+    beat_metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    metrics_token: SecretStr | None = None
+    """Bearer token the worker and beat exporters require; needed off loopback."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """``auto``: text on a terminal, one JSON object a line otherwise."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    worker_concurrency: int = 2
+    task_events: bool = False
+    """Celery task events, for Flower: each step then costs its worker three more publishes
+    (about 9% of a no-op chain's throughput), and has a message of its own, so that Flower
+    shows it under its own name (``tasks.inline``); they are on only where Flower runs."""
+    worker_prefetch: int = 4
+
+    @field_validator(
+        "action_modules",
+        "import_allowed_hosts",
+        "egress_allowed_hosts",
+        "egress_internal_hosts",
+        mode="before",
+    )
+    @classmethod
+    def _split_modules(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("worker_dead_after_s")
+    @classmethod
+    def _outlives_heartbeats(cls, value: float, info: ValidationInfo) -> float:
+        beat = info.data.get("worker_heartbeat_s")
+        if beat is not None and value < 3 * beat:
+            raise ValueError("must be at least three heartbeats (FLOWBEAT_WORKER_HEARTBEAT_S)")
+        return value
+
+    @field_validator("profiles_dir")
+    @classmethod
+    def _profiles_dir_readable(cls, value: Path | None) -> Path | None:
+        """Refused at start rather than found missing or unreadable on the first request."""
+        if value is not None and not value.is_dir():
+            raise ValueError(f"{str(value)!r} is not a directory")
+        if value is not None and not os.access(value, os.R_OK | os.X_OK):
+            raise ValueError(f"{str(value)!r} cannot be read")
+        return value
+
+    @field_validator("profiles_dir", "import_dir", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        """An empty ``FLOWBEAT_PROFILES_DIR`` or ``FLOWBEAT_IMPORT_DIR`` means none rather than
+        ``.``, so a blank line in a ``.env`` never turns the working directory into one."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _user_colon_password(cls, value: SecretStr | None) -> SecretStr | None:
+        """``user:password``, or several separated by commas, each with both parts."""
+        if value is None:
+            return None
+        for pair in value.get_secret_value().split(","):
+            user, sep, password = pair.partition(":")
+            if not (user and sep and password):
+                raise ValueError("expected user:password (several separated by commas)")
+        return value
+
+    def embedded(self) -> bool:
+        """Whether this process runs on the embedded servers: neither server is set."""
+        if bool(self.database_url) != bool(self.broker_url):
+            given, missing = ("DATABASE_URL", "BROKER_URL")
+            if not self.database_url:
+                given, missing = missing, given
+            raise ServersHalfSet(
+                f"FLOWBEAT_{given} is set but FLOWBEAT_{missing} is not: set both to use your "
+                "servers, or neither for the embedded default",
+                {"missing": f"FLOWBEAT_{missing}"},
+            )
+        return not self.database_url
+
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise RuntimeError("FLOWBEAT_DATABASE_URL is not set (or run `flowbeat dev`)")
+        return self.database_url
+
+    def require_broker_url(self) -> str:
+        if not self.broker_url:
+            raise RuntimeError("FLOWBEAT_BROKER_URL is not set (or run `flowbeat dev`)")
+        return self.broker_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings of this process; read once, then passed to whoever needs them."""
+    return Settings()

@@ -1,0 +1,180 @@
+"""Every job and step status, and every transition between them, in one table.
+
+The engine's functions each carry out a row of ``STEP_TRANSITIONS`` or ``JOB_TRANSITIONS`` in
+one statement or one transaction; a new execution pattern adds rows here rather than branches
+to the runner. ``tests/service/test_states.py`` walks the tables: every status reachable, every
+open status with a way out, every transition carried out by a function that exists.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    REUSED = "reused"
+    AWAITING_APPROVAL = "awaiting_approval"
+    REJECTED = "rejected"
+
+
+class CompensationStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPENSATED = "compensated"
+    FAILED = "compensation_failed"
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    ESCALATED = "escalated"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+JOB_FINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+STEP_FINAL = frozenset(
+    {
+        StepStatus.SUCCEEDED,
+        StepStatus.FAILED,
+        StepStatus.SKIPPED,
+        StepStatus.CANCELLED,
+        StepStatus.REUSED,
+        StepStatus.REJECTED,
+    }
+)
+JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
+APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
+COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStatus.FAILED})
+STEP_SUCCESSFUL = frozenset({StepStatus.SUCCEEDED, StepStatus.REUSED})
+"""What a downstream step and the job's result take as done: run here, or reused from the
+checkpoint of the job this one reruns."""
+JOB_INITIAL = frozenset({JobStatus.QUEUED})
+STEP_INITIAL = frozenset({StepStatus.PENDING, StepStatus.REUSED})
+"""A rerun stores the steps it takes from its parent as ``reused`` from the start."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    before: str
+    after: str
+    by: str
+    """The ``module.function`` that carries it out."""
+    when: str
+
+
+_P, _RUN, _RETRY = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
+_WAIT, _REJECT = StepStatus.AWAITING_APPROVAL, StepStatus.REJECTED
+_OK, _FAIL, _SKIP, _CANCEL = (
+    StepStatus.SUCCEEDED,
+    StepStatus.FAILED,
+    StepStatus.SKIPPED,
+    StepStatus.CANCELLED,
+)
+
+STEP_TRANSITIONS: tuple[Transition, ...] = (
+    Transition(
+        _P, _RUN, "service.engine.claims.fast_claim", "its upstream allows it; a lease is taken"
+    ),
+    Transition(_P, _RUN, "service.engine.claims.claim_step", "as above, under row locks"),
+    Transition(_P, _RUN, "service.engine.shards.fast_shard_claim", "a lane takes a shard"),
+    Transition(
+        _P, _RUN, "service.engine.completion.complete_step", "its only upstream's checkpoint: next"
+    ),
+    Transition(_RETRY, _RUN, "service.engine.claims.fast_claim", "the next attempt is delivered"),
+    Transition(_RUN, _RUN, "service.engine.claims.claim_step", "its lease lapsed: another worker"),
+    Transition(_RUN, _OK, "service.engine.completion.complete_step", "the checkpoint is written"),
+    Transition(_RUN, _OK, "service.engine.shards.finish_fanout", "every shard settled"),
+    Transition(_RUN, _OK, "service.engine.shards.fan_out", "a for_each over no items"),
+    Transition(
+        _RUN, _RETRY, "service.engine.completion.fail_step", "a retryable failure, attempts left"
+    ),
+    Transition(_RUN, _FAIL, "service.engine.completion.fail_step", "a failure for good"),
+    Transition(_RUN, _FAIL, "service.engine.sweeper.sweep", "it ran past its timeout"),
+    Transition(_P, _SKIP, "service.engine.claims.skip_step", "its needs rule refuses its upstream"),
+    Transition(_RUN, _SKIP, "service.engine.claims.skip_step", "its when condition is false"),
+    Transition(_RUN, _WAIT, "service.engine.gates.park", "its gate has no decision yet"),
+    Transition(_WAIT, _P, "service.engine.approvals.decide", "approved: sent again, to run"),
+    Transition(
+        _RUN, _WAIT, "service.engine.gates.ask_decision", "a loop ran out of rounds: escalate"
+    ),
+    Transition(_WAIT, _OK, "service.engine.approvals.decide", "approved: the loop ends"),
+    Transition(_WAIT, _REJECT, "service.engine.approvals.decide", "rejected, or timed out so"),
+    Transition(_WAIT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_P, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RUN, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RETRY, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+)
+
+_Q, _JRUN, _JWAIT = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL
+JOB_TRANSITIONS: tuple[Transition, ...] = (
+    Transition(_JRUN, _JWAIT, "service.engine.gates.park", "a step waits for a decision"),
+    Transition(_JWAIT, _JRUN, "service.engine.approvals.decide", "no step waits any more"),
+    Transition(_JWAIT, JobStatus.FAILED, "service.engine.approvals.decide", "rejected, fail_fast"),
+    Transition(
+        _JWAIT, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"
+    ),
+    Transition(_Q, _JRUN, "service.engine.claims.fast_claim", "its first step is claimed"),
+    Transition(
+        _JRUN, JobStatus.SUCCEEDED, "service.engine.settle.settle_job", "its steps settled well"
+    ),
+    Transition(
+        _JRUN,
+        JobStatus.SUCCEEDED,
+        "service.engine.completion.complete_step",
+        "its sole sink checkpointed",
+    ),
+    Transition(
+        _JRUN, JobStatus.FAILED, "service.engine.settle.settle_job", "a step it needed failed"
+    ),
+    Transition(
+        _JRUN, JobStatus.FAILED, "service.engine.completion.fail_step", "a step failed, fail_fast"
+    ),
+    Transition(_Q, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"),
+    Transition(
+        _JRUN, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"
+    ),
+    Transition(
+        _Q, JobStatus.CANCELLED, "service.triggers.schedules.cancel_overdue", "a run timed out"
+    ),
+    Transition(
+        _JRUN, JobStatus.CANCELLED, "service.triggers.schedules.cancel_overdue", "a run timed out"
+    ),
+)
+
+_CP, _CRUN = CompensationStatus.PENDING, CompensationStatus.RUNNING
+COMPENSATION_INITIAL = frozenset({_CP})
+COMPENSATION_TRANSITIONS: tuple[Transition, ...] = (
+    Transition(
+        _CP, _CRUN, "service.engine.compensations.claim_next", "first unfinished, no live lease"
+    ),
+    Transition(_CRUN, _CRUN, "service.engine.compensations.claim_next", "its lease lapsed"),
+    Transition(_CRUN, _CP, "service.engine.compensations.record_outcome", "failed, attempts left"),
+    Transition(_CRUN, _CP, "service.engine.compensations.release", "cut short before its outcome"),
+    Transition(
+        _CRUN, CompensationStatus.COMPENSATED, "service.engine.compensations.record_outcome", "done"
+    ),
+    Transition(
+        _CRUN, CompensationStatus.FAILED, "service.engine.compensations.record_outcome", "for good"
+    ),
+    Transition(
+        _CP,
+        CompensationStatus.FAILED,
+        "service.engine.compensations.claim_next",
+        "inputs unresolved",
+    ),
+)

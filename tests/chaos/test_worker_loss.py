@@ -1,0 +1,113 @@
+"""Whole workers SIGKILLed, one after another, while a backlog waits in the queue: each one
+killed holds the messages it had prefetched but not started, beside those it was running. The
+visibility timeout and the stall sweep stay at their five-minute defaults, so only the dead
+worker's peers can bring its messages back in time.
+
+What must hold: every job ends as its shape says, the checkpoint of every step, item and
+compensation is written once, and each kill's affected jobs (those whose messages the worker
+held) have all finished within 60 s of the kill. The faults table reports, per kill, the time
+from the kill to the last of its affected jobs finished."""
+
+import random
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
+from tests.chaos.executions import checkpoints, examine, executions
+from tests.chaos.load import describe
+from tests.chaos.results import record, scaled
+from tests.e2e.conftest import FINAL, Client, Cluster, Proc, wait_for
+from tests.support.held import held_jobs
+
+KILLS = scaled(ci=3, full=200)
+WORKERS = 3
+KILL_EVERY_S = 6.0
+BACKLOG = 6
+"""Messages kept waiting in the queue while workers are killed."""
+RECOVERY_BOUND_S = 60
+SETTINGS = {
+    "lease_s": "4",
+    "sweep_interval_s": "2",
+    "stall_after_s": "300",
+    "visibility_timeout_s": "300",
+    "unacked_restore_interval_s": "10",
+    "worker_prefetch": "4",
+}
+SHAPES = {"chaos-chain": 3, "chaos-fan": 3, "chaos-saga": 2}
+
+
+@dataclass(frozen=True)
+class Kill:
+    at: float
+    affected: frozenset[uuid.UUID]
+
+
+def _feed(client: Client, rng: random.Random, jobs: dict[uuid.UUID, str]) -> None:
+    while client.broker.llen(QUEUE_STEPS) < BACKLOG:
+        shape = rng.choices(list(SHAPES), weights=list(SHAPES.values()))[0]
+        params: dict[str, object] = {"hold_s": rng.choice([0.1, 0.3])}
+        if shape == "chaos-fan":
+            params["items"] = list(range(rng.randint(2, 6)))
+        jobs[client.submit(shape, **params)] = shape
+
+
+def _as_its_shape(client: Client, job: uuid.UUID, shape: str) -> bool:
+    status = str(client.view(job).job.status)
+    return status == ("failed" if shape == "chaos-saga" else "succeeded")
+
+
+@pytest.mark.drill
+@pytest.mark.timeout(scaled(ci=300, full=3600))
+def test_whole_workers_killed_with_a_backlog_give_back_what_they_held(
+    client: Client, cluster: Cluster
+) -> None:
+    client.broker.set(BROKER_EPOCH_KEY, "seen", nx=True)
+    rng = random.Random(11)
+    cluster.beat(**SETTINGS)
+    workers: list[Proc] = [cluster.worker(concurrency=2, **SETTINGS) for _ in range(WORKERS)]
+    jobs: dict[uuid.UUID, str] = {}
+    kills: list[Kill] = []
+    killed: dict[int, float] = {}
+    while len(kills) < KILLS:
+        deadline = time.monotonic() + KILL_EVERY_S
+        while time.monotonic() < deadline:
+            _feed(client, rng, jobs)
+            time.sleep(0.1)
+        victim = rng.choice(workers)
+        affected = frozenset(held_jobs(client.broker, victim.popen.pid))
+        pids = victim.kill_whole()
+        killed |= pids
+        kills.append(Kill(min(pids.values()), affected))
+        workers.remove(victim)
+        workers.append(cluster.worker(concurrency=2, **SETTINGS))
+
+    wait_for(
+        lambda: all(client.view(job).job.status in FINAL for job in jobs),
+        RECOVERY_BOUND_S + 60,
+        "every job to finish",
+    )
+    recovery = [
+        max(float(client.view(job).job.finished_at.timestamp()) for job in kill.affected) - kill.at
+        for kill in kills
+        if kill.affected
+    ]
+    wrong = [job for job, shape in jobs.items() if not _as_its_shape(client, job, shape)]
+    findings = examine(executions(client.counters, jobs), checkpoints(client, list(jobs)), killed)
+    record(
+        "whole workers SIGKILLed holding prefetched messages, a backlog queued",
+        f"{len(kills)} whole-worker SIGKILLs (main and pool at once), one every "
+        f"{KILL_EVERY_S:.0f} s; visibility timeout and stall sweep at 300 s; recovery: "
+        "kill to the last affected job finished",
+        len(jobs),
+        len(wrong),
+        findings.doubled,
+        recovery,
+        findings.reruns,
+    )
+    assert not wrong, describe(client, wrong[:10])
+    findings.assert_exactly_once()
+    assert len(recovery) == len(kills), "a killed worker held nothing"
+    assert max(recovery) <= RECOVERY_BOUND_S, sorted(recovery)[-5:]
