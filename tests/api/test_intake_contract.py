@@ -25,11 +25,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from api.deps import get_runtime
-from service.auth import create_api_key
-from service.db import unit_of_work
-from service.pipelines import resolve_pipeline
-from service.runtime import Runtime
-from service.settings import Settings
+from service.catalogue.resolution import resolve_pipeline
+from service.engine.runtime import Runtime
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
+from service.platform.settings import Settings
 from tests.api.conftest import MAX_BODY
 from tests.support.apps import api_client
 
