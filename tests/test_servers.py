@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import get_context
 
 import psycopg
+import pytest
 import redis
 from sqlalchemy.engine import make_url
 
@@ -40,6 +41,7 @@ def _release_all(redis_url: str, claims: dict[int, str]) -> None:
         release_redis_db(redis_url, number, owner)
 
 
+@pytest.mark.e2e  # spawns processes that claim together
 def test_concurrent_claims_never_share_a_number() -> None:
     base = redis_base_url()
     owners = [_owner(f"thread{i}") for i in range(6)]

@@ -1,4 +1,4 @@
-"""Write the faults-survived table of a ``make chaos`` run into the guarantees page of the docs.
+"""Write the faults-survived table of a ``make chaos FULL=1`` run into the docs' guarantees page.
 
     python -m tests.chaos.report RESULTS docs/guarantees.md
 

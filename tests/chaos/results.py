@@ -1,6 +1,6 @@
 """What a chaos scenario survived, as one row of the faults-survived table of docs/guarantees.md.
 
-Each scenario appends its row to the file named by ``FLOWBEAT_CHAOS_RESULTS`` (``make chaos``
+Each scenario appends its row to the file named by ``FLOWBEAT_CHAOS_RESULTS`` (``make chaos FULL=1``
 sets it); ``python -m tests.chaos.report`` turns the rows into the table.
 """
 
@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SCALE = os.environ.get("FLOWBEAT_CHAOS_SCALE", "ci")
-"""``ci`` (the reduced form ``make test`` runs) or ``full`` (``make chaos``)."""
+"""``ci`` (the reduced form ``make test`` and ``make chaos`` run) or ``full``
+(``make chaos FULL=1``)."""
 
 
 def scaled(ci: int, full: int) -> int:

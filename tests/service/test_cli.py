@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import Stack
 
+pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

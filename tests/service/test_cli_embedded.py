@@ -20,6 +20,8 @@ from service.engine.runtime import Runtime
 from tests.conftest import Stack
 from tests.support.embedded_cli import BROKER_ENV, DATABASE_ENV
 
+pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS_QUEUE = "flowbeat.steps"
 

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import Stack
 
+pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

@@ -20,6 +20,8 @@ import pytest
 from tests.conftest import Stack
 from tests.e2e.conftest import wait_for
 
+pytestmark = pytest.mark.e2e  # starts flowbeat dev, api and worker processes
+
 ROOT = Path(__file__).resolve().parents[2]
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
 

@@ -17,6 +17,8 @@ from service.platform.db import make_engine, make_session_factory, unit_of_work
 from tests.conftest import Stack
 from tests.e2e.conftest import wait_for
 
+pytestmark = pytest.mark.e2e  # starts the API as a process
+
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = "127.0.0.2"
 STRANGER = "127.0.0.3"

@@ -20,6 +20,8 @@ from service.platform.models import ApiKeyRow, PipelineRow, ScheduleRow
 from service.platform.settings import get_settings
 from tests.conftest import Stack
 
+pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
+
 ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 80
 

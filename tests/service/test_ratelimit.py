@@ -35,6 +35,7 @@ def assert_no_window_exceeds(times: list[float], limit: int, window_s: float) ->
         assert later - first >= window_s, f"{limit + 1} grants within {later - first:.3f}s"
 
 
+@pytest.mark.e2e  # spawns processes that share the limit
 def test_no_one_second_window_exceeds_the_limit_across_processes(stack: Stack) -> None:
     name = f"test-{uuid.uuid4().hex[:8]}"
     context = multiprocessing.get_context("spawn")

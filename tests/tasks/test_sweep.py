@@ -27,6 +27,8 @@ from tests.conftest import Stack
 from tests.support.fanouts import submitted
 from tests.support.servers import allocate_redis_db, redis_base_url, release_redis_db
 
+pytestmark = pytest.mark.e2e  # runs sweeper passes in a process of their own
+
 SAGA = {
     "name": "backlogged-saga",
     "steps": [
