@@ -61,7 +61,7 @@ e2e: setup
 	$(PYTEST) -n 2 -m e2e
 
 # The chaos scenarios at the reduced scale `make test` runs them at; FULL=1 runs them at full
-# scale (about half an hour) and its table replaces docs/guarantees.md's.
+# scale (about half an hour) and writes their rows into docs/guarantees.md's table.
 chaos: setup
 ifeq ($(FULL),1)
 	rm -f .chaos.jsonl
