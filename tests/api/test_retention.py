@@ -29,12 +29,18 @@ POLICY = RetentionPolicy(keep=100, min_age_s=2)
 
 @pytest.fixture(scope="module")
 def own(stack: Stack, profiles_dir: Path) -> Iterator[tuple[Runtime, TestClient]]:
-    """A database of its own: a pass prunes every owner's runs, other tests' included."""
+    """A database of its own: a pass prunes every owner's runs, other tests' included. No rate
+    limit: a client reading 150 jobs back at once is what the test is about."""
     admin = admin_database_url()
     name = f"flowbeat_api_retention_{uuid.uuid4().hex[:8]}"
     url = create_test_database(admin, name)
     upgrade(url)
-    settings = Settings(database_url=url, broker_url=stack.broker_url, profiles_dir=profiles_dir)
+    settings = Settings(
+        database_url=url,
+        broker_url=stack.broker_url,
+        profiles_dir=profiles_dir,
+        rate_limit_per_s=0,
+    )
     rt = Runtime.start(settings)
     with api_client(settings, rt) as client:
         yield rt, client
@@ -58,6 +64,7 @@ def test_150_runs_are_all_readable_then_the_oldest_50_expire(
         run_step(rt, StepKey(uuid.UUID(job_id), "only"), task_id=uuid.uuid4().hex)
 
     reads = [client.get(f"/v1/jobs/{job_id}", headers=headers) for job_id in ids]
+    assert {r.status_code for r in reads} == {200}, [r.json() for r in reads if r.is_error][:1]
     assert [r.json()["job"]["status"] for r in reads] == ["succeeded"] * 150
     with unit_of_work(rt.sessions) as session:
         last = session.scalar(select(func.max(JobRow.finished_at)))

@@ -272,6 +272,28 @@ class Client:
             f"job {job_id} to finish",
         )
 
+    def settled_at(self, job_ids: list[uuid.UUID]) -> float | None:
+        """When the last of the jobs, and of their compensations, finished; ``None`` while one
+        is open. A saga's job fails before its compensations have run."""
+        from service.platform.db import unit_of_work
+        from service.platform.models import CompensationRow, JobRow
+
+        with unit_of_work(self.rt.sessions) as session:
+            jobs = session.execute(
+                select(JobRow.status, JobRow.finished_at).where(JobRow.id.in_(job_ids))
+            ).all()
+            undone = session.execute(
+                select(CompensationRow.status, CompensationRow.finished_at).where(
+                    CompensationRow.job_id.in_(job_ids)
+                )
+            ).all()
+        if len(jobs) < len(set(job_ids)) or any(status not in FINAL for status, _ in jobs):
+            return None
+        if any(status in ("pending", "running") for status, _ in undone):
+            return None
+        ends = [end.timestamp() for _, end in [*jobs, *undone] if end is not None]
+        return max(ends, default=0.0)
+
     def count(self, job_id: uuid.UUID, name: str, what: str = "finished") -> int:
         raw = self.counters.get(f"drill:{job_id}:{name}:{what}")
         return int(raw) if raw else 0

@@ -12,7 +12,7 @@ import pytest
 
 from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
 from tests.chaos.executions import checkpoints, examine, executions
-from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
+from tests.e2e.conftest import Client, Cluster, wait_for
 from tests.support.held import Held, held_by, held_jobs
 
 DEFAULTS = {
@@ -39,14 +39,6 @@ def broker_seen(client: Client) -> None:
 def _waiting(client: Client, messages: list[Held]) -> list[uuid.UUID]:
     jobs = {uuid.UUID(m.job_id) for m in messages if m.job_id is not None}
     return [job for job in jobs if client.view(job).job.status == "queued"]
-
-
-def _finished_at(client: Client, jobs: list[uuid.UUID]) -> float:
-    return max(float(client.view(job).job.finished_at.timestamp()) for job in jobs)
-
-
-def _final(client: Client, jobs: list[uuid.UUID]) -> bool:
-    return all(client.view(job).job.status in FINAL for job in jobs)
 
 
 @pytest.mark.drill
@@ -77,9 +69,10 @@ def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
     at = min(killed.values())
     cluster.worker(concurrency=2, **DEFAULTS)
 
-    wait_for(lambda: _final(client, list(jobs)), RECOVERY_BOUND_S + 30, "every job to finish")
+    wait_for(lambda: client.settled_at(list(jobs)), RECOVERY_BOUND_S + 30, "every job to finish")
     affected = [job for job in jobs if str(job) in held]
-    assert _finished_at(client, affected) - at <= RECOVERY_BOUND_S
+    settled = client.settled_at(affected)
+    assert settled is not None and settled - at <= RECOVERY_BOUND_S
     for job, profile in jobs.items():
         expected = "failed" if profile == "chaos-saga" else "succeeded"
         assert client.view(job).job.status == expected, (job, profile)
@@ -115,7 +108,7 @@ def test_a_busy_workers_messages_are_not_taken_when_another_dies(
     doomed.kill_whole()
     cluster.worker(concurrency=2, **DEFAULTS)
 
-    wait_for(lambda: _final(client, kept + lost), 150, "every job to finish")
+    wait_for(lambda: client.settled_at(kept + lost), 150, "every job to finish")
     for job in kept + lost:
         assert client.view(job).job.status == "succeeded"
     for job in kept:
