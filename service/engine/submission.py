@@ -112,6 +112,7 @@ def submit_job(
     profiles_dir: Path | None,
     known_actions: Collection[str],
     publish_now: bool = True,
+    open_jobs_limit: int = 0,
 ) -> tuple[JobRow, bool]:
     """Store a queued job and its steps. Returns the job and whether it is new.
 
@@ -121,6 +122,8 @@ def submit_job(
 
     The same idempotency key with the same request returns the first job; with a different
     request it is refused, so a client retrying a timeout cannot start a second run.
+    A new job counts against the owner's ``open_jobs_limit`` (``check_open_jobs``, 0: none); a
+    replay of a key does not, as it starts nothing, so it gets its job at the limit too.
 
     Everything it reads is read-only and its one write is a single statement, so a caller may
     run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none.
@@ -141,6 +144,7 @@ def submit_job(
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:
             return _same_request(existing, request_hash), False
+    check_open_jobs(session, owner, open_jobs_limit)
     job = _job_values(request, resolved, params, request_hash, owner, publish_now)
     if insert_job(session, job, step_rows(profile)):
         return JobRow(**job), True

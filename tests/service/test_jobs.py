@@ -20,14 +20,16 @@ from service.engine.submission import (
 )
 from service.language.loading import find_profile
 from service.platform.db import libpq_url, unit_of_work
-from service.platform.errors import IdempotencyConflict
+from service.platform.errors import IdempotencyConflict, OpenJobsLimit
 from service.platform.models import JobRow, StepRunRow
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 SUBMITTERS = 6
 
 
-def submit(rt: Runtime, owner: str, request: JobRequest) -> tuple[uuid.UUID, bool]:
+def submit(
+    rt: Runtime, owner: str, request: JobRequest, open_jobs_limit: int = 0
+) -> tuple[uuid.UUID, bool]:
     with unit_of_work(rt.sessions) as session:
         job, created = submit_job(
             session,
@@ -35,6 +37,7 @@ def submit(rt: Runtime, owner: str, request: JobRequest) -> tuple[uuid.UUID, boo
             owner=owner,
             profiles_dir=PROFILES,
             known_actions=rt.registry.names(),
+            open_jobs_limit=open_jobs_limit,
         )
         return job.id, created
 
@@ -105,6 +108,23 @@ def test_a_reused_key_with_other_params_is_refused_and_stores_nothing(
             JobRequest(pipeline="slow", params={}, idempotency_key=key, diff_mode=True),
         )
     assert stored(runtime, owner) == (1, 3)
+
+
+def test_a_replayed_key_gets_its_job_at_the_open_jobs_limit_and_a_new_job_does_not(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    first = [
+        submit(runtime, owner, JobRequest("slow", {}, idempotency_key=key), open_jobs_limit=2)
+        for key in ("k1", "k2")
+    ]
+    leftovers.extend(job_id for job_id, _ in first)
+
+    replayed = submit(runtime, owner, JobRequest("slow", {}, idempotency_key="k2"), 2)
+    assert replayed == (first[1][0], False)
+    with pytest.raises(OpenJobsLimit):
+        submit(runtime, owner, JobRequest("slow", {}, idempotency_key="k3"), open_jobs_limit=2)
+    assert stored(runtime, owner) == (2, 6)
 
 
 def test_keys_are_per_owner(runtime: Runtime, leftovers: list[uuid.UUID]) -> None:
