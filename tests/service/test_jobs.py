@@ -186,6 +186,20 @@ def test_jobs_stored_together_count_each_other_against_the_open_jobs_cap(
     assert stored(runtime, owner) == (2, 6)
 
 
+def test_replays_stored_together_take_no_place_under_the_open_jobs_cap(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    first, _ = submit(runtime, owner, JobRequest("slow", {}, idempotency_key="k1"))
+    jobs = slow_jobs(runtime, owner, ["k1", "k2", "k2", None])
+    leftovers.extend([first, *(job.id for job in jobs)])
+
+    # One open job and a cap of 3: the replay of k1 and the second k2 are left out (a replay is
+    # answered by submit_job), and the two new jobs fit.
+    assert store_together(runtime, jobs, open_jobs_limit=3) == {jobs[1].id, jobs[3].id}
+    assert stored(runtime, owner) == (3, 9)
+
+
 def test_jobs_stored_together_hold_one_job_per_idempotency_key(
     runtime: Runtime, leftovers: list[uuid.UUID]
 ) -> None:
