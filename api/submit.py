@@ -25,7 +25,6 @@ from service.engine.runtime import Runtime
 from service.engine.submission import (
     JobRequest,
     NewJob,
-    check_open_jobs,
     insert_jobs_if_resolved,
     new_job,
     submit_job,
@@ -94,13 +93,13 @@ def accept_job(
     if body.notify_url is not None:
         check_notify_url(settings, validate_notify_url(body.notify_url))
     autocommit(session)
-    check_open_jobs(session, principal.owner, settings.max_open_jobs_per_owner)
     job, created = submit_job(
         session,
         request,
         owner=principal.owner,
         profiles_dir=settings.profiles_dir,
         known_actions=known_actions,
+        open_jobs_limit=settings.max_open_jobs_per_owner,
     )
     session.commit()
     with logs.bound(job_id=str(job.id)):

@@ -330,7 +330,9 @@ def pipeline_page(
         request,
         "pipeline.html",
         pipeline=detail,
-        yaml=yaml.safe_dump(detail.profile, sort_keys=False, allow_unicode=True),
+        yaml=detail.source
+        if detail.source is not None
+        else yaml.safe_dump(detail.profile, sort_keys=False, allow_unicode=True),
         versions=versions,
         runs=history,
         chart=run_chart(history),

@@ -76,6 +76,12 @@ class PipelinePublic(BaseModel):
 
 class PipelineDetail(PipelinePublic):
     profile: dict[str, Any]
+    source: str | None = Field(
+        default=None,
+        description="the YAML or JSON text this version was saved from, comments and all; null "
+        "for shipped profiles, text over FLOWBEAT_MAX_BODY_BYTES and versions saved before the "
+        "text was kept",
+    )
 
 
 class PipelineEnvelope(BaseModel):
@@ -117,7 +123,9 @@ class ImportRequest(BaseModel):
 
 
 def _detail(view: PipelineView) -> PipelineDetail:
-    return PipelineDetail(**PipelinePublic.of(view).model_dump(), profile=view.profile.to_json())
+    return PipelineDetail(
+        **PipelinePublic.of(view).model_dump(), profile=view.profile.to_json(), source=view.source
+    )
 
 
 def _admin(principal: Principal) -> bool:
@@ -273,6 +281,7 @@ def read(
     version: Annotated[int | None, Query(ge=1)] = None,
     owner: Annotated[str | None, OWNER_QUERY] = None,
 ) -> PipelineEnvelope:
+    """The pipeline with its profile, and the text its version was saved from (``source``)."""
     view = get_pipeline(
         session,
         name,

@@ -54,6 +54,8 @@ class PipelineView:
     created_at: datetime | None
     updated_at: datetime | None
     run_count: int = 0
+    source: str | None = None
+    """The text the version was saved from, when it was kept (``PipelineVersionRow.source``)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,13 @@ def parse_body(
 
 
 def _view(
-    row: PipelineRow, profile: Profile, version: int, *, read_only: bool, run_count: int = 0
+    row: PipelineRow,
+    profile: Profile,
+    version: int,
+    *,
+    read_only: bool,
+    run_count: int = 0,
+    source: str | None = None,
 ) -> PipelineView:
     return PipelineView(
         name=row.name,
@@ -122,6 +130,7 @@ def _view(
         created_at=row.created_at,
         updated_at=row.updated_at,
         run_count=run_count,
+        source=source,
     )
 
 
@@ -240,6 +249,7 @@ def get_pipeline(
             stored.version,
             read_only=read_only,
             run_count=_saved_run_counts(session, [row.id]).get(row.id, 0),
+            source=stored.source,
         )
     if owner in (None, SYSTEM_OWNER) and version is None:
         shipped = _shipped(profiles_dir, name)

@@ -54,7 +54,10 @@ def save_pipeline(
     """Save a new version of ``owner``'s pipeline, or nothing when the content is unchanged.
 
     Content already saved as an older version makes that version current again instead of
-    copying it, so one content hash always names one version. The pipeline row is locked while
+    copying it, so one content hash always names one version. A new version keeps the text it
+    was saved from (``source``, when ``body`` is text within ``max_body_bytes``); text that
+    differs only in comments or layout is the same content, so it makes no new version and
+    the version keeps the text it was first saved from. The pipeline row is locked while
     a version number is chosen, so concurrent saves number versions without gaps or clashes.
     """
     source = f"pipeline {name}" if name else "pipeline"
@@ -103,24 +106,35 @@ def save_pipeline(
             )
         )
         version = (latest or 0) + 1
+        kept = _kept_source(body, settings)
         session.add(
             PipelineVersionRow(
                 pipeline_id=row.id,
                 version=version,
                 content_hash=content_hash,
                 profile=profile.to_json(),
+                source=kept,
                 created_at=now,
             )
         )
     else:
         version = existing.version
+        kept = existing.source
     if version != row.current_version:
         row.current_version = version
         row.description = profile.description
         row.tags = list(profile.tags)
         row.updated_at = now
     session.flush()
-    return SaveOutcome(_view(row, profile, version, read_only=False), created)
+    return SaveOutcome(_view(row, profile, version, read_only=False, source=kept), created)
+
+
+def _kept_source(body: str | Mapping[str, Any], settings: Settings) -> str | None:
+    """The text a version keeps: a body sent as text, within the API's body limit (a file the
+    CLI saves may be longer); a mapping has no text of its own."""
+    if not isinstance(body, str) or len(body.encode()) > settings.max_body_bytes:
+        return None
+    return body
 
 
 def _owned_row(

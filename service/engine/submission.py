@@ -112,6 +112,7 @@ def submit_job(
     profiles_dir: Path | None,
     known_actions: Collection[str],
     publish_now: bool = True,
+    open_jobs_limit: int = 0,
 ) -> tuple[JobRow, bool]:
     """Store a queued job and its steps. Returns the job and whether it is new.
 
@@ -121,6 +122,8 @@ def submit_job(
 
     The same idempotency key with the same request returns the first job; with a different
     request it is refused, so a client retrying a timeout cannot start a second run.
+    A new job counts against the owner's ``open_jobs_limit`` (``check_open_jobs``, 0: none); a
+    replay of a key does not, as it starts nothing, so it gets its job at the limit too.
 
     Everything it reads is read-only and its one write is a single statement, so a caller may
     run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none.
@@ -141,6 +144,7 @@ def submit_job(
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:
             return _same_request(existing, request_hash), False
+    check_open_jobs(session, owner, open_jobs_limit)
     job = _job_values(request, resolved, params, request_hash, owner, publish_now)
     if insert_job(session, job, step_rows(profile)):
         return JobRow(**job), True
@@ -234,19 +238,30 @@ _OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
 _INSERT_JOBS_IF_RESOLVED = (
     f"""
     WITH batch AS (
-        SELECT b.*, row_number() OVER (PARTITION BY b.owner ORDER BY b.ord) AS owner_rank
-          FROM jsonb_to_recordset(%(jobs)s) AS b({_BATCH_COLUMNS})
+        SELECT b.* FROM jsonb_to_recordset(%(jobs)s) AS b({_BATCH_COLUMNS})
+    ), fresh AS (
+        SELECT batch.*, row_number() OVER (PARTITION BY batch.owner ORDER BY batch.ord)
+                        AS owner_rank
+          FROM batch
+         WHERE batch.idempotency_key IS NULL
+            OR (NOT EXISTS (SELECT 1 FROM jobs
+                             WHERE jobs.owner = batch.owner
+                               AND jobs.idempotency_key = batch.idempotency_key)
+                AND NOT EXISTS (SELECT 1 FROM batch AS earlier
+                                 WHERE earlier.owner = batch.owner
+                                   AND earlier.idempotency_key = batch.idempotency_key
+                                   AND earlier.ord < batch.ord))
     ), allowed AS (
-        SELECT * FROM batch
+        SELECT * FROM fresh
          WHERE coalesce((SELECT id::text || ' ' || current_version
-                           FROM ({own_or_shared("batch.name", "batch.owner")}) AS resolved), '')
-               = batch.seen
+                           FROM ({own_or_shared("fresh.name", "fresh.owner")}) AS resolved), '')
+               = fresh.seen
            AND (%(cap)s <= 0 OR (
                 SELECT count(*) FROM (
                     SELECT 1 FROM jobs
-                     WHERE owner = batch.owner AND status IN ({_OPEN_STATUSES})
+                     WHERE owner = fresh.owner AND status IN ({_OPEN_STATUSES})
                      LIMIT greatest(%(cap)s, 0)
-                ) AS open_jobs) + batch.owner_rank <= %(cap)s)
+                ) AS open_jobs) + fresh.owner_rank <= %(cap)s)
     ), new_job AS (
         INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
         SELECT {", ".join(_JOB_COLUMNS)} FROM allowed ORDER BY ord
@@ -284,9 +299,11 @@ async def insert_jobs_if_resolved(
     conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], *, open_jobs_limit: int
 ) -> set[uuid.UUID]:
     """The ids of the jobs stored, in one statement on an autocommitted connection. A job is
-    stored only if its name still resolves for its owner to the saved pipeline and version of
-    its row (or still to no saved pipeline), its owner is under ``open_jobs_limit`` counting the
-    batch's earlier jobs, and its idempotency key is free.
+    stored only if its idempotency key is free (not stored, nor taken by an earlier job of the
+    batch), its name still resolves for its owner to the saved pipeline and version of its row
+    (or still to no saved pipeline), and its owner is under ``open_jobs_limit`` counting the
+    batch's earlier jobs with a free key: a replay starts nothing, so it takes no place under
+    the cap from a new job beside it.
 
     A job left out says only that it was not stored: ``submit_job`` then finds out why and
     answers as it always does. One statement instead of the lookup, the open-jobs count and

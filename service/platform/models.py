@@ -325,6 +325,9 @@ class PipelineVersionRow(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     content_hash: Mapped[str] = mapped_column(String(64))
     profile: Mapped[dict[str, Any]]
+    source: Mapped[str | None] = mapped_column(Text)
+    """The text the version was saved from (YAML or JSON, comments and all), when it was saved
+    from text within ``FLOWBEAT_MAX_BODY_BYTES``; null for versions saved before it was kept."""
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 

@@ -107,6 +107,12 @@ CASES = [
         before=[_keyed("k1"), _keyed("k2")],
     ),
     Case(
+        "idempotent replay at the open jobs limit",
+        _keyed("k2"),
+        200,
+        before=[_keyed("k1"), _keyed("k2")],
+    ),
+    Case(
         "rate limited",
         _keyed("k1"),
         429,

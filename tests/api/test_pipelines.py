@@ -92,6 +92,24 @@ def test_put_yaml_then_json_of_the_same_profile_keeps_one_version(
     assert len(old.json()["pipeline"]["profile"]["steps"]) == 1
 
 
+def test_a_pipeline_is_read_with_the_text_it_was_saved_from(
+    client: TestClient, writer: Headers
+) -> None:
+    name = unique_name()
+    text = "# kept as written\n" + profile_text(name)
+    saved = put(client, writer, name, text)
+    recommented = put(client, writer, name, "# only a comment changed\n" + profile_text(name))
+    read = client.get(f"/v1/pipelines/{name}", headers=writer)
+    shipped = client.get("/v1/pipelines/greet", headers=writer)
+
+    assert saved.status_code == 201 and saved.json()["pipeline"]["source"] == text
+    assert recommented.status_code == 200, recommented.text
+    assert recommented.json()["pipeline"]["source"] == text
+    assert read.status_code == 200 and read.json()["pipeline"]["source"] == text
+    assert read.json()["pipeline"]["profile"]["name"] == name
+    assert shipped.status_code == 200 and shipped.json()["pipeline"]["source"] is None
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "code"),
     [

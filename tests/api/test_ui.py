@@ -7,10 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
+from service.platform.db import unit_of_work
+from service.platform.models import PipelineRow, PipelineVersionRow
 from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 from tests.support.approvals import parked_job
@@ -113,6 +116,36 @@ def test_pages_show_jobs_steps_pipelines_and_schedules(
         pipeline.status_code == 200 and "<svg" in pipeline.text and "name: greet" in pipeline.text
     )
     assert ui.get("/ui/schedules").status_code == 200
+
+
+def test_a_saved_pipeline_shows_the_text_it_was_saved_from(
+    ui: TestClient, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    key = make_key("write")
+    name = f"p-{uuid.uuid4().hex[:10]}"
+    text = f"# weekly <search>, kept as written\nname: {name}\nsteps: [{{id: a, action: noop}}]\n"
+    saved = ui.put(
+        f"/v1/pipelines/{name}",
+        content=text.encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/yaml"},
+    )
+    assert saved.status_code == 201, saved.text
+    _login(ui, key)
+
+    page = ui.get(f"/ui/pipelines/{name}")
+    assert page.status_code == 200
+    assert "# weekly &lt;search&gt;, kept as written" in page.text
+    assert "steps: [{id: a, action: noop}]" in page.text
+
+    # A version saved before the text was kept shows its profile, serialised.
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(
+            update(PipelineVersionRow)
+            .where(PipelineVersionRow.pipeline_id == PipelineRow.id, PipelineRow.name == name)
+            .values(source=None)
+        )
+    older = ui.get(f"/ui/pipelines/{name}")
+    assert "kept as written" not in older.text and f"name: {name}" in older.text
 
 
 def test_a_button_without_the_page_token_changes_nothing(

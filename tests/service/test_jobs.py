@@ -20,14 +20,16 @@ from service.engine.submission import (
 )
 from service.language.loading import find_profile
 from service.platform.db import libpq_url, unit_of_work
-from service.platform.errors import IdempotencyConflict
+from service.platform.errors import IdempotencyConflict, OpenJobsLimit
 from service.platform.models import JobRow, StepRunRow
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 SUBMITTERS = 6
 
 
-def submit(rt: Runtime, owner: str, request: JobRequest) -> tuple[uuid.UUID, bool]:
+def submit(
+    rt: Runtime, owner: str, request: JobRequest, open_jobs_limit: int = 0
+) -> tuple[uuid.UUID, bool]:
     with unit_of_work(rt.sessions) as session:
         job, created = submit_job(
             session,
@@ -35,6 +37,7 @@ def submit(rt: Runtime, owner: str, request: JobRequest) -> tuple[uuid.UUID, boo
             owner=owner,
             profiles_dir=PROFILES,
             known_actions=rt.registry.names(),
+            open_jobs_limit=open_jobs_limit,
         )
         return job.id, created
 
@@ -107,6 +110,23 @@ def test_a_reused_key_with_other_params_is_refused_and_stores_nothing(
     assert stored(runtime, owner) == (1, 3)
 
 
+def test_a_replayed_key_gets_its_job_at_the_open_jobs_limit_and_a_new_job_does_not(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    first = [
+        submit(runtime, owner, JobRequest("slow", {}, idempotency_key=key), open_jobs_limit=2)
+        for key in ("k1", "k2")
+    ]
+    leftovers.extend(job_id for job_id, _ in first)
+
+    replayed = submit(runtime, owner, JobRequest("slow", {}, idempotency_key="k2"), 2)
+    assert replayed == (first[1][0], False)
+    with pytest.raises(OpenJobsLimit):
+        submit(runtime, owner, JobRequest("slow", {}, idempotency_key="k3"), open_jobs_limit=2)
+    assert stored(runtime, owner) == (2, 6)
+
+
 def test_keys_are_per_owner(runtime: Runtime, leftovers: list[uuid.UUID]) -> None:
     key = uuid.uuid4().hex
     first = submit(
@@ -164,6 +184,20 @@ def test_jobs_stored_together_count_each_other_against_the_open_jobs_cap(
 
     assert store_together(runtime, jobs, open_jobs_limit=2) == {jobs[0].id, jobs[1].id}
     assert stored(runtime, owner) == (2, 6)
+
+
+def test_replays_stored_together_take_no_place_under_the_open_jobs_cap(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    first, _ = submit(runtime, owner, JobRequest("slow", {}, idempotency_key="k1"))
+    jobs = slow_jobs(runtime, owner, ["k1", "k2", "k2", None])
+    leftovers.extend([first, *(job.id for job in jobs)])
+
+    # One open job and a cap of 3: the replay of k1 and the second k2 are left out (a replay is
+    # answered by submit_job), and the two new jobs fit.
+    assert store_together(runtime, jobs, open_jobs_limit=3) == {jobs[1].id, jobs[3].id}
+    assert stored(runtime, owner) == (3, 9)
 
 
 def test_jobs_stored_together_hold_one_job_per_idempotency_key(

@@ -95,6 +95,45 @@ def test_a_save_keeps_a_version_and_an_unchanged_body_makes_none(rt: Runtime) ->
     assert stored(rt, owner, name) == (1, 2)
 
 
+def test_a_version_keeps_the_text_it_was_saved_from_and_comments_alone_make_no_new_one(
+    rt: Runtime,
+) -> None:
+    owner, name = unique_owner(), unique_name()
+    text = "# the lab's weekly search\n" + weekly(name) + "# ends here\n"
+    first = save(rt, owner, text, name)
+    recommented = save(rt, owner, "# another comment\n" + weekly(name), name)
+    mapping = {"name": name, "steps": [{"id": "only", "action": "noop"}]}
+    from_mapping = save(rt, owner, mapping, name)
+    with unit_of_work(rt.sessions) as s:
+        kept = get_pipeline(s, name, viewer=owner, profiles_dir=PROFILES, version=1)
+        current = get_pipeline(s, name, viewer=owner, profiles_dir=PROFILES)
+        shipped = get_pipeline(s, "slow", viewer=owner, profiles_dir=PROFILES)
+
+    assert first.created_version and first.view.source == text
+    # Only comments changed: the same content hash, so no new version, and the first text stays.
+    assert not recommented.created_version and recommented.view.source == text
+    assert kept.source == text
+    assert from_mapping.created_version and from_mapping.view.source is None
+    assert current.version == 2 and current.source is None
+    assert shipped.source is None
+    assert stored(rt, owner, name) == (1, 2)
+
+
+def test_text_over_the_body_limit_is_saved_without_its_text(rt: Runtime) -> None:
+    owner, name = unique_owner(), unique_name()
+    small = rt.settings.model_copy(update={"max_body_bytes": 200})
+    text = weekly(name) + "# " + "x" * 200 + "\n"
+    with unit_of_work(rt.sessions) as s:
+        outcome = save_pipeline(
+            s, owner=owner, name=name, body=text, settings=small, known_actions=rt.registry.names()
+        )
+    with unit_of_work(rt.sessions) as s:
+        view = get_pipeline(s, name, viewer=owner, profiles_dir=PROFILES)
+
+    assert outcome.created_version and outcome.view.source is None
+    assert view.version == 1 and view.source is None
+
+
 def test_json_and_yaml_bodies_of_the_same_profile_are_one_version(rt: Runtime) -> None:
     owner, name = unique_owner(), unique_name()
     document = {"name": name, "tags": ["lit"], "steps": [{"id": "search", "action": "noop"}]}
