@@ -118,27 +118,30 @@ def test_a_worker_cut_off_past_its_silence_gives_back_what_it_held_and_nothing_r
 ) -> None:
     """The peer sends the cut-off worker's messages back to the queue and runs them; the
     cut-off worker, which still reaches PostgreSQL, may run its own copies of them meanwhile
-    or once healed: each step still settles once."""
+    or once healed: each step still settles once. The peer runs only while the network is
+    cut, so that the cut-off worker, once back, takes the next batch."""
     client.broker.set(BROKER_EPOCH_KEY, "seen", nx=True)
     cluster.beat(**SILENT)
     cut_off = cluster.worker(concurrency=2, broker_url=redis_proxy.url, **SILENT)
-    direct = None
     jobs: list[uuid.UUID] = []
     recovery: list[float] = []
     for _ in range(SILENT_CUTS):
         batch = [client.submit("chaos-chain", hold_s=0.5) for _ in range(SILENT_JOBS_PER_CUT)]
         jobs += batch
         held = wait_for(
-            lambda: _holding(client, cut_off, 4), 30, "the worker to be cut off to hold four"
+            partial(_holding, client, cut_off, 4),
+            60,
+            "the worker to be cut off, once connected again, to hold four jobs",
         )
         redis_proxy.proxy.cut()
         cut_at = time.time()
-        if direct is None:
-            direct = cluster.worker(concurrency=2, **SILENT)
+        direct = cluster.worker(concurrency=2, **SILENT)
         wait_for(partial(_finished, client, held), SILENT_CUT_S + 10, "its held jobs to finish")
         recovery.append(_finished(client, held) - cut_at)
         time.sleep(max(0.0, SILENT_CUT_S - (time.time() - cut_at)))
         redis_proxy.proxy.heal()
+        wait_for(partial(_finished, client, batch), 60, "the cut's jobs to finish")
+        direct.stop()
 
     wait_for(
         lambda: all(s in FINAL for s, _ in finished(client, jobs).values()),

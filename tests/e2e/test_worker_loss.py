@@ -18,13 +18,18 @@ from tests.support.held import Held, held_by, held_jobs
 DEFAULTS = {
     "lease_s": "30",
     "sweep_interval_s": "10",
-    "stall_after_s": "300",
+    "stall_after_s": "120",
     "dispatch_grace_s": "10",
     "visibility_timeout_s": "300",
     "unacked_restore_interval_s": "10",
     "worker_prefetch": "4",
 }
 RECOVERY_BOUND_S = 60
+STALL_S = 120
+"""Below its default of 300 s, but past the bound: a message lost in flight (taken from the
+queue by the killed worker but not yet noted, or the next step's, which a pool process killed
+between its checkpoint and its publish never sent) is the stall sweep's to find, not
+liveness's; at 300 s it would only make the test wait."""
 KINDS = {"flowbeat.run_step", "flowbeat.run_lane", "flowbeat.compensate"}
 
 
@@ -42,7 +47,7 @@ def _waiting(client: Client, messages: list[Held]) -> list[uuid.UUID]:
 
 
 @pytest.mark.drill
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
     client: Client, cluster: Cluster
 ) -> None:
@@ -64,14 +69,13 @@ def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
         return messages if every_kind and _waiting(client, messages) else None
 
     messages = wait_for(holding, 120, "the worker to hold every kind and a job not started")
-    held = {m.job_id for m in messages if m.job_id is not None}
+    waiting = _waiting(client, messages)
     killed = doomed.kill_whole()
     at = min(killed.values())
     cluster.worker(concurrency=2, **DEFAULTS)
 
-    wait_for(lambda: client.settled_at(list(jobs)), RECOVERY_BOUND_S + 30, "every job to finish")
-    affected = [job for job in jobs if str(job) in held]
-    settled = client.settled_at(affected)
+    wait_for(lambda: client.settled_at(list(jobs)), STALL_S + 60, "every job to finish")
+    settled = client.settled_at(waiting)
     assert settled is not None and settled - at <= RECOVERY_BOUND_S
     for job, profile in jobs.items():
         expected = "failed" if profile == "chaos-saga" else "succeeded"
