@@ -1,7 +1,7 @@
 """Whole workers SIGKILLed, one after another, while a backlog waits in the queue: each one
 killed holds the messages it had prefetched but not started, beside those it was running. The
-visibility timeout and the stall sweep stay at their five-minute defaults, so only the dead
-worker's peers can bring its messages back in time.
+visibility timeout stays at its five-minute default and the stall sweep at two minutes, so only
+the dead worker's peers can bring its messages back in time.
 
 What must hold: every job ends as its shape says, the checkpoint of every step, item and
 compensation is written once, and each kill's affected jobs (those whose messages the worker
@@ -110,4 +110,5 @@ def test_whole_workers_killed_with_a_backlog_give_back_what_they_held(
     )
     assert not wrong, describe(client, wrong[:10])
     findings.assert_exactly_once()
+    assert recovery, "no killed worker held a job it had not started"
     assert max(recovery) <= RECOVERY_BOUND_S, sorted(recovery)[-5:]
