@@ -1,6 +1,8 @@
-"""What the sweeper reads from the broker: whether it lost what it held, and how far behind the
-steps queue is. Importing it builds no Celery app."""
+"""What the sweeper reads from the broker: whether it lost what it held, how far behind the
+steps queue is, and which jobs' messages workers hold. Importing it builds no Celery app."""
 
+import base64
+import binascii
 import json
 import uuid
 from dataclasses import dataclass
@@ -9,7 +11,12 @@ from datetime import UTC, datetime
 import redis
 
 from service.platform.clock import utcnow
-from service.platform.constants import BROKER_EPOCH_KEY, HEADER_SENT_AT, QUEUE_STEPS
+from service.platform.constants import (
+    BROKER_EPOCH_KEY,
+    HEADER_SENT_AT,
+    QUEUE_STEPS,
+    UNACKED_KEY,
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,9 @@ class BrokerState:
     """When the oldest step message still waiting was sent."""
     epoch: str
     """The marker this pass set when ``lost``, for ``forget_loss`` to take back."""
+    held: frozenset[uuid.UUID]
+    """The jobs with a message some worker has taken and not acknowledged, read after
+    ``oldest_waiting``: a message that left the queue in between is in here."""
 
 
 _DELETE_IF_OURS = """
@@ -36,7 +46,8 @@ def read_broker(broker_url: str) -> BrokerState:
     epoch = f"{utcnow().isoformat()} {uuid.uuid4().hex}"
     try:
         lost = bool(client.set(BROKER_EPOCH_KEY, epoch, nx=True))
-        return BrokerState(lost, oldest_waiting(client, QUEUE_STEPS), epoch)
+        oldest = oldest_waiting(client, QUEUE_STEPS)
+        return BrokerState(lost, oldest, epoch, held_jobs(client))
     finally:
         client.close()
 
@@ -64,3 +75,26 @@ def oldest_waiting(client: redis.Redis, queue: str) -> datetime | None:
         return datetime.fromtimestamp(float(sent), UTC)
     except (ValueError, KeyError, TypeError):
         return utcnow()
+
+
+def held_jobs(client: redis.Redis) -> frozenset[uuid.UUID]:
+    """Every job named by a message in kombu's ``unacked`` hash: prefetched and not started,
+    running, or waiting for its retry's countdown, by a live worker or one not yet reaped. A
+    message that cannot be read is not ours, or names no job (the sweeper's own)."""
+    jobs = set()
+    for raw in client.hvals(UNACKED_KEY):
+        job = job_of(raw)
+        if job is not None:
+            jobs.add(job)
+    return frozenset(jobs)
+
+
+def job_of(raw: bytes | str) -> uuid.UUID | None:
+    """The job a message in ``unacked`` (``[payload, exchange, routing_key]``) is for: the
+    first argument of every step, lane and compensation task."""
+    try:
+        payload = json.loads(raw)[0]
+        args = json.loads(base64.b64decode(payload["body"]))[0]
+        return uuid.UUID(args[0]) if args else None
+    except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
+        return None

@@ -98,6 +98,7 @@ def _republish(rt: Runtime, broker: BrokerState) -> tuple[sweeper.SweepReport, i
             stall_after_s=settings.stall_after_s,
             dispatch_grace_s=settings.dispatch_grace_s,
             oldest_waiting=broker.oldest_waiting,
+            held=broker.held,
         )
     sent = 0
     for job_id in sorted(report.redispatch):

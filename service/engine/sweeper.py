@@ -19,9 +19,11 @@ from service.engine.steps import Lease, StepKey
 from service.language.snapshots import job_profile
 from service.platform.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JOB_OPEN, StepStatus
+from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 
 OPEN_JOB = [status.value for status in JOB_OPEN]
+RUNNABLE = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
+"""A job waiting for a decision needs no message; the stall sweep still looks at it."""
 
 
 @dataclass
@@ -47,13 +49,20 @@ def sweep(
     stall_after_s: float,
     dispatch_grace_s: float,
     oldest_waiting: datetime | None = None,
+    held: frozenset[uuid.UUID] | None = None,
 ) -> SweepReport:
     """One pass. Only one sweeper works at a time; the others return ``skipped``.
 
     ``oldest_waiting`` is when the oldest message still in the steps queue was sent. A job
     last sent after it may be waiting in that queue rather than lost, so it is not stalled,
     however long ago that was: behind a backlog longer than ``stall_after_s``, sending every
-    waiting job again would double the backlog at each pass."""
+    waiting job again would double the backlog at each pass.
+
+    ``held`` is every job whose message a worker has taken and not acknowledged, read from the
+    broker after ``oldest_waiting``. With both known, a job in neither place, with no live
+    lease and nothing done for the grace, has lost its message in flight (taken by a worker
+    killed before it noted it, or never sent by a process killed between its checkpoint and
+    its publish): it is sent again at this pass rather than at ``stall_after_s``."""
     report = SweepReport()
     if not session.scalar(select(func.pg_try_advisory_xact_lock(SWEEP_ADVISORY_LOCK_ID))):
         report.skipped = True
@@ -68,6 +77,9 @@ def sweep(
     report.compensate |= lost_compensations(session, now, sent_before)
     report.add("undispatched", _undispatched(session, now - timedelta(seconds=dispatch_grace_s)))
     report.add("lease_expired", _expired_leases(session, now, sent_before))
+    if held is not None:
+        quiet_since = min(now, oldest_waiting or now) - timedelta(seconds=dispatch_grace_s)
+        report.add("lost_in_flight", _idle(session, now, quiet_since, RUNNABLE) - held)
     stalled_before = _still_queued_after(now - timedelta(seconds=stall_after_s), oldest_waiting)
     report.add("stalled", _stalled(session, now, stalled_before))
     return report
@@ -114,6 +126,11 @@ def _expired_leases(session: Session, now: datetime, sent_before: datetime) -> s
 
 
 def _stalled(session: Session, now: datetime, before: datetime) -> set[uuid.UUID]:
+    return _idle(session, now, before, OPEN_JOB)
+
+
+def _idle(session: Session, now: datetime, before: datetime, statuses: list[str]) -> set[uuid.UUID]:
+    """Jobs sent, with no live lease, and nothing started, finished or sent since ``before``."""
     live_lease = exists().where(
         StepRunRow.job_id == JobRow.id,
         StepRunRow.status == StepStatus.RUNNING,
@@ -127,7 +144,7 @@ def _stalled(session: Session, now: datetime, before: datetime) -> set[uuid.UUID
     return set(
         session.scalars(
             select(JobRow.id).where(
-                JobRow.status.in_(OPEN_JOB),
+                JobRow.status.in_(statuses),
                 JobRow.dispatched_at.is_not(None),
                 ~live_lease,
                 func.coalesce(last_activity, JobRow.dispatched_at) < before,

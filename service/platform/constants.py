@@ -18,6 +18,8 @@ TASK_COMPENSATE: Final = "flowbeat.compensate"
 TASK_SWEEP: Final = "flowbeat.sweep"
 
 BROKER_EPOCH_KEY: Final = "flowbeat:broker-epoch"
+UNACKED_KEY: Final = "unacked"
+"""kombu's Redis transport's default name for its hash of unacknowledged messages."""
 WORKERS_KEY: Final = "flowbeat:workers"
 """Every worker's last heartbeat, in Redis's own clock (``tasks.liveness``)."""
 WORKER_HELD_KEY_PREFIX: Final = "flowbeat:held:"

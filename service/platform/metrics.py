@@ -81,8 +81,8 @@ BEAT_LEADER_CHANGES = Counter(
 )
 SWEEPER_REPUBLISHED = Counter(
     "flowbeat_sweeper_republished_total",
-    "Jobs the sweeper sent again, by cause (broker_lost, undispatched, lease_expired, stalled, "
-    "timed_out).",
+    "Jobs the sweeper sent again, by cause (broker_lost, undispatched, lease_expired, "
+    "lost_in_flight, stalled, timed_out, compensation_lost).",
     ["cause"],
 )
 WORKER_MESSAGES_RESTORED = Counter(

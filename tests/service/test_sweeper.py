@@ -15,6 +15,7 @@ from service.engine.sweeper import SweepReport, sweep
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, StepRunRow
+from service.platform.states import JobStatus
 from tests.support.fanouts import fan_profile, submitted
 
 STALL_S = 60.0
@@ -40,6 +41,7 @@ def _sweep(
     after_s: float = 0.0,
     broker_lost: bool = False,
     oldest_waiting: datetime | None = None,
+    held: frozenset[uuid.UUID] | None = None,
 ) -> SweepReport:
     with unit_of_work(rt.sessions) as session:
         return sweep(
@@ -49,6 +51,7 @@ def _sweep(
             stall_after_s=STALL_S,
             dispatch_grace_s=GRACE_S,
             oldest_waiting=oldest_waiting,
+            held=held,
         )
 
 
@@ -135,6 +138,44 @@ def test_a_job_sent_after_the_oldest_waiting_message_may_still_be_queued_so_is_n
     assert job_id not in _sweep(runtime, after_s=later, oldest_waiting=sent_before).redispatch
     assert job_id in _sweep(runtime, after_s=later, oldest_waiting=utcnow()).redispatch
     assert job_id in _sweep(runtime, after_s=later, oldest_waiting=None).redispatch
+
+
+def test_a_job_in_no_queue_and_held_by_no_worker_is_sent_again_after_the_grace(
+    runtime: Runtime,
+) -> None:
+    """Its message was lost in flight: the stall sweep's wait is not needed to know it."""
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    nowhere: frozenset[uuid.UUID] = frozenset()
+
+    assert job_id not in _sweep(runtime, after_s=1, held=nowhere).redispatch
+    found = _sweep(runtime, after_s=GRACE_S + 1, held=nowhere)
+    assert found.causes.get(job_id) == "lost_in_flight"
+    assert job_id not in _sweep(runtime, after_s=GRACE_S + 1).redispatch, "held not read"
+
+
+def test_a_job_a_worker_holds_or_that_may_be_queued_is_not_lost_in_flight(
+    runtime: Runtime,
+) -> None:
+    sent_before = utcnow()
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    later = GRACE_S + 1
+
+    assert job_id not in _sweep(runtime, after_s=later, held=frozenset({job_id})).redispatch
+    queued = _sweep(runtime, after_s=later, oldest_waiting=sent_before, held=frozenset())
+    assert job_id not in queued.redispatch
+
+
+def test_a_job_waiting_for_a_decision_is_not_lost_in_flight(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(
+            update(JobRow).where(JobRow.id == job_id).values(status=JobStatus.AWAITING_APPROVAL)
+        )
+
+    assert job_id not in _sweep(runtime, after_s=GRACE_S + 1, held=frozenset()).redispatch
 
 
 def test_a_reset_broker_gets_every_open_job_sent_again(runtime: Runtime) -> None:

@@ -1,6 +1,5 @@
 """What each worker holds, read from the broker as a peer reaping it would read it."""
 
-import base64
 import json
 import uuid
 from dataclasses import dataclass
@@ -8,7 +7,8 @@ from typing import cast
 
 import redis
 
-from service.platform.constants import WORKER_HELD_KEY_PREFIX, WORKERS_KEY
+from service.platform.constants import UNACKED_KEY, WORKER_HELD_KEY_PREFIX, WORKERS_KEY
+from tasks.broker import job_of
 
 
 @dataclass(frozen=True)
@@ -28,19 +28,17 @@ def held_by(broker: redis.Redis, pid: int | None = None) -> dict[str, list[Held]
             continue
         messages: list[Held] = []
         for tag in broker.smembers(f"{WORKER_HELD_KEY_PREFIX}{worker}"):
-            raw = broker.hget("unacked", tag)
+            raw = broker.hget(UNACKED_KEY, tag)
             if raw is not None:
-                messages.append(_held(json.loads(raw)[0]))
+                messages.append(_held(raw))
         found[worker] = messages
     return found
 
 
-def _held(payload: dict[str, object]) -> Held:
-    headers = payload["headers"]
-    body = payload["body"]
-    assert isinstance(headers, dict) and isinstance(body, str)
-    args, _kwargs, _embed = json.loads(base64.b64decode(body))
-    return Held(str(headers["task"]), str(args[0]) if args else None)
+def _held(raw: bytes | str) -> Held:
+    headers = json.loads(raw)[0]["headers"]
+    job = job_of(raw)
+    return Held(str(headers["task"]), None if job is None else str(job))
 
 
 def held_jobs(broker: redis.Redis, pid: int) -> set[uuid.UUID]:

@@ -13,16 +13,20 @@ from datetime import timedelta
 
 import pytest
 import redis
+from celery import Celery
+from kombu.connection import Connection
 from sqlalchemy import update
 
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
+from service.engine.submission import mark_dispatched
 from service.platform.clock import utcnow
-from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS
+from service.platform.constants import BROKER_EPOCH_KEY, QUEUE_STEPS, TASK_RUN_STEP
 from service.platform.db import unit_of_work
 from service.platform.models import CompensationRow
 from service.platform.settings import get_settings
+from tasks.transport import message_router, transport_for
 from tests.conftest import Stack
 from tests.support.fanouts import submitted
 from tests.support.servers import allocate_redis_db, redis_base_url, release_redis_db
@@ -108,3 +112,39 @@ def test_a_lost_compensation_is_sent_once_however_many_passes_find_it_still_queu
     )
 
     assert _queued_for(unconsumed_broker, job_id) == 1
+
+
+ONE_PASS = "from tasks.sweep import sweep; sweep()"
+
+
+def test_a_job_whose_message_was_lost_in_flight_is_sent_again_and_one_a_worker_holds_is_not(
+    rt: Runtime, unconsumed_broker: str
+) -> None:
+    """Neither job has done anything for far longer than the grace and far less than the
+    stall sweep's wait; the broker shows one held by a worker and the other nowhere."""
+    lost, held = submitted(rt, SAGA, {}), submitted(rt, SAGA, {})
+    with unit_of_work(rt.sessions) as session:
+        for job_id in (lost, held):
+            mark_dispatched(session, job_id, utcnow() - timedelta(seconds=60))
+    app = Celery("lost-in-flight", broker=unconsumed_broker, set_as_current=False)
+    app.conf.task_routes = (message_router(unconsumed_broker, QUEUE_STEPS),)
+    app.send_task(TASK_RUN_STEP, args=[str(held), "book"], ignore_result=True)
+    with Connection(  # type: ignore[no-untyped-call]  # kombu's __init__ is unannotated
+        unconsumed_broker, transport=transport_for(unconsumed_broker)
+    ) as conn:
+        taken = conn.SimpleQueue(QUEUE_STEPS).get(timeout=5)
+        subprocess.run(
+            [sys.executable, "-c", ONE_PASS],
+            env={
+                **os.environ,
+                "FLOWBEAT_BROKER_URL": unconsumed_broker,
+                "FLOWBEAT_STALL_AFTER_S": "3600",
+            },
+            check=True,
+            timeout=60,
+        )
+        taken.ack()
+    app.close()
+
+    assert _queued_for(unconsumed_broker, lost) == 1
+    assert _queued_for(unconsumed_broker, held) == 0
