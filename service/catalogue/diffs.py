@@ -77,9 +77,9 @@ _STORE_ITEMS = text(
 )
 
 _PREVIOUS = text(
-    """
+    f"""
     SELECT id FROM jobs
-     WHERE owner = :owner AND pipeline = :pipeline AND status = 'succeeded'
+     WHERE owner = :owner AND pipeline = :pipeline AND status = '{JobStatus.SUCCEEDED}'
        AND item_count IS NOT NULL AND id <> :job_id
        AND (created_at, id) < (:created_at, :job_id)
      ORDER BY created_at DESC, id DESC

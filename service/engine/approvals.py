@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.catalogue.notices import Notice, record_event, try_delivery
-from service.engine.completion import _record_failure
+from service.engine.completion import _record_failure, mark_succeeded
 from service.engine.jobs import get_job
 from service.engine.settle import settle_job
 from service.engine.steps import StepKey, _lock_step, release_children
@@ -105,7 +105,7 @@ def _go_on(
 ) -> JobPlan:
     profile = job_profile(job)
     if approval.status == ApprovalStatus.APPROVED and step_facts(profile, row.step_id).ends_round:
-        row.status = StepStatus.SUCCEEDED
+        mark_succeeded(row, now)
         ready = release_children(session, StepKey(job.id, row.step_id), profile)
         settle_job(session, job.id, now)
         return ready

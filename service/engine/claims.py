@@ -40,7 +40,7 @@ from service.language.specs import StepSpec
 from service.platform.constants import SHARD_NONE
 from service.platform.errors import ExpressionError, StopChain
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import STEP_FINAL, STEP_SUCCESSFUL, StepStatus
+from service.platform.states import STEP_FINAL, STEP_SUCCESSFUL, StepStatus, sql_in
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,10 @@ def fast_claim(
     return FastClaim(Lease(token, attempts), profile, job_params, outputs)
 
 
-_TAKEN_BY = """
+_TAKEN_BY = f"""
     SELECT step_id FROM step_runs
      WHERE job_id = %(job_id)s AND shard = -1 AND task_id = %(task_id)s
-       AND status IN ('running', 'retrying')
+       AND status IN {sql_in((StepStatus.RUNNING, StepStatus.RETRYING))}
      ORDER BY started_at DESC LIMIT 1
     """
 
@@ -272,6 +272,7 @@ def _claim_row(
         if not runs:
             return skip_step(session, row, job_profile(job), now)
     lease = _take_lease(row, job, task_id, lease_s, now)
+    session.flush()
     if (
         key.shard == SHARD_NONE
         and spec.approval is not None

@@ -32,15 +32,23 @@ from service.language.snapshots import job_profile, step_facts
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JOB_FINAL, JobStatus, StepStatus
+from service.platform.states import (
+    JOB_FINAL,
+    JOB_OPEN_SQL,
+    STEP_DUE_SQL,
+    JobStatus,
+    StepStatus,
+    sql_in,
+)
 
-_COMPLETED = """
+_SUCCEEDED_OR_SKIPPED = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.SKIPPED))
+_COMPLETED = f"""
     WITH done AS (
         UPDATE step_runs
-           SET status = 'succeeded', finished_at = %(now)s, lease_token = NULL,
+           SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token = NULL,
                lease_until = NULL
          WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
-           AND status = 'running' AND lease_token = %(token)s
+           AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
         RETURNING job_id
     ), saved AS (
         INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
@@ -68,8 +76,8 @@ _COMPLETE_AND_TAKE = (
            SET waiting_on = 0, {_TAKE_LEASE.replace("%(token)s", "%(taken_token)s")}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(take)s AND s.shard = -1
-           AND s.waiting_on = 1 AND s.status IN ('pending', 'retrying')
-           AND j.id = s.job_id AND j.status IN ('queued', 'running', 'awaiting_approval')
+           AND s.waiting_on = 1 AND s.status IN {STEP_DUE_SQL}
+           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
            AND EXISTS (SELECT 1 FROM done)
         RETURNING s.attempts, s.inputs_from
     ), released AS (
@@ -95,14 +103,14 @@ this step's output from the statement's parameter, since its own checkpoint row 
 visible to the statement that writes it."""
 _COMPLETE_AND_SUCCEED_JOB = (
     _COMPLETED
-    + """, succeeded AS (
-        UPDATE jobs SET status = 'succeeded', finished_at = %(now)s, result = %(result)s
-         WHERE id = %(job_id)s AND status IN ('queued', 'running')
+    + f""", succeeded AS (
+        UPDATE jobs SET status = '{JobStatus.SUCCEEDED}', finished_at = %(now)s, result = %(result)s
+         WHERE id = %(job_id)s AND status IN {sql_in((JobStatus.QUEUED, JobStatus.RUNNING))}
            AND EXISTS (SELECT 1 FROM saved)
            AND NOT EXISTS (
                SELECT 1 FROM step_runs
                 WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
-                  AND status NOT IN ('succeeded', 'reused', 'skipped'))
+                  AND status NOT IN {_SUCCEEDED_OR_SKIPPED})
         RETURNING trigger
     )
     SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], (SELECT trigger FROM succeeded)"""
@@ -171,10 +179,10 @@ def _complete_and_take(
     return Completion(written, steps_plan(profile, key.job_id, ready), None, taken)
 
 
-_RELEASE = """
+_RELEASE = f"""
     UPDATE step_runs SET lease_token = NULL, lease_until = %(now)s
      WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
-       AND status = 'running' AND lease_token = %(token)s
+       AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
     """
 
 
@@ -222,6 +230,15 @@ def fail_step(
     if not holds_lease(row, lease):
         return Failed(False, JobPlan(key.job_id), recorded=False)
     return _record_failure(session, row, key, error, retry_delay_s, now)
+
+
+def mark_succeeded(row: StepRunRow, now: datetime) -> None:
+    """The ORM's form of ``_COMPLETED``'s update, for a step whose checkpoint its transaction
+    wrote and whose row it holds."""
+    row.status = StepStatus.SUCCEEDED
+    row.finished_at = now
+    row.lease_token = None
+    row.lease_until = None
 
 
 def _record_failure(

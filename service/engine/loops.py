@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import record_event
-from service.engine.completion import _record_failure
+from service.engine.completion import _record_failure, mark_succeeded
 from service.engine.gates import ask_decision
 from service.engine.rounds import loop_context
 from service.engine.settle import settle_job, step_outputs
@@ -35,7 +35,9 @@ from service.platform.states import StepStatus
 
 
 def close_round(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> JobPlan:
-    """The loop's last step has just succeeded in this transaction: end the loop or go round."""
+    """The loop's last step has just written its checkpoint in this transaction and is still
+    running: end the loop or go round. Its status is decided here, once: succeeded (the loop
+    ends as it should, or goes round), waiting for a person, or failed."""
     key = StepKey(row.job_id, row.step_id)
     loop = profile.loop_of(row.step_id)
     assert loop is not None
@@ -48,8 +50,9 @@ def close_round(session: Session, row: StepRunRow, profile: Profile, now: dateti
         return _record_failure(session, row, key, error, None, now).ready
     if done or row.round >= loop.max_rounds:
         return _end(session, row, job, profile, loop, done, now)
+    mark_succeeded(row, now)
     session.flush()
-    _next_round(session, job.id, profile, loop)
+    next_round(session, job.id, profile, loop)
     session.expire(row)
     record_event(session, job.id, "loop_round", {"step_id": row.step_id, "round": row.round})
     entry = [s for s in loop.steps if not set(profile.step(s).depends_on) & set(loop.steps)]
@@ -91,6 +94,7 @@ def _end(
     record_event(
         session, job.id, "loop_ended", {"step_id": row.step_id, "rounds": row.round, "done": done}
     )
+    mark_succeeded(row, now)
     ready = release_children(session, key, profile)
     settle_job(session, job.id, now)
     return ready
@@ -113,9 +117,9 @@ _FORGET_CHECKPOINTS = """
 _FORGET_SHARDS = """
     DELETE FROM step_runs WHERE job_id = %(job_id)s AND step_id = ANY(%(steps)s) AND shard >= 0
     """
-_NEXT_ROUND = """
+_NEXT_ROUND = f"""
     UPDATE step_runs AS s
-       SET status = 'pending', attempts = 0, round = s.round + 1, started_at = NULL,
+       SET status = '{StepStatus.PENDING}', attempts = 0, round = s.round + 1, started_at = NULL,
            finished_at = NULL, error = NULL, lease_token = NULL, lease_until = NULL,
            task_id = NULL, waiting_on = c.waiting_on
       FROM jsonb_to_recordset(%(counts)s) AS c(step_id text, waiting_on int)
@@ -123,7 +127,7 @@ _NEXT_ROUND = """
     """
 
 
-def _next_round(session: Session, job_id: uuid.UUID, profile: Profile, loop: LoopSpec) -> None:
+def next_round(session: Session, job_id: uuid.UUID, profile: Profile, loop: LoopSpec) -> None:
     """Keep the round that ended, then start the loop's steps over, each waiting on its
     upstream inside the loop (what lies before the loop stays settled)."""
     inside = set(loop.steps)
@@ -138,10 +142,11 @@ def _next_round(session: Session, job_id: uuid.UUID, profile: Profile, loop: Loo
 
 
 def settle_succeeded(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> JobPlan:
-    """What follows a step that succeeded in this transaction: the last step of a loop closes
-    its round; any other releases its children."""
+    """What follows a running step whose checkpoint this transaction wrote: the last step of a
+    loop closes its round; any other succeeds and releases its children."""
     if step_facts(profile, row.step_id).ends_round:
         return close_round(session, row, profile, now)
+    mark_succeeded(row, now)
     ready = release_children(session, StepKey(row.job_id, row.step_id), profile)
     settle_job(session, row.job_id, now)
     return ready
@@ -166,8 +171,4 @@ def complete_round(
         )
         .on_conflict_do_nothing()
     )
-    row.status = StepStatus.SUCCEEDED
-    row.finished_at = now
-    row.lease_token = None
-    row.lease_until = None
     return close_round(session, row, profile, now)

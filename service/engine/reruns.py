@@ -27,7 +27,13 @@ from service.language.snapshots import job_profile
 from service.platform.db import driver
 from service.platform.errors import JobConflict, PipelineVersionGone, RerunInvalid, UnknownStep
 from service.platform.models import JobRow, PipelineVersionRow, StepRunRow
-from service.platform.states import JOB_FINAL, STEP_SUCCESSFUL, JobStatus
+from service.platform.states import (
+    JOB_FINAL,
+    STEP_SUCCESSFUL,
+    STEP_SUCCESSFUL_SQL,
+    JobStatus,
+    StepStatus,
+)
 
 TRIGGER_RERUN = "rerun"
 
@@ -153,13 +159,14 @@ _COPY_CHECKPOINTS = """
      WHERE job_id = %(parent)s
        AND ((shard = -1 AND step_id = ANY(%(steps)s)) OR (shard >= 0 AND step_id = %(items_of)s))
     """
-_COPY_SUCCEEDED_ITEMS = """
+_COPY_SUCCEEDED_ITEMS = f"""
     INSERT INTO step_runs (job_id, step_id, shard, status, attempts, item, depends_on,
                            inputs_from, finished_at)
-    SELECT %(job)s, s.step_id, s.shard, 'reused', 0, s.item, s.depends_on, s.inputs_from, %(now)s
+    SELECT %(job)s, s.step_id, s.shard, '{StepStatus.REUSED}', 0, s.item, s.depends_on,
+           s.inputs_from, %(now)s
       FROM step_runs AS s
      WHERE s.job_id = %(parent)s AND s.step_id = %(items_of)s AND s.shard >= 0
-       AND s.status IN ('succeeded', 'reused')
+       AND s.status IN {STEP_SUCCESSFUL_SQL}
     """
 """Items that succeeded become reused shards of the new job; when the step fans out, its
 insert of one shard per item skips the shards already there, so only the rest run."""

@@ -43,7 +43,7 @@ from service.language.specs import ForEach
 from service.platform.db import driver
 from service.platform.errors import ExpressionError, FanOutTooLarge, JobTooLarge, RetryLater
 from service.platform.models import OPEN_SHARD_PREDICATE, CheckpointRow, JobRow, StepRunRow
-from service.platform.states import STEP_FINAL, StepStatus
+from service.platform.states import STEP_DUE_SQL, STEP_FINAL, JobStatus, StepStatus, sql_in
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,10 @@ class FannedOut:
     timeout_s: int
 
 
-_INSERT_SHARDS = """
+_INSERT_SHARDS = f"""
     INSERT INTO step_runs (job_id, step_id, shard, status, attempts, item, depends_on, inputs_from)
-    SELECT %(job_id)s, %(step_id)s, s.ordinality - 1, 'pending', 0, s.item, '{}', %(inputs_from)s
+    SELECT %(job_id)s, %(step_id)s, s.ordinality - 1, '{StepStatus.PENDING}', 0, s.item, '{{}}',
+           %(inputs_from)s
       FROM jsonb_array_elements(%(items)s) WITH ORDINALITY AS s(item, ordinality)
     ON CONFLICT DO NOTHING
     """
@@ -92,7 +93,7 @@ def fan_out(
         return Unresolvable(key, failed.job_over, failed.ready)
     if not items:
         _write_checkpoint(session, key, row.attempts, [])
-        return Completion(True, _succeed(session, row, job_profile(job), now))
+        return Completion(True, settle_succeeded(session, row, job_profile(job), now))
     driver(session).execute(
         _INSERT_SHARDS,
         {
@@ -154,7 +155,7 @@ _FAST_SHARD_CLAIM = f"""
     WITH next AS (
         SELECT id FROM step_runs
          WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND {OPEN_SHARD_PREDICATE}
-           AND (status IN ('pending', 'retrying') OR lease_until < %(now)s)
+           AND (status IN {STEP_DUE_SQL} OR lease_until < %(now)s)
          ORDER BY shard
          LIMIT 1
          FOR UPDATE SKIP LOCKED
@@ -163,7 +164,7 @@ _FAST_SHARD_CLAIM = f"""
            SET {_TAKE_LEASE}
           FROM next, jobs AS j
          WHERE s.id = next.id AND j.id = s.job_id
-           AND j.status IN ('running', 'awaiting_approval')
+           AND j.status IN {sql_in((JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))}
         RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
     )
     SELECT c.shard, c.attempts, c.item, c.profile_hash,
@@ -277,7 +278,7 @@ def finish_fanout(session: Session, key: StepKey, now: datetime) -> JobPlan:
         .order_by(CheckpointRow.shard)
     )
     _write_checkpoint(session, key, row.attempts, list(outputs))
-    return _succeed(session, row, job_profile(job), now)
+    return settle_succeeded(session, row, job_profile(job), now)
 
 
 def _write_checkpoint(session: Session, key: StepKey, attempt: int, output: Any) -> None:
@@ -292,11 +293,3 @@ def _write_checkpoint(session: Session, key: StepKey, attempt: int, output: Any)
         )
         .on_conflict_do_nothing()
     )
-
-
-def _succeed(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> JobPlan:
-    row.status = StepStatus.SUCCEEDED
-    row.finished_at = now
-    row.lease_token = None
-    row.lease_until = None
-    return settle_succeeded(session, row, profile, now)

@@ -28,7 +28,14 @@ from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.platform.db import driver
 from service.platform.errors import RetryLater, StopChain
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JOB_FINAL, JobStatus, StepStatus
+from service.platform.states import (
+    JOB_FINAL,
+    JOB_OPEN_SQL,
+    STEP_DUE_SQL,
+    STEP_SUCCESSFUL_SQL,
+    JobStatus,
+    StepStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,8 @@ def _take_lease(row: StepRunRow, job: JobRow, task_id: str, lease_s: float, now:
     return Lease(token=row.lease_token, attempt=row.attempts)
 
 
-_TAKE_LEASE = """status = 'running', attempts = s.attempts + 1, lease_token = %(token)s,
+_TAKE_LEASE = f"""status = '{StepStatus.RUNNING}', attempts = s.attempts + 1,
+               lease_token = %(token)s,
                lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
                error = NULL"""
 _INPUT_OUTPUTS = """(SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'::jsonb)
@@ -190,18 +198,18 @@ _FAST_CLAIM = f"""
            SET {_TAKE_LEASE}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
-           AND j.id = s.job_id AND j.status IN ('queued', 'running', 'awaiting_approval')
-           AND (s.status IN ('pending', 'retrying')
-                OR (s.status = 'running' AND s.lease_until < %(now)s))
+           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
+           AND (s.status IN {STEP_DUE_SQL}
+                OR (s.status = '{StepStatus.RUNNING}' AND s.lease_until < %(now)s))
            AND NOT EXISTS (
                SELECT 1 FROM step_runs AS u
                 WHERE u.job_id = s.job_id AND u.shard = -1
                   AND u.step_id = ANY(s.depends_on)
-                  AND u.status NOT IN ('succeeded', 'reused'))
+                  AND u.status NOT IN {STEP_SUCCESSFUL_SQL})
         RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params
     ), started AS (
-        UPDATE jobs SET status = 'running', started_at = %(now)s
-         WHERE id = %(job_id)s AND status = 'queued' AND EXISTS (SELECT 1 FROM claimed)
+        UPDATE jobs SET status = '{JobStatus.RUNNING}', started_at = %(now)s
+         WHERE id = %(job_id)s AND status = '{JobStatus.QUEUED}' AND EXISTS (SELECT 1 FROM claimed)
     )
     SELECT c.attempts, c.profile_hash, c.params,
            {_INPUT_OUTPUTS} AS outputs

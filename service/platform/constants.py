@@ -46,6 +46,8 @@ JOB_LIST_MAX_LIMIT: Final = 200
 JOB_LIST_DEFAULT_LIMIT: Final = 50
 API_KEY_PREFIX: Final = "fb_"
 SWEEP_ADVISORY_LOCK_ID: Final = 0x666C6F77
+LIFECYCLE_LOCK_ID: Final = 0x666C6F78
+"""Held while the lifecycle table is written into its trigger (``platform.lifecycle``)."""
 
 TASK_SEND_NOTICE: Final = "flowbeat.send_notice"
 TASK_SEND_ESCALATION: Final = "flowbeat.send_escalation"

@@ -4,6 +4,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import create_engine
+
+from service.platform import lifecycle
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -17,4 +20,13 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
+    """At head, the lifecycle table is written into its trigger as well, since the table
+    changes without a migration."""
     command.upgrade(alembic_config(database_url), revision)
+    if revision == "head":
+        engine = create_engine(database_url)
+        try:
+            with engine.begin() as connection:
+                lifecycle.sync(connection)
+        finally:
+            engine.dispose()

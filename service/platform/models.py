@@ -22,6 +22,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from service.platform.states import JOB_OPEN_SQL, StepStatus, sql_in
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -72,7 +74,7 @@ class JobRow(Base):
         Index(
             "ix_jobs_open_by_owner",
             "owner",
-            postgresql_where=text("status IN ('queued', 'running', 'awaiting_approval')"),
+            postgresql_where=text(f"status IN {JOB_OPEN_SQL}"),
         ),
     )
 
@@ -128,7 +130,8 @@ class PrunedJobRow(Base):
     pruned_at: Mapped[datetime] = mapped_column(index=True)
 
 
-OPEN_SHARD_PREDICATE = "shard >= 0 AND status IN ('pending', 'retrying', 'running')"
+_OPEN_SHARD = sql_in((StepStatus.PENDING, StepStatus.RETRYING, StepStatus.RUNNING))
+OPEN_SHARD_PREDICATE = f"shard >= 0 AND status IN {_OPEN_SHARD}"
 
 
 class StepRunRow(Base):

@@ -1,11 +1,15 @@
-"""Every job and step status, and every transition between them, in one table.
+"""Every job, step and compensation status, and every transition between them, in one table.
 
-The engine's functions each carry out a row of ``STEP_TRANSITIONS`` or ``JOB_TRANSITIONS`` in
-one statement or one transaction; a new execution pattern adds rows here rather than branches
-to the runner. ``tests/service/test_states.py`` walks the tables: every status reachable, every
-open status with a way out, every transition carried out by a function that exists.
+The engine's functions each carry out a row of these tables in one statement or one
+transaction; a new execution pattern adds rows here rather than branches to the runner.
+PostgreSQL holds the same rows (``lifecycle_transitions``, written from here at every
+migration) and a trigger refuses any status written that they do not allow, so code that
+drifts from the table fails where it runs, not in review. ``tests/service/test_states.py``
+walks the tables: every status reachable, every open status with a way out, every transition
+carried out by a function that exists.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -46,6 +50,12 @@ class ApprovalStatus(StrEnum):
     REJECTED = "rejected"
 
 
+def sql_in(statuses: Iterable[StrEnum]) -> str:
+    """A parenthesised SQL list of status literals, for statements written as text: the
+    statuses they name come from the enums, never typed twice."""
+    return "(" + ", ".join(f"'{status.value}'" for status in statuses) + ")"
+
+
 JOB_FINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 STEP_FINAL = frozenset(
     {
@@ -63,6 +73,10 @@ COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStat
 STEP_SUCCESSFUL = frozenset({StepStatus.SUCCEEDED, StepStatus.REUSED})
 """What a downstream step and the job's result take as done: run here, or reused from the
 checkpoint of the job this one reruns."""
+JOB_OPEN_SQL = sql_in((JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))
+STEP_SUCCESSFUL_SQL = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED))
+STEP_DUE_SQL = sql_in((StepStatus.PENDING, StepStatus.RETRYING))
+"""A row whose next attempt a message may take now."""
 JOB_INITIAL = frozenset({JobStatus.QUEUED})
 STEP_INITIAL = frozenset({StepStatus.PENDING, StepStatus.REUSED})
 """A rerun stores the steps it takes from its parent as ``reused`` from the start."""
@@ -75,6 +89,9 @@ class Transition:
     by: str
     """The ``module.function`` that carries it out."""
     when: str
+    reopens: bool = False
+    """A settled row starts over: a loop's next round, once the round that ended is archived
+    in ``step_rounds``. The only way out of a final status."""
 
 
 _P, _RUN, _RETRY = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
@@ -98,6 +115,13 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_RETRY, _RUN, "service.engine.claims.fast_claim", "the next attempt is delivered"),
     Transition(_RUN, _RUN, "service.engine.claims.claim_step", "its lease lapsed: another worker"),
     Transition(_RUN, _OK, "service.engine.completion.complete_step", "the checkpoint is written"),
+    Transition(_RUN, _OK, "service.engine.loops.close_round", "a loop ends or goes round"),
+    Transition(
+        _OK, _P, "service.engine.loops.next_round", "its loop goes round again", reopens=True
+    ),
+    Transition(
+        _SKIP, _P, "service.engine.loops.next_round", "its loop goes round again", reopens=True
+    ),
     Transition(_RUN, _OK, "service.engine.shards.finish_fanout", "every shard settled"),
     Transition(_RUN, _OK, "service.engine.shards.fan_out", "a for_each over no items"),
     Transition(

@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import update
 
 from service.engine.runtime import Runtime
 from service.engine.submission import NewJob, insert_jobs_if_resolved, new_job
@@ -27,6 +26,7 @@ from service.platform.models import JobRow
 from service.platform.settings import Settings
 from tests.api.conftest import GREET, MAX_BODY, KeyFactory
 from tests.support.apps import api_client
+from tests.support.arrange import walk
 from tests.support.tcpproxy import TcpProxy
 
 Headers = dict[str, str]
@@ -253,9 +253,7 @@ def test_cancel(client: TestClient, writer: Headers, runtime: Runtime) -> None:
     assert again.status_code == 200
     done = _submit(client, writer).json()["job"]["id"]
     with unit_of_work(runtime.sessions) as session:
-        session.execute(
-            update(JobRow).where(JobRow.id == uuid.UUID(done)).values(status="succeeded")
-        )
+        walk(session, JobRow, JobRow.id == uuid.UUID(done), to="succeeded")
     _error(client.post(f"/v1/jobs/{done}/cancel", headers=writer), 409, "job_conflict")
 
 

@@ -6,12 +6,12 @@ from typing import Any
 
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import update
 
 from service.engine.runtime import Runtime
 from service.platform.db import unit_of_work
 from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from tests.api.conftest import GREET, KeyFactory
+from tests.support.arrange import walk
 
 Headers = dict[str, str]
 QUEUE = "flowbeat.steps"
@@ -25,13 +25,10 @@ def _error(response: Any, status: int, code: str) -> None:
 def _finished(runtime: Runtime, job_id: str, *, first_succeeded: bool = False) -> None:
     """The job as a worker would leave it: failed, its first step checkpointed or not."""
     with unit_of_work(runtime.sessions) as session:
-        session.execute(update(JobRow).where(JobRow.id == job_id).values(status="failed"))
+        walk(session, JobRow, JobRow.id == job_id, to="failed")
         if first_succeeded:
-            session.execute(
-                update(StepRunRow)
-                .where(StepRunRow.job_id == job_id, StepRunRow.step_id == "first")
-                .values(status="succeeded")
-            )
+            first = (StepRunRow.job_id == job_id, StepRunRow.step_id == "first")
+            walk(session, StepRunRow, *first, to="succeeded")
             session.add(
                 CheckpointRow(
                     job_id=job_id, step_id="first", shard=-1, attempt=1, output={"who": "ada"}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from service.engine.claims import claim_step
 from service.engine.compensations import (
@@ -33,6 +33,7 @@ from service.platform.constants import WAIT_FOR_PEER_MAX_S
 from service.platform.db import unit_of_work
 from service.platform.errors import RetryLater
 from service.platform.models import CompensationRow, JobRow
+from tests.support.arrange import walk
 from tests.support.fanouts import submitted
 
 LEASE_S = 30.0
@@ -331,11 +332,7 @@ def test_the_sweeper_finds_compensations_no_message_is_running(runtime: Runtime)
     assert waiting in found(6) and abandoned not in found(6)
     assert {waiting, abandoned} <= found(LEASE_S + 1)
     with unit_of_work(runtime.sessions) as session:
-        session.execute(
-            update(CompensationRow)
-            .where(CompensationRow.job_id == waiting)
-            .values(status="compensated")
-        )
+        walk(session, CompensationRow, CompensationRow.job_id == waiting, to="compensated")
     assert waiting not in found(LEASE_S + 1)
 
 

@@ -12,6 +12,7 @@ from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
 from service.platform.errors import JobIdAmbiguous, JobIdInvalid, JobNotFound
 from service.platform.models import JobRow, PrunedJobRow
+from tests.support.arrange import walk
 
 
 @pytest.fixture
@@ -31,12 +32,13 @@ def _job(session: Session, job_id: uuid.UUID, owner: str) -> uuid.UUID:
             profile={},
             profile_hash="0" * 64,
             params={},
-            status="cancelled",
+            status="queued",
             trigger="manual",
             request_hash="0" * 64,
         )
     )
     session.flush()
+    walk(session, JobRow, JobRow.id == job_id, to="cancelled")
     return job_id
 
 

@@ -22,6 +22,7 @@ from service.platform.models import JobEventRow, JobRow, PrunedJobRow, StepRunRo
 from service.platform.settings import Settings
 from service.platform.states import JOB_FINAL
 from tests.conftest import Stack
+from tests.support.arrange import walk
 from tests.support.runs import run_items
 from tests.support.servers import admin_database_url, create_test_database, drop_test_database
 
@@ -67,10 +68,11 @@ def _jobs(
             job_id = _submit(rt, session, owner, pipeline)
             created = start + timedelta(hours=n)
             finished = created + timedelta(minutes=1) if status in JOB_FINAL else None
+            walk(session, JobRow, JobRow.id == job_id, to=status)
             session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id)
-                .values(status=status, created_at=created, finished_at=finished)
+                .values(created_at=created, finished_at=finished)
             )
             ids.append(job_id)
     return ids
@@ -287,12 +289,13 @@ def test_of_150_runs_the_newest_100_stay_and_all_are_readable_until_the_minimum_
     finished = utcnow()
     with unit_of_work(runtime.sessions) as session:
         ids = [_submit(runtime, session, owner, "many") for _ in range(150)]
+        walk(session, JobRow, JobRow.id.in_(ids), to="failed")
         for n, job_id in enumerate(ids):
             created = finished - timedelta(milliseconds=150 - n)
             session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id)
-                .values(status="failed", created_at=created, finished_at=finished)
+                .values(created_at=created, finished_at=finished)
             )
     assert _prune(runtime, policy, now=finished + timedelta(seconds=1)) == 0
     with unit_of_work(runtime.sessions) as session:

@@ -26,6 +26,7 @@ from service.triggers.schedules import (
     put_schedule,
     summarize,
 )
+from tests.support.arrange import walk
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -73,7 +74,7 @@ def schedules_of(session: Session, owner: str) -> int:
 
 
 def set_status(session: Session, job_id: uuid.UUID, status: str) -> None:
-    session.execute(update(JobRow).where(JobRow.id == job_id).values(status=status))
+    walk(session, JobRow, JobRow.id == job_id, to=status)
 
 
 def test_a_schedule_more_frequent_than_the_limit_is_refused_and_not_stored(
@@ -246,12 +247,10 @@ def test_a_scheduled_run_past_its_timeout_is_cancelled(
 
 def _extracted(session: Session, job_id: uuid.UUID) -> None:
     """The first step of the shipped etl-saga has succeeded: there is something to undo."""
-    session.execute(update(JobRow).where(JobRow.id == job_id).values(status="running"))
-    session.execute(
-        update(StepRunRow)
-        .where(StepRunRow.job_id == job_id, StepRunRow.step_id == "extract")
-        .values(status="succeeded", finished_at=datetime.now(UTC))
-    )
+    walk(session, JobRow, JobRow.id == job_id, to="running")
+    extract = (StepRunRow.job_id == job_id, StepRunRow.step_id == "extract")
+    walk(session, StepRunRow, *extract, to="succeeded")
+    session.execute(update(StepRunRow).where(*extract).values(finished_at=datetime.now(UTC)))
 
 
 @pytest.mark.parametrize(("pipeline", "undone"), [("etl-saga", True), ("slow", False)])

@@ -16,6 +16,7 @@ from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JobStatus
+from tests.support.arrange import walk
 from tests.support.fanouts import fan_profile, submitted
 
 STALL_S = 60.0
@@ -171,9 +172,7 @@ def test_a_job_waiting_for_a_decision_is_not_lost_in_flight(runtime: Runtime) ->
     job_id = _submit(runtime)
     _dispatched(runtime, job_id)
     with unit_of_work(runtime.sessions) as session:
-        session.execute(
-            update(JobRow).where(JobRow.id == job_id).values(status=JobStatus.AWAITING_APPROVAL)
-        )
+        walk(session, JobRow, JobRow.id == job_id, to=JobStatus.AWAITING_APPROVAL)
 
     assert job_id not in _sweep(runtime, after_s=GRACE_S + 1, held=frozenset()).redispatch
 
