@@ -1,10 +1,12 @@
-"""Claiming a step: the fast path of one autocommitted statement whose WHERE clause carries the
-rules, the locked path for the rest, the inputs a claimed step runs with, and skipping a step
-whose ``when`` is false or whose upstream failed."""
+"""Claiming a step: one statement takes every lease (``fast_claim``), its WHERE clause carrying
+the rules; when it takes nothing, ``claim_step`` reads why under row locks and either stops,
+skips the step, or takes it through the same statement past an upstream step its ``needs``
+rule lets it run without. Then the inputs a claimed step runs with, and skipping a step whose
+``when`` is false or whose upstream failed."""
 
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -16,31 +18,113 @@ from service.engine.gates import approved, decisions
 from service.engine.rounds import loop_context
 from service.engine.settle import settle_job, step_outputs
 from service.engine.steps import (
-    _FAST_CLAIM,
+    _INPUT_OUTPUTS,
+    _TAKE_LEASE,
     Claimed,
     FanOutDue,
     Lease,
     Skipped,
     StepKey,
     Unresolvable,
-    _lease_params,
-    _live_job,
     _lock_step,
-    _take_lease,
-    _upstream_statuses,
-    _wait_for_peer,
     holds_lease,
     release_children,
 )
 from service.language.conditions import evaluate
 from service.language.expressions import ExprContext, resolve
 from service.language.profiles import Profile
-from service.language.snapshots import cached_profile, job_profile, step_facts
+from service.language.snapshots import StepFacts, cached_profile, job_profile, step_facts
 from service.language.specs import StepSpec
-from service.platform.constants import SHARD_NONE
-from service.platform.errors import ExpressionError, StopChain
+from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
+from service.platform.db import driver
+from service.platform.errors import ExpressionError, RetryLater, StopChain
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import STEP_FINAL, STEP_SUCCESSFUL, StepStatus, sql_in
+from service.platform.states import (
+    JOB_FINAL,
+    JOB_OPEN_SQL,
+    STEP_DUE_SQL,
+    STEP_FINAL,
+    STEP_SUCCESSFUL,
+    STEP_SUCCESSFUL_SQL,
+    JobStatus,
+    StepStatus,
+    sql_in,
+)
+
+_UPSTREAM_SUCCEEDED = f"""
+           AND NOT EXISTS (
+               SELECT 1 FROM step_runs AS u
+                WHERE u.job_id = s.job_id AND u.shard = -1
+                  AND u.step_id = ANY(s.depends_on)
+                  AND u.status NOT IN {STEP_SUCCESSFUL_SQL})"""
+
+
+def _claim_statement(upstream: str) -> str:
+    """The one statement that takes a step's lease. ``upstream`` is the condition on the
+    step's upstream: every one succeeded, or nothing when the caller has read under lock
+    that the step's ``needs`` rule runs it past one that did not."""
+    return f"""
+    WITH claimed AS (
+        UPDATE step_runs AS s
+           SET {_TAKE_LEASE}
+          FROM jobs AS j
+         WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
+           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
+           AND (s.status IN {STEP_DUE_SQL}
+                OR (s.status = '{StepStatus.RUNNING}' AND s.lease_until < %(now)s)){upstream}
+        RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params
+    ), started AS (
+        UPDATE jobs SET status = '{JobStatus.RUNNING}', started_at = %(now)s
+         WHERE id = %(job_id)s AND status = '{JobStatus.QUEUED}' AND EXISTS (SELECT 1 FROM claimed)
+    )
+    SELECT c.attempts, c.profile_hash, c.params,
+           {_INPUT_OUTPUTS} AS outputs
+      FROM claimed AS c
+    """
+
+
+_FAST_CLAIM = _claim_statement(_UPSTREAM_SUCCEEDED)
+_CLAIM_PAST_UPSTREAM = _claim_statement("")
+
+
+def _lease_params(key: StepKey, task_id: str, lease_s: float, now: datetime) -> dict[str, Any]:
+    """The parameters of a one-statement claim: a fresh lease token, and whose it is."""
+    return {
+        "token": uuid.uuid4().hex,
+        "until": now + timedelta(seconds=lease_s),
+        "task_id": task_id,
+        "now": now,
+        "job_id": key.job_id,
+        "step_id": key.step_id,
+    }
+
+
+def _live_job(session: Session, job_id: uuid.UUID) -> JobRow:
+    job = session.get(JobRow, job_id)
+    if job is None or job.status in JOB_FINAL:
+        raise StopChain(f"job {job_id} is over")
+    return job
+
+
+def _wait_for_peer(row: StepRunRow, now: datetime) -> None:
+    """Someone else holds this step: come back once their lease could have lapsed."""
+    if row.status == StepStatus.RUNNING and (row.lease_until is None or row.lease_until > now):
+        remaining = (row.lease_until - now).total_seconds() if row.lease_until else 1.0
+        raise RetryLater(min(max(remaining, 0.2), WAIT_FOR_PEER_MAX_S), "held by a live lease")
+
+
+def _upstream_statuses(session: Session, job_id: uuid.UUID, deps: list[str]) -> list[str]:
+    if not deps:
+        return []
+    return list(
+        session.scalars(
+            select(StepRunRow.status).where(
+                StepRunRow.job_id == job_id,
+                StepRunRow.shard == SHARD_NONE,
+                StepRunRow.step_id.in_(deps),
+            )
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -52,16 +136,23 @@ class FastClaim:
 
 
 def fast_claim(
-    conn: psycopg.Connection[Any], key: StepKey, *, task_id: str, lease_s: float, now: datetime
+    conn: psycopg.Connection[Any],
+    key: StepKey,
+    *,
+    task_id: str,
+    lease_s: float,
+    now: datetime,
+    past_upstream: bool = False,
 ) -> FastClaim | None:
-    """The common case in one autocommitted statement: a ready step nobody holds.
+    """Take a ready step nobody holds, in one statement: autocommitted on its own, or inside
+    ``claim_step``'s transaction with ``past_upstream``.
 
-    ``None`` sends the caller down the locking path (``claim_step``) to find out why not: the
-    step is settled, held by a live lease, waiting on its upstream, or its job is over.
+    ``None`` sends the caller to ``claim_step`` to find out why not: the step is settled, held
+    by a live lease, waiting on its upstream or on a decision, or its job is over.
     """
     params = _lease_params(key, task_id, lease_s, now)
     token = params["token"]
-    row = conn.execute(_FAST_CLAIM, params).fetchone()
+    row = conn.execute(_CLAIM_PAST_UPSTREAM if past_upstream else _FAST_CLAIM, params).fetchone()
     if row is None:
         return None
     attempts, profile_hash, job_params, outputs = row
@@ -85,16 +176,41 @@ def taken_by(conn: psycopg.Connection[Any], job_id: uuid.UUID, task_id: str) -> 
     return None if row is None else str(row[0])
 
 
+@dataclass(frozen=True)
+class Held:
+    """A step whose lease this worker took, with what its claim read, its spec and facts
+    looked up once for everything that turns it into work."""
+
+    key: StepKey
+    lease: Lease
+    profile: Profile
+    params: dict[str, Any]
+    outputs: dict[str, Any] | None
+    """``None`` when the claim did not read them: read in the transaction that needs them."""
+    item: Any = None
+    spec: StepSpec = field(init=False)
+    facts: StepFacts = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", self.profile.step(self.key.step_id))
+        object.__setattr__(self, "facts", step_facts(self.profile, self.key.step_id))
+
+    @classmethod
+    def of(cls, key: StepKey, claim: FastClaim) -> "Held":
+        return cls(key, claim.lease, claim.profile, claim.params, claim.outputs)
+
+
 def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
     """A fast claim of a plain step as work to run, with no further statement.
 
     ``None`` when it needs a transaction: a for_each step to fan out, a gate to pass, or
     inputs that do not resolve and must be recorded as the step's failure (``use_fast_claim``).
     """
-    if not step_facts(claim.profile, key.step_id).plain:
+    held = Held.of(key, claim)
+    if not held.facts.plain:
         return None
     try:
-        return _claim_of(key, claim.lease, claim.profile, claim.params, None, claim.outputs)
+        return _claim_of(held, claim.outputs)
     except ExpressionError:
         return None
 
@@ -104,20 +220,19 @@ def use_fast_claim(
 ) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
     """Turn a fast claim into work: pass its gate, resolve inputs, or hold a for_each step to
     fan out."""
-    spec = claim.profile.step(key.step_id)
+    held = Held.of(key, claim)
+    spec = held.spec
     if spec.approval is not None:
         row = _lock_step(session, key)
         if not holds_lease(row, claim.lease) or not approved(
             session, _live_job(session, key.job_id), row, spec.approval
         ):
             return None
-    unless = _unless_condition(session, key, claim.profile, claim.params, claim.outputs, now)
+    unless = _unless_condition(session, held, now)
     if unless is not None:
         return unless
     if spec.for_each is None:
-        return _claimed(
-            session, key, claim.lease, claim.profile, claim.params, None, now, claim.outputs
-        )
+        return _claimed(session, held, now)
     row = _lock_step(session, key)
     if not holds_lease(row, claim.lease):
         return None
@@ -127,9 +242,26 @@ def use_fast_claim(
 def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
 ) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
-    """Take a step for this worker under row locks. ``None`` means it is already settled."""
+    """Claim a step, reading under row locks why the statement alone would not. ``None`` when
+    there is nothing to run: the step is settled, waits for a decision, or waits for its
+    upstream (this message came early; the last upstream step to settle sends it again).
+    Raises ``RetryLater`` while a live lease holds it, ``StopChain`` once its job is over."""
     job = _live_job(session, key.job_id)
-    return _claim_row(session, job, _lock_step(session, key), task_id, lease_s, now)
+    row = _lock_step(session, key)
+    if row.status in STEP_FINAL or row.status == StepStatus.AWAITING_APPROVAL:
+        return None
+    _wait_for_peer(row, now)
+    profile = job_profile(job)
+    runs = _upstream_allows(session, row, profile.step(key.step_id))
+    if runs is None:
+        return None
+    if not runs:
+        return skip_step(session, row, profile, now)
+    fast = fast_claim(
+        driver(session), key, task_id=task_id, lease_s=lease_s, now=now, past_upstream=True
+    )
+    session.expire_all()
+    return None if fast is None else use_fast_claim(session, key, fast, now)
 
 
 def _profile_json(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
@@ -146,24 +278,15 @@ def _job_json(
     return value
 
 
-def _claimed(
-    session: Session,
-    key: StepKey,
-    lease: Lease,
-    profile: Profile,
-    params: dict[str, Any],
-    item: Any,
-    now: datetime,
-    outputs: dict[str, Any] | None = None,
-) -> Claimed | Unresolvable:
-    facts = step_facts(profile, key.step_id)
+def _claimed(session: Session, held: Held, now: datetime) -> Claimed | Unresolvable:
+    key, facts, outputs = held.key, held.facts, held.outputs
     if outputs is None:
         outputs = step_outputs(session, key.job_id, set(facts.referenced))
     decided = decisions(session, key.job_id, facts.decisions)
-    loop = loop_context(session, key.job_id, key.step_id, profile) if facts.reads_loop else {}
+    loop = loop_context(session, key.job_id, key.step_id, held.profile) if facts.reads_loop else {}
     trigger = trigger_context(session, key.job_id) if facts.reads_trigger else {}
     try:
-        return _claim_of(key, lease, profile, params, item, outputs, decided, loop, trigger)
+        return _claim_of(held, outputs, decided, loop, trigger)
     except ExpressionError as exc:
         error = {"code": exc.code, "message": exc.message, "details": exc.details}
         settled = _record_failure(session, _lock_step(session, key), key, error, None, now)
@@ -171,19 +294,14 @@ def _claimed(
 
 
 def _claim_of(
-    key: StepKey,
-    lease: Lease,
-    profile: Profile,
-    params: dict[str, Any],
-    item: Any,
+    held: Held,
     outputs: dict[str, Any],
     decided: dict[str, Any] | None = None,
     loop: dict[str, Any] | None = None,
     trigger: dict[str, Any] | None = None,
 ) -> Claimed:
     """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve."""
-    spec = profile.step(key.step_id)
-    facts = step_facts(profile, key.step_id)
+    key, spec, facts, params = held.key, held.spec, held.facts, held.params
     context = ExprContext(
         params=params,
         outputs=outputs,
@@ -193,16 +311,16 @@ def _claim_of(
         trigger=trigger or {},
     )
     if key.shard != SHARD_NONE:
-        context.item = item
+        context.item = held.item
     return Claimed(
         key=key,
-        lease=lease,
+        lease=held.lease,
         action=spec.action,
         inputs=resolve(spec.with_, context),
         params=dict(params),
         retry=spec.retry,
         sink=facts.sink and key.shard == SHARD_NONE,
-        profile=profile,
+        profile=held.profile,
         trigger=trigger or {},
     )
 
@@ -219,30 +337,20 @@ def _absent(spec: StepSpec, referenced: frozenset[str], outputs: dict[str, Any])
     return referenced - outputs.keys() if spec.needs == "any" else frozenset()
 
 
-def _unless_condition(
-    session: Session,
-    key: StepKey,
-    profile: Profile,
-    params: dict[str, Any],
-    outputs: dict[str, Any] | None,
-    now: datetime,
-) -> Skipped | Unresolvable | None:
+def _unless_condition(session: Session, held: Held, now: datetime) -> Skipped | Unresolvable | None:
     """``None`` when the held step's ``when`` holds (or it has none); otherwise it is skipped,
     or failed for good when the condition's references do not resolve."""
-    spec = profile.step(key.step_id)
+    key, spec, facts, outputs = held.key, held.spec, held.facts, held.outputs
     if spec.condition is None:
         return None
-    referenced = step_facts(profile, key.step_id).referenced
     if outputs is None:
-        outputs = step_outputs(session, key.job_id, set(referenced))
+        outputs = step_outputs(session, key.job_id, set(facts.referenced))
     context = ExprContext(
-        params=params,
+        params=held.params,
         outputs=outputs,
-        absent=_absent(spec, referenced, outputs),
-        decisions=decisions(session, key.job_id, step_facts(profile, key.step_id).decisions),
-        trigger=trigger_context(session, key.job_id)
-        if step_facts(profile, key.step_id).reads_trigger
-        else {},
+        absent=_absent(spec, facts.referenced, outputs),
+        decisions=decisions(session, key.job_id, facts.decisions),
+        trigger=trigger_context(session, key.job_id) if facts.reads_trigger else {},
     )
     try:
         holds = evaluate(spec.condition, context)
@@ -254,38 +362,7 @@ def _unless_condition(
         return None
     row = _lock_step(session, key)
     row.attempts -= 1
-    return skip_step(session, row, profile, now)
-
-
-def _claim_row(
-    session: Session, job: JobRow, row: StepRunRow, task_id: str, lease_s: float, now: datetime
-) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
-    key = StepKey(row.job_id, row.step_id, row.shard)
-    if row.status in STEP_FINAL or row.status == StepStatus.AWAITING_APPROVAL:
-        return None
-    _wait_for_peer(row, now)
-    spec = job_profile(job).step(key.step_id)
-    if key.shard == SHARD_NONE:
-        runs = _upstream_allows(session, row, spec)
-        if runs is None:
-            return None
-        if not runs:
-            return skip_step(session, row, job_profile(job), now)
-    lease = _take_lease(row, job, task_id, lease_s, now)
-    session.flush()
-    if (
-        key.shard == SHARD_NONE
-        and spec.approval is not None
-        and not approved(session, job, row, spec.approval)
-    ):
-        return None
-    if key.shard == SHARD_NONE:
-        unless = _unless_condition(session, key, job_profile(job), job.params, None, now)
-        if unless is not None:
-            return unless
-    if spec.for_each is not None and key.shard == SHARD_NONE:
-        return FanOutDue(job, row, spec)
-    return _claimed(session, key, lease, job_profile(job), job.params, row.item, now)
+    return skip_step(session, row, held.profile, now)
 
 
 def _upstream_allows(session: Session, row: StepRunRow, spec: StepSpec) -> bool | None:

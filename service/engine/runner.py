@@ -31,11 +31,11 @@ from service.engine.settle import settle_job, sink_settles_job
 from service.engine.shards import (
     FannedOut,
     ShardClaim,
-    claim_next_shard,
     fan_out,
     fast_shard_claim,
     finish_fanout,
     job_params,
+    no_shard_left,
     ready_shard,
     use_shard_claim,
 )
@@ -231,9 +231,8 @@ def run_lane(
             claim: Claimed | Unresolvable | None
             if fast is None:
                 with unit_of_work(rt.sessions) as session:
-                    claim = claim_next_shard(
-                        session, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
-                    )
+                    no_shard_left(session, parent)
+                claim = None
             else:
                 with _released_if_cut_short(rt, fast.key, fast.lease):
                     if params is None:

@@ -13,11 +13,19 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from sqlalchemy import and_, func, or_, select, text
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from service.engine.claims import _claim_of, _claim_row, _claimed, _job_json, _profile_json
+from service.engine.claims import (
+    Held,
+    _claim_of,
+    _claimed,
+    _job_json,
+    _lease_params,
+    _live_job,
+    _profile_json,
+)
 from service.engine.completion import _record_failure
 from service.engine.loops import settle_succeeded
 from service.engine.settle import step_outputs
@@ -28,11 +36,8 @@ from service.engine.steps import (
     Completion,
     FanOutDue,
     Lease,
-    Skipped,
     StepKey,
     Unresolvable,
-    _lease_params,
-    _live_job,
     _lock_step,
 )
 from service.language.expressions import ExprContext, resolve
@@ -187,8 +192,7 @@ def fast_shard_claim(
 ) -> ShardClaim | None:
     """The next open shard of a fan-out in one autocommitted statement.
 
-    ``None`` sends the caller down the locking path (``claim_next_shard``) to find out why
-    not: no shard is open to this lane, or the job is over.
+    ``None`` when no shard is open to this lane, or the job is over (``no_shard_left``).
     """
     params = _lease_params(parent, task_id, lease_s, now)
     token = params["token"]
@@ -214,7 +218,7 @@ def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
     if facts.decisions or facts.reads_loop:
         return None
     try:
-        return _claim_of(claim.key, claim.lease, claim.profile, params, claim.item, claim.outputs)
+        return _claim_of(_held(claim, params), claim.outputs)
     except ExpressionError:
         return None
 
@@ -222,42 +226,17 @@ def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
 def use_shard_claim(
     session: Session, claim: ShardClaim, params: dict[str, Any], now: datetime
 ) -> Claimed | Unresolvable:
-    return _claimed(
-        session, claim.key, claim.lease, claim.profile, params, claim.item, now, claim.outputs
-    )
+    return _claimed(session, _held(claim, params), now)
 
 
-_OPEN_SHARD = text(OPEN_SHARD_PREDICATE)
-"""Implied by the claim's own condition, and spelled out as literal SQL so that PostgreSQL
-matches it to the partial index ``ix_step_runs_open_shards`` even under a generic plan,
-instead of walking every finished shard of the fan-out."""
+def _held(claim: ShardClaim, params: dict[str, Any]) -> Held:
+    return Held(claim.key, claim.lease, claim.profile, params, claim.outputs, claim.item)
 
 
-def claim_next_shard(
-    session: Session, parent: StepKey, *, task_id: str, lease_s: float, now: datetime
-) -> Claimed | Unresolvable | None:
-    """Take any open shard of a fanned-out step that no other lane holds; ``None`` if none."""
-    job = _live_job(session, parent.job_id)
-    row = session.scalars(
-        select(StepRunRow)
-        .where(
-            StepRunRow.job_id == parent.job_id,
-            StepRunRow.step_id == parent.step_id,
-            _OPEN_SHARD,
-            or_(
-                StepRunRow.status.in_([StepStatus.PENDING, StepStatus.RETRYING]),
-                and_(StepRunRow.status == StepStatus.RUNNING, StepRunRow.lease_until < now),
-            ),
-        )
-        .order_by(StepRunRow.shard)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    ).one_or_none()
-    if row is None:
-        return None
-    claim = _claim_row(session, job, row, task_id, lease_s, now)
-    assert not isinstance(claim, FanOutDue | Skipped)
-    return claim
+def no_shard_left(session: Session, parent: StepKey) -> None:
+    """Why ``fast_shard_claim`` took nothing: every open shard is held by another lane or
+    settled, or the job is over, which raises ``StopChain``."""
+    _live_job(session, parent.job_id)
 
 
 def finish_fanout(session: Session, key: StepKey, now: datetime) -> JobPlan:

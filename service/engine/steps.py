@@ -9,12 +9,12 @@ for the caller to send once it has committed. A for_each step's shards, which ar
 too, come and go in ``service.engine.shards``.
 
 Claiming is in ``claims``, settling in ``completion``; this module holds what both share: step
-keys and leases, the outcomes they hand back, row locks, and releasing children.
+keys and leases, the outcomes they hand back, the SQL that takes a lease (which a claim, a
+lane and a checkpoint that takes its only child all use), row locks, and releasing children.
 """
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -24,16 +24,11 @@ from service.language.plan import JobPlan, steps_plan
 from service.language.profiles import Profile
 from service.language.snapshots import step_facts
 from service.language.specs import RetryPolicy, StepSpec
-from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
+from service.platform.constants import SHARD_NONE
 from service.platform.db import driver
-from service.platform.errors import RetryLater, StopChain
+from service.platform.errors import StopChain
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import (
-    JOB_FINAL,
-    JOB_OPEN_SQL,
-    STEP_DUE_SQL,
-    STEP_SUCCESSFUL_SQL,
-    JobStatus,
     StepStatus,
 )
 
@@ -140,48 +135,6 @@ def _lock_step(session: Session, key: StepKey) -> StepRunRow:
     return row
 
 
-def _live_job(session: Session, job_id: uuid.UUID) -> JobRow:
-    job = session.get(JobRow, job_id)
-    if job is None or job.status in JOB_FINAL:
-        raise StopChain(f"job {job_id} is over")
-    return job
-
-
-def _wait_for_peer(row: StepRunRow, now: datetime) -> None:
-    """Someone else holds this step: come back once their lease could have lapsed."""
-    if row.status == StepStatus.RUNNING and (row.lease_until is None or row.lease_until > now):
-        remaining = (row.lease_until - now).total_seconds() if row.lease_until else 1.0
-        raise RetryLater(min(max(remaining, 0.2), WAIT_FOR_PEER_MAX_S), "held by a live lease")
-
-
-def _upstream_statuses(session: Session, job_id: uuid.UUID, deps: list[str]) -> list[str]:
-    if not deps:
-        return []
-    return list(
-        session.scalars(
-            select(StepRunRow.status).where(
-                StepRunRow.job_id == job_id,
-                StepRunRow.shard == SHARD_NONE,
-                StepRunRow.step_id.in_(deps),
-            )
-        )
-    )
-
-
-def _take_lease(row: StepRunRow, job: JobRow, task_id: str, lease_s: float, now: datetime) -> Lease:
-    row.status = StepStatus.RUNNING
-    row.attempts += 1
-    row.lease_token = uuid.uuid4().hex
-    row.lease_until = now + timedelta(seconds=lease_s)
-    row.task_id = task_id
-    row.started_at = now
-    row.error = None
-    if job.status == JobStatus.QUEUED:
-        job.status = JobStatus.RUNNING
-        job.started_at = now
-    return Lease(token=row.lease_token, attempt=row.attempts)
-
-
 _TAKE_LEASE = f"""status = '{StepStatus.RUNNING}', attempts = s.attempts + 1,
                lease_token = %(token)s,
                lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
@@ -191,43 +144,6 @@ _INPUT_OUTPUTS = """(SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'
              WHERE k.job_id = %(job_id)s AND k.shard = -1
                AND k.step_id = ANY(c.inputs_from))"""
 """The outputs of the steps a claimed row reads (its ``inputs_from``), by step id."""
-
-_FAST_CLAIM = f"""
-    WITH claimed AS (
-        UPDATE step_runs AS s
-           SET {_TAKE_LEASE}
-          FROM jobs AS j
-         WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
-           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
-           AND (s.status IN {STEP_DUE_SQL}
-                OR (s.status = '{StepStatus.RUNNING}' AND s.lease_until < %(now)s))
-           AND NOT EXISTS (
-               SELECT 1 FROM step_runs AS u
-                WHERE u.job_id = s.job_id AND u.shard = -1
-                  AND u.step_id = ANY(s.depends_on)
-                  AND u.status NOT IN {STEP_SUCCESSFUL_SQL})
-        RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params
-    ), started AS (
-        UPDATE jobs SET status = '{JobStatus.RUNNING}', started_at = %(now)s
-         WHERE id = %(job_id)s AND status = '{JobStatus.QUEUED}' AND EXISTS (SELECT 1 FROM claimed)
-    )
-    SELECT c.attempts, c.profile_hash, c.params,
-           {_INPUT_OUTPUTS} AS outputs
-      FROM claimed AS c
-    """
-
-
-def _lease_params(key: StepKey, task_id: str, lease_s: float, now: datetime) -> dict[str, Any]:
-    """The parameters of a one-statement claim: a fresh lease token, and whose it is."""
-    return {
-        "token": uuid.uuid4().hex,
-        "until": now + timedelta(seconds=lease_s),
-        "task_id": task_id,
-        "now": now,
-        "job_id": key.job_id,
-        "step_id": key.step_id,
-    }
-
 
 _RELEASE_CHILDREN = """
     UPDATE step_runs SET waiting_on = waiting_on - 1

@@ -107,13 +107,15 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         _P, _RUN, "service.engine.claims.fast_claim", "its upstream allows it; a lease is taken"
     ),
-    Transition(_P, _RUN, "service.engine.claims.claim_step", "as above, under row locks"),
+    Transition(
+        _P, _RUN, "service.engine.claims.claim_step", "its needs rule lets a failed upstream by"
+    ),
     Transition(_P, _RUN, "service.engine.shards.fast_shard_claim", "a lane takes a shard"),
     Transition(
         _P, _RUN, "service.engine.completion.complete_step", "its only upstream's checkpoint: next"
     ),
     Transition(_RETRY, _RUN, "service.engine.claims.fast_claim", "the next attempt is delivered"),
-    Transition(_RUN, _RUN, "service.engine.claims.claim_step", "its lease lapsed: another worker"),
+    Transition(_RUN, _RUN, "service.engine.claims.fast_claim", "its lease lapsed: another worker"),
     Transition(_RUN, _OK, "service.engine.completion.complete_step", "the checkpoint is written"),
     Transition(_RUN, _OK, "service.engine.loops.close_round", "a loop ends or goes round"),
     Transition(

@@ -8,7 +8,7 @@ from sqlalchemy import select, update
 from service.engine.claims import claim_step
 from service.engine.completion import release_lease
 from service.engine.runtime import Runtime
-from service.engine.shards import FannedOut, fan_out
+from service.engine.shards import FannedOut, fan_out, fast_shard_claim
 from service.engine.steps import Claimed, FanOutDue, StepKey
 from service.engine.submission import JobRequest, mark_dispatched, submit_job
 from service.engine.sweeper import SweepReport, sweep
@@ -224,8 +224,11 @@ def test_a_fan_out_waiting_for_its_items_longer_than_its_timeout_is_not_failed_b
         assert isinstance(
             fan_out(session, due, long_ago, max_items=10, max_job_steps=100), FannedOut
         )
-    with unit_of_work(runtime.sessions) as session:
-        claim_step(session, StepKey(job_id, "each", 0), task_id="t0", lease_s=600, now=long_ago)
+    with runtime.claims.connect() as conn:
+        lane = fast_shard_claim(
+            conn, StepKey(job_id, "each"), task_id="t0", lease_s=600, now=long_ago
+        )
+        assert lane is not None and lane.key.shard == 0
 
     def errors() -> dict[int, str | None]:
         with unit_of_work(runtime.sessions) as session:
