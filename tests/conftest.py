@@ -14,6 +14,7 @@ from tests.support.servers import (
     create_test_database,
     drop_counters,
     drop_test_database,
+    held_db,
     redis_base_url,
     release_redis_db,
 )
@@ -96,7 +97,8 @@ def stack() -> Iterator[Stack]:
 
     get_settings.cache_clear()
     try:
-        yield stack
+        with held_db(base, db, owner):
+            yield stack
     finally:
         for key, value in saved.items():
             if value is None:

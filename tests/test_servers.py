@@ -4,6 +4,7 @@ deletes the side-effect counters of its own jobs, never another run's."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import get_context
@@ -21,6 +22,7 @@ from tests.support.servers import (
     create_test_database,
     drop_counters,
     drop_test_database,
+    held_db,
     redis_base_url,
     redis_db_url,
     release_redis_db,
@@ -140,3 +142,25 @@ def test_a_run_drops_the_counters_of_its_own_jobs_and_no_others() -> None:
     finally:
         db0.delete(*keys[theirs])
         db0.close()
+
+
+def test_a_claim_held_by_a_live_run_outlives_its_expiry_and_lapses_once_let_go() -> None:
+    """A full-scale chaos run lasts longer than the claim's half hour; a claim that lapsed
+    under it would hand its DB, flushed, to the next run, beside the first one's workers."""
+    base = redis_base_url()
+    owner = _owner("long")
+    number = allocate_redis_db(base, owner)
+    control = redis.Redis.from_url(redis_db_url(base, 0))
+    key = f"{CLAIM_PREFIX}{number}"
+    try:
+        control.expire(key, 2)
+        with held_db(base, number, owner, ttl_s=2):
+            time.sleep(3)
+            assert control.get(key) == owner.encode()
+        deadline = time.monotonic() + 5
+        while control.get(key) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert control.get(key) is None
+    finally:
+        release_redis_db(base, number, owner)
+        control.close()

@@ -18,6 +18,9 @@ import importlib
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -33,7 +36,16 @@ POSTGRES_IMAGE = "postgres:16-alpine"
 REDIS_IMAGE = "redis:7-alpine"
 CLAIM_PREFIX = "flowbeat-test:db:"
 CLAIM_TTL_S = 1800
+"""Frees the number of a process that died holding it; a live holder renews it (``held_db``),
+so a run longer than this (``make chaos FULL=1`` takes over half an hour) keeps its DB."""
 REDIS_DBS = range(1, 16)
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+return redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+"""
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -103,6 +115,29 @@ def allocate_redis_db(redis_url: str, owner: str) -> int:
     finally:
         client.close()
     raise RuntimeError(f"no free Redis DB among {REDIS_DBS.start}..{REDIS_DBS.stop - 1}")
+
+
+@contextmanager
+def held_db(redis_url: str, number: int, owner: str, *, ttl_s: int = CLAIM_TTL_S) -> Iterator[None]:
+    """Renew ``owner``'s claim on DB ``number`` every third of ``ttl_s`` while the block runs;
+    a claim that another process took meanwhile is left alone."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        client = _client(redis_url, 0)
+        try:
+            while not stop.wait(ttl_s / 3):
+                client.eval(_RENEW, 1, f"{CLAIM_PREFIX}{number}", owner, str(ttl_s))
+        finally:
+            client.close()
+
+    keeper = threading.Thread(target=renew, name=f"redis-db-{number}-claim", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join()
 
 
 def release_redis_db(redis_url: str, number: int, owner: str) -> None:
