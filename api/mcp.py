@@ -111,6 +111,10 @@ def _public(view: PipelineView) -> dict[str, Any]:
 
 
 def _as_yaml(view: PipelineView) -> str:
+    """The text the version was saved from, as a person wrote it; re-serialised only when no
+    text was kept."""
+    if view.source is not None:
+        return view.source
     return yaml.safe_dump(view.profile.to_json(), sort_keys=False, allow_unicode=True)
 
 

@@ -124,7 +124,9 @@ def pipelines_list(
 
 @pipelines_cli.command("show")
 def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = None) -> None:
-    """A pipeline's profile as YAML, its current version unless ``--version`` is given."""
+    """A pipeline's profile as it was saved (its YAML or JSON text, comments and all), its
+    current version unless ``--version`` is given; re-serialised only for a version saved
+    before the text was kept, or a profile file shipped with the server."""
     from service.catalogue.pipelines import get_pipeline
 
     settings = load_settings()
@@ -138,7 +140,10 @@ def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = N
         )
     header = f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})"
     console.print(header, markup=False)
-    typer.echo(yaml.safe_dump(view.profile.to_json(), sort_keys=False))
+    if view.source is not None:
+        typer.echo(view.source, nl=not view.source.endswith("\n"))
+    else:
+        typer.echo(yaml.safe_dump(view.profile.to_json(), sort_keys=False))
 
 
 @pipelines_cli.command("delete")

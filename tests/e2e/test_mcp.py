@@ -100,7 +100,7 @@ def test_an_agent_saves_runs_diffs_schedules_and_deletes_over_http(
             listed = await _call(mcp, "list_pipelines", tag="a")
             assert [p["name"] for p in listed["pipelines"]] == [name]
             loaded = await _call(mcp, "load_pipeline", source=f"saved:{name}")
-            assert f"name: {name}" in loaded["yaml"]
+            assert loaded["yaml"] == PROFILE.format(name=name), "as saved, not re-serialised"
 
             first = await _call(
                 mcp, "run_pipeline", pipeline=name, params={"papers": [{"pmid": "1"}]}

@@ -63,6 +63,7 @@ def test_save_list_show_and_delete(flowbeat: Cli, tmp_path: Path) -> None:
     assert "unchanged" in again.stdout and f"{name} v2" in second.stdout
     assert name in listed.stdout and owner in listed.stdout
     assert "id: s1" in shown.stdout and "id: s2" not in shown.stdout
+    assert profile(name) in shown.stdout, "shown as saved, not re-serialised"
     assert deleted.returncode == 0 and f"deleted {name}" in deleted.stdout
     assert missing.returncode == 2 and "pipeline_not_found" in missing.stdout
 
