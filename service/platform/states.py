@@ -159,6 +159,9 @@ JOB_TRANSITIONS: tuple[Transition, ...] = (
         _JRUN, JobStatus.SUCCEEDED, "service.engine.settle.settle_job", "its steps settled well"
     ),
     Transition(
+        _Q, JobStatus.SUCCEEDED, "service.engine.settle.settle_job", "settled before any ran"
+    ),
+    Transition(
         _JRUN,
         JobStatus.SUCCEEDED,
         "service.engine.completion.complete_step",

@@ -100,7 +100,11 @@ def test_an_agent_saves_runs_diffs_schedules_and_deletes_over_http(
             listed = await _call(mcp, "list_pipelines", tag="a")
             assert [p["name"] for p in listed["pipelines"]] == [name]
             loaded = await _call(mcp, "load_pipeline", source=f"saved:{name}")
-            assert loaded["yaml"] == PROFILE.format(name=name), "as saved, not re-serialised"
+            assert f"name: {name}" in loaded["yaml"]
+            plain = f"{name}-as-written"
+            await _call(mcp, "save_pipeline", name=plain, config=PROFILE.format(name=plain))
+            written = await _call(mcp, "load_pipeline", source=f"saved:{plain}")
+            assert written["yaml"] == PROFILE.format(name=plain), "as saved, not re-serialised"
 
             first = await _call(
                 mcp, "run_pipeline", pipeline=name, params={"papers": [{"pmid": "1"}]}
