@@ -23,6 +23,7 @@ from api.routes import (
     jobs,
     metrics,
     pipelines,
+    queues,
     runs,
     schedules,
 )
@@ -99,6 +100,7 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(hooks.router)
     app.include_router(metrics.router)
+    app.include_router(queues.router)
     install_mcp(app, McpDeps(settings, runtime, celery_app, app.state.keys))
     metrics.install_metrics(app, runtime)
     install_ui(app)

@@ -343,14 +343,17 @@ def _job_tools(server: MCPServer, deps: McpDeps) -> None:
         params: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         diff_mode: bool = False,
+        priority: int | None = None,
     ) -> dict[str, Any]:
         """Start a job of a saved pipeline (name or owner/name) or of inline YAML; the same
-        ``idempotency_key`` twice gives back the first job."""
+        ``idempotency_key`` twice gives back the first job. ``priority`` 0-9, higher is taken
+        first within a queue (default: the profile's)."""
         body = JobCreate(
             pipeline=pipeline,
             params=params or {},
             idempotency_key=idempotency_key,
             diff_mode=diff_mode,
+            priority=priority,
         )
 
         def work(session: Session, principal: Principal) -> dict[str, Any]:

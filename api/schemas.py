@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
 from service.engine.jobs import JobView, StepView
-from service.platform.constants import SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
+from service.platform.constants import MAX_PRIORITY, SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
 from service.platform.models import ApprovalRow
 
 
@@ -36,6 +36,12 @@ class JobCreate(BaseModel):
     )
     notify_url: str | None = Field(
         default=None, description="http(s) URL that receives a signed POST when new items appear"
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_PRIORITY,
+        description="0-9, higher is taken first within a queue; default: the profile's (0)",
     )
     mode: Literal["async", "sync"] = Field(
         default="async",
@@ -66,6 +72,9 @@ class RerunCreate(BaseModel):
     )
     only_failed_items: bool = Field(
         default=False, description="a for_each from_step runs only the items that failed"
+    )
+    priority: int | None = Field(
+        default=None, ge=0, le=MAX_PRIORITY, description="default: the parent job's"
     )
 
 
@@ -110,6 +119,7 @@ class JobPublic(BaseModel):
     status: str
     params: dict[str, Any]
     trigger: str
+    priority: int
     parent_job_id: uuid.UUID | None
     pipeline_version: int | None
     schedule_id: uuid.UUID | None
@@ -138,6 +148,7 @@ class JobPublic(BaseModel):
             status=job.status,
             params=job.params,
             trigger=job.trigger,
+            priority=job.priority,
             parent_job_id=job.parent_job_id,
             pipeline_version=job.pipeline_version,
             schedule_id=job.schedule_id,

@@ -88,6 +88,7 @@ def accept_job(
         params=body.params,
         idempotency_key=body.idempotency_key,
         diff_mode=body.diff_mode,
+        priority=body.priority,
         notify_url=body.notify_url,
     )
     if body.notify_url is not None:
@@ -107,7 +108,7 @@ def accept_job(
             log.info("job %s seen before (idempotency key), not submitted again", job.id)
             return JobPublic.of(job_view(session, job)), 200
         profile = job_profile(job)
-        publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
+        publish_new_job(celery_app, runtime, initial_plan(profile, job.id, job.priority))
         log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
     return JobPublic.of(new_job_view(job, profile)), 202
 
@@ -212,6 +213,7 @@ async def accept_job_on_loop(
         params=body.params,
         idempotency_key=body.idempotency_key,
         diff_mode=body.diff_mode,
+        priority=body.priority,
     )
     try:
         job = new_job(request, resolved, owner=principal.owner, name=name)
@@ -219,7 +221,7 @@ async def accept_job_on_loop(
         return None
     profile = resolved.profile
     with logs.bound(job_id=str(job.id)):
-        if not await io.jobs.submit(Submission(job, initial_plan(profile, job.id))):
+        if not await io.jobs.submit(Submission(job, initial_plan(profile, job.id, job.priority))):
             return None
         log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
     return JobPublic.of(new_job_view(JobRow(**job.values), profile)), 202

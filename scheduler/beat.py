@@ -134,7 +134,9 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         of cancelled sagas, prune old runs."""
         for job in result.jobs:
             try:
-                publish_new_job(self.app, self.runtime, initial_plan(job_profile(job), job.id))
+                publish_new_job(
+                    self.app, self.runtime, initial_plan(job_profile(job), job.id, job.priority)
+                )
             except BrokerUnavailable:
                 log.warning(
                     "beat: job %s stored; the sweeper sends it when the broker is back", job.id
@@ -160,7 +162,9 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             )
         for job in started:
             try:
-                publish_new_job(self.app, self.runtime, initial_plan(job_profile(job), job.id))
+                publish_new_job(
+                    self.app, self.runtime, initial_plan(job_profile(job), job.id, job.priority)
+                )
             except BrokerUnavailable:
                 log.warning("beat: job %s stored; the sweeper sends it later", job.id)
             log.info(

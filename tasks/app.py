@@ -1,5 +1,6 @@
-"""The Celery app: JSON only, late acks, requeue on worker loss, one queue for steps and one
-for the sweeper, both consumed by every worker.
+"""The Celery app: JSON only, late acks, requeue on worker loss, a queue for each pool of
+workers (``FLOWBEAT_WORKER_QUEUES``, the default queue unless told) and one for the sweeper
+that every worker consumes.
 
 ``celery -A tasks.app worker`` and ``flowbeat worker`` both load this module, and with it
 ``tasks.telemetry``'s signal handlers (logging, metrics exporters).
@@ -24,6 +25,7 @@ from service.platform.settings import Settings, get_settings
 from tasks import runtime, telemetry  # noqa: F401
 from tasks.backend import backend_url
 from tasks.liveness import LivenessStep
+from tasks.queues import queue_name
 from tasks.timers import CompactTimers
 from tasks.transport import message_router, transport_for
 
@@ -46,12 +48,16 @@ def create_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         task_default_queue=QUEUE_STEPS,
-        task_queues=(_direct_queue(QUEUE_STEPS), _direct_queue(QUEUE_CONTROL)),
+        task_queues=(
+            *(_direct_queue(queue_name(queue)) for queue in settings.worker_queues),
+            _direct_queue(QUEUE_CONTROL),
+        ),
         task_routes=(message_router(broker_url, QUEUE_STEPS, {TASK_SWEEP: QUEUE_CONTROL}),),
         task_track_started=False,
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         worker_prefetch_multiplier=settings.worker_prefetch,
+        worker_disable_prefetch=settings.worker_disable_prefetch,
         worker_concurrency=settings.worker_concurrency,
         worker_hijack_root_logger=False,
         broker_transport_options={

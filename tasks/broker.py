@@ -1,5 +1,6 @@
-"""What the sweeper reads from the broker: whether it lost what it held, how far behind the
-steps queue is, and which jobs' messages workers hold. Importing it builds no Celery app."""
+"""What the sweeper reads from the broker: whether it lost what it held, how far behind each
+step list is, and which jobs' messages workers hold; and what waits in each queue, for the
+API and the CLI. Importing it builds no Celery app."""
 
 import base64
 import binascii
@@ -7,24 +8,29 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 import redis
 
 from service.platform.clock import utcnow
 from service.platform.constants import (
     BROKER_EPOCH_KEY,
+    DEFAULT_QUEUE,
     HEADER_SENT_AT,
-    QUEUE_STEPS,
     UNACKED_KEY,
+    WORKER_QUEUES_KEY,
+    WORKERS_KEY,
 )
+from tasks.queues import queue_of, route_of, step_lists
 
 
 @dataclass(frozen=True)
 class BrokerState:
     lost: bool
     """The marker key was gone: Redis restarted without persistence or was flushed."""
-    oldest_waiting: datetime | None
-    """When the oldest step message still waiting was sent."""
+    oldest_waiting: dict[tuple[str, int], datetime]
+    """When the oldest message still waiting in each step list was sent, by queue and
+    priority (``tasks.queues``)."""
     epoch: str
     """The marker this pass set when ``lost``, for ``forget_loss`` to take back."""
     held: frozenset[uuid.UUID]
@@ -46,8 +52,7 @@ def read_broker(broker_url: str) -> BrokerState:
     epoch = f"{utcnow().isoformat()} {uuid.uuid4().hex}"
     try:
         lost = bool(client.set(BROKER_EPOCH_KEY, epoch, nx=True))
-        oldest = oldest_waiting(client, QUEUE_STEPS)
-        return BrokerState(lost, oldest, epoch, held_jobs(client))
+        return BrokerState(lost, waiting_since(client), epoch, held_jobs(client))
     finally:
         client.close()
 
@@ -60,6 +65,16 @@ def forget_loss(broker_url: str, epoch: str) -> None:
         client.eval(_DELETE_IF_OURS, 1, BROKER_EPOCH_KEY, epoch)
     finally:
         client.close()
+
+
+def waiting_since(client: redis.Redis) -> dict[tuple[str, int], datetime]:
+    """``oldest_waiting`` of every step list that holds a message."""
+    oldest = {}
+    for key in step_lists(client):
+        route, sent = route_of(key), oldest_waiting(client, key)
+        if route is not None and sent is not None:
+            oldest[route] = sent
+    return oldest
 
 
 def oldest_waiting(client: redis.Redis, queue: str) -> datetime | None:
@@ -98,3 +113,63 @@ def job_of(raw: bytes | str) -> uuid.UUID | None:
         return uuid.UUID(args[0]) if args else None
     except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
         return None
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One queue as a person running its pool sees it."""
+
+    name: str
+    depth: int
+    by_priority: dict[int, int]
+    oldest_sent: datetime | None
+    workers: list[str]
+
+
+def queue_states(client: redis.Redis, dead_after_s: float) -> list[QueueState]:
+    """Every queue that holds a message or that a live worker consumes, the default queue
+    always: what waits in it, since when, and who takes from it. A queue nobody consumes is
+    listed with no workers, since a step may name a pool that has not started yet."""
+    depths: dict[str, dict[int, int]] = {}
+    oldest: dict[str, datetime] = {}
+    for key in step_lists(client):
+        route = route_of(key)
+        sent = oldest_waiting(client, key)
+        if route is None:
+            continue
+        queue, priority = route
+        depths.setdefault(queue, {})[priority] = int(client.llen(key))
+        if sent is not None and (queue not in oldest or sent < oldest[queue]):
+            oldest[queue] = sent
+    workers = _consumers(client, dead_after_s)
+    names = {DEFAULT_QUEUE, *depths, *workers}
+    return [
+        QueueState(
+            name,
+            sum(depths.get(name, {}).values()),
+            dict(sorted(depths.get(name, {}).items(), reverse=True)),
+            oldest.get(name),
+            sorted(workers.get(name, [])),
+        )
+        for name in sorted(names)
+    ]
+
+
+def _consumers(client: redis.Redis, dead_after_s: float) -> dict[str, list[str]]:
+    """The live workers of each queue, as they announce themselves (``tasks.liveness``)."""
+    seconds, micros = client.time()
+    since = seconds + micros / 1e6 - dead_after_s
+    alive = cast(list[bytes], client.zrangebyscore(WORKERS_KEY, since, "+inf"))
+    if not alive:
+        return {}
+    consumers: dict[str, list[str]] = {}
+    for worker, queues in zip(alive, client.hmget(WORKER_QUEUES_KEY, alive), strict=True):
+        for name in _text(queues).split(","):
+            queue = queue_of(name)
+            if queue is not None:
+                consumers.setdefault(queue, []).append(_text(worker))
+    return consumers
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")

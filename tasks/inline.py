@@ -26,6 +26,7 @@ from service.engine.runner import Inline
 from service.platform.constants import CHAIN_START_MARGIN_S
 from service.platform.settings import Settings
 from tasks import canvas
+from tasks.queues import priority_of
 
 
 class _StepTimer:
@@ -72,4 +73,5 @@ def inline_for(task: Task, settings: Settings) -> Inline | None:
             return False
         return time.monotonic() - started + timeout_s + CHAIN_START_MARGIN_S <= soft_s
 
-    return Inline(fits, _TIMER.timed, lambda plan: canvas.send_plan(task.app, plan))
+    priority = priority_of((task.request.delivery_info or {}).get("priority"))
+    return Inline(fits, _TIMER.timed, lambda plan: canvas.send_plan(task.app, plan.at(priority)))

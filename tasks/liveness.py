@@ -34,7 +34,12 @@ from typing import Any, cast
 import redis
 from celery import Celery, bootsteps
 
-from service.platform.constants import WORKER_HELD_KEY_PREFIX, WORKER_REAP_LOCK_PREFIX, WORKERS_KEY
+from service.platform.constants import (
+    WORKER_HELD_KEY_PREFIX,
+    WORKER_QUEUES_KEY,
+    WORKER_REAP_LOCK_PREFIX,
+    WORKERS_KEY,
+)
 from service.platform.metrics import WORKER_MESSAGES_RESTORED
 from tasks import runtime
 
@@ -58,6 +63,7 @@ if beat and tonumber(beat) <= tonumber(ARGV[2]) then
   redis.call('DEL', KEYS[2])
 end
 if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then redis.call('HDEL', KEYS[4], ARGV[1]) end
 return 0
 """
 """Forget the worker unless it beat again meanwhile: then it is alive, and keeps its set."""
@@ -76,11 +82,19 @@ class Liveness:
     ``client`` decodes responses."""
 
     def __init__(
-        self, app: Celery, client: redis.Redis, worker: str, interval_s: float, dead_after_s: float
+        self,
+        app: Celery,
+        client: redis.Redis,
+        worker: str,
+        interval_s: float,
+        dead_after_s: float,
+        queues: Iterable[str] = (),
     ) -> None:
         self.app = app
         self.client = client
         self.worker = worker
+        self.queues = ",".join(sorted(queues))
+        """The kombu queues it consumes, for whoever lists which workers serve a queue."""
         self.interval_s = interval_s
         self.dead_after_s = dead_after_s
         self._stop = threading.Event()
@@ -109,7 +123,10 @@ class Liveness:
     def _beat_and_reap(self) -> None:
         try:
             now = self._now()
-            self.client.zadd(WORKERS_KEY, {self.worker: now})
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zadd(WORKERS_KEY, {self.worker: now})
+                pipe.hset(WORKER_QUEUES_KEY, self.worker, self.queues)
+                pipe.execute()
             dead = self.client.zrangebyscore(WORKERS_KEY, "-inf", now - self.dead_after_s)
             for worker in cast(list[str], dead):
                 self.reap(worker, now - self.dead_after_s)
@@ -123,13 +140,18 @@ class Liveness:
     def reap(self, worker: str, cutoff: float) -> int:
         """Restore what ``worker`` held if it has been silent since ``cutoff``; how many."""
         token = uuid.uuid4().hex
-        keys = (WORKERS_KEY, held_key(worker), f"{WORKER_REAP_LOCK_PREFIX}{worker}")
+        keys = (
+            WORKERS_KEY,
+            held_key(worker),
+            f"{WORKER_REAP_LOCK_PREFIX}{worker}",
+            WORKER_QUEUES_KEY,
+        )
         lock_ms = int(max(self.dead_after_s, 10.0) * 1000)
-        tags = self.client.eval(_BEGIN_REAP, 3, *keys, worker, cutoff, token, lock_ms)
+        tags = self.client.eval(_BEGIN_REAP, 3, *keys[:3], worker, cutoff, token, lock_ms)
         if tags is None:
             return 0
         restored = restore(self.app, cast(list[str], tags))
-        self.client.eval(_END_REAP, 3, *keys, worker, cutoff, token)
+        self.client.eval(_END_REAP, 4, *keys, worker, cutoff, token)
         if restored:
             WORKER_MESSAGES_RESTORED.inc(restored)
             log.warning("restored %d messages held by the dead worker %s", restored, worker)
@@ -170,6 +192,7 @@ class LivenessStep(bootsteps.StartStopStep):  # type: ignore[misc]
             name,
             settings.worker_heartbeat_s,
             settings.worker_dead_after_s,
+            worker.app.amqp.queues.consume_from or worker.app.amqp.queues,
         )
         _holder = held_key(name)
         self.liveness.start()

@@ -37,10 +37,10 @@ from service.platform.constants import (
     BROKER_PUBLISH_RETRY_INTERVAL_S,
     BROKER_PUSH_TIMEOUT_S,
     HEADER_SENT_AT,
-    QUEUE_STEPS,
     TASK_RUN_STEP,
 )
 from tasks.canvas import readable, step_limits
+from tasks.queues import broker_level, queue_name, step_list
 
 DIRECT_BROKER_SCHEME = "redis://"
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -128,8 +128,8 @@ def step_message(app: Celery, plan: JobPlan, step: StepPlan) -> str:
             "argsrepr": names["argsrepr"],
             "kwargsrepr": _KWARGSREPR,
             "delivery_mode": _DELIVERY_MODE_PERSISTENT,
-            "delivery_info": {"exchange": "", "routing_key": QUEUE_STEPS},
-            "priority": 0,
+            "delivery_info": {"exchange": "", "routing_key": queue_name(step.queue)},
+            "priority": broker_level(plan.priority),
             "body_encoding": "base64",
             "delivery_tag": str(uuid.uuid4()),
         },
@@ -137,8 +137,19 @@ def step_message(app: Celery, plan: JobPlan, step: StepPlan) -> str:
     return json.dumps(message)
 
 
-def plan_messages(app: Celery, plan: JobPlan) -> list[str]:
-    return [step_message(app, plan, step) for step in plan.steps]
+Outgoing = tuple[str, str]
+"""A message and the list it is pushed onto."""
+
+
+def plan_messages(app: Celery, plan: JobPlan) -> list[Outgoing]:
+    return [(step_list(s.queue, plan.priority), step_message(app, plan, s)) for s in plan.steps]
+
+
+def _by_list(messages: Sequence[Outgoing]) -> dict[str, list[str]]:
+    lists: dict[str, list[str]] = {}
+    for key, message in messages:
+        lists.setdefault(key, []).append(message)
+    return lists
 
 
 def _retry() -> Retry:
@@ -157,10 +168,18 @@ def broker_client(url: str) -> redis.Redis:
     )
 
 
-def push(url: str, messages: Sequence[str]) -> None:
-    """Oldest first: ``LPUSH a b`` leaves ``a`` rightmost, where workers pop from."""
-    if messages:
-        broker_client(url).lpush(QUEUE_STEPS, *messages)
+def push(url: str, messages: Sequence[Outgoing]) -> None:
+    """Oldest first: ``LPUSH a b`` leaves ``a`` rightmost, where workers pop from. Messages
+    for several lists go in one round trip."""
+    lists = _by_list(messages)
+    if len(lists) == 1:
+        [(key, values)] = lists.items()
+        broker_client(url).lpush(key, *values)
+    elif lists:
+        with broker_client(url).pipeline(transaction=False) as pipe:
+            for key, values in lists.items():
+                pipe.lpush(key, *values)
+            pipe.execute()
 
 
 def async_broker_client(url: str) -> redis.asyncio.Redis:
@@ -176,7 +195,14 @@ def async_broker_client(url: str) -> redis.asyncio.Redis:
     )
 
 
-async def push_async(client: redis.asyncio.Redis, messages: Sequence[str]) -> None:
+async def push_async(client: redis.asyncio.Redis, messages: Sequence[Outgoing]) -> None:
     """``push`` on an event loop."""
-    if messages:
-        await client.lpush(QUEUE_STEPS, *messages)
+    lists = _by_list(messages)
+    if len(lists) == 1:
+        [(key, values)] = lists.items()
+        await client.lpush(key, *values)
+    elif lists:
+        async with client.pipeline(transaction=False) as pipe:
+            for key, values in lists.items():
+                pipe.lpush(key, *values)
+            await pipe.execute()

@@ -6,7 +6,9 @@ redis-py fills a table of some 170 response callbacks each time: about a fifth o
 publish, paid by the API on every job and by workers on every step of a chain. One client per
 pool is enough, since a ``redis.Redis`` is thread-safe and holds no connection of its own.
 
-The same channel also keeps a worker alive when Redis goes away: see ``Channel``.
+The same channel also keeps a worker alive when Redis goes away (see ``Channel``), and names
+each queue's priority lists so that flowbeat's default priority keeps the queue's own list
+(``tasks.queues``).
 """
 
 import time
@@ -21,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from service.platform.constants import HEADER_SENT_AT
 from tasks import liveness
+from tasks.queues import BROKER_LEVELS, DEFAULT_LEVEL, list_key
 
 
 class QoS(kombu_redis.QoS):
@@ -77,6 +80,15 @@ class Channel(kombu_redis.Channel):
         yield self._shared_client
 
     QoS = QoS
+
+    priority_steps = BROKER_LEVELS
+    default_priority = max_priority = DEFAULT_LEVEL
+    """kombu reads a priority of 0 as none given (``priority or default_priority``), so
+    flowbeat's levels run from 1, and a message sent with none (the sweeper's, a notice's)
+    goes where flowbeat's default priority does: its queue's own list (``tasks.queues``)."""
+
+    def _q_for_pri(self, queue: str, pri: int) -> str:
+        return list_key(queue, self.priority(pri))  # type: ignore[no-untyped-call]
 
 
 class Transport(kombu_redis.Transport):

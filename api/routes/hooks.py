@@ -221,7 +221,7 @@ async def deliver(
         if not accepted.created:
             return JobPublic.of(job_view(session, job)), 200
         profile = job_profile(job)
-        publish_new_job(celery_app, runtime, initial_plan(profile, job.id))
+        publish_new_job(celery_app, runtime, initial_plan(profile, job.id, job.priority))
         return JobPublic.of(new_job_view(job, profile)), 202
 
     try:

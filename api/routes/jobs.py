@@ -235,6 +235,7 @@ def rerun(
         params=body.params,
         reuse_upstream=body.reuse_upstream,
         only_failed_items=body.only_failed_items,
+        priority=body.priority,
     )
     job = rerun_job(
         session, parse_job_id(job_id), request, visible_to=visible_to(principal), now=utcnow()

@@ -5,7 +5,8 @@ the same truth and nothing is added to the request path; after them come this pr
 counters and histograms (``service.platform.metrics``).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
@@ -15,8 +16,10 @@ from prometheus_client.registry import Collector
 from api.deps import Reader, broker_probe
 from service.engine.runtime import Runtime
 from service.engine.stats import jobs_by_status, steps_by_open_status
-from service.platform.constants import BEAT_LOCK_KEY, QUEUE_CONTROL, QUEUE_STEPS
+from service.platform.constants import BEAT_LOCK_KEY, QUEUE_CONTROL
 from service.platform.metrics import exposition
+from tasks.broker import queue_states
+from tasks.queues import queue_name
 
 router = APIRouter(tags=["metrics"])
 
@@ -30,10 +33,29 @@ class _StateCollector(Collector):
             jobs, steps = jobs_by_status(session), steps_by_open_status(session)
         yield _gauge("flowbeat_jobs", "Jobs by status.", "status", jobs)
         yield _gauge("flowbeat_open_steps", "Open steps and shards by status.", "status", steps)
-        with broker_probe(self._runtime.settings) as client:
-            depth = {queue: int(client.llen(queue)) for queue in (QUEUE_STEPS, QUEUE_CONTROL)}
+        settings = self._runtime.settings
+        with broker_probe(settings) as client:
+            queues = queue_states(client, settings.worker_dead_after_s)
+            depth = {queue_name(q.name): q.depth for q in queues}
+            depth[QUEUE_CONTROL] = int(client.llen(QUEUE_CONTROL))
+            now = datetime.fromtimestamp(float(client.time()[0]), UTC)
             leader = bool(client.exists(BEAT_LOCK_KEY))
         yield _gauge("flowbeat_queue_depth", "Messages waiting on a broker queue.", "queue", depth)
+        ages = {
+            queue_name(q.name): max(0.0, (now - q.oldest_sent).total_seconds())
+            for q in queues
+            if q.oldest_sent is not None
+        }
+        yield _gauge(
+            "flowbeat_queue_oldest_age_seconds",
+            "How long the oldest message waiting on a step queue has waited.",
+            "queue",
+            ages,
+        )
+        workers = {queue_name(q.name): len(q.workers) for q in queues}
+        yield _gauge(
+            "flowbeat_queue_workers", "Live workers consuming a step queue.", "queue", workers
+        )
         yield GaugeMetricFamily(
             "flowbeat_beat_leader",
             "1 while a beat replica holds the leader lock, 0 when none does.",
@@ -41,7 +63,7 @@ class _StateCollector(Collector):
         )
 
 
-def _gauge(name: str, doc: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:
+def _gauge(name: str, doc: str, label: str, values: Mapping[str, float]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)

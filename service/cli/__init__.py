@@ -6,7 +6,17 @@ does so through subprocesses or imports inside the command that needs them, so t
 none of them imports it.
 """
 
-from service.cli import flower, follow, jobs, keys, mcp, pipelines, schedules, servers
+from service.cli import (
+    flower,
+    follow,
+    jobs,
+    keys,
+    mcp,
+    pipelines,
+    queues,
+    schedules,
+    servers,
+)
 from service.cli.app import cli, main
 
 __all__ = [
@@ -18,6 +28,7 @@ __all__ = [
     "main",
     "mcp",
     "pipelines",
+    "queues",
     "schedules",
     "servers",
 ]

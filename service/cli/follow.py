@@ -65,6 +65,9 @@ def run(
     ] = None,
     timeout_s: float = 600.0,
     owner: OwnerOption = None,
+    priority: Annotated[
+        int | None, typer.Option(min=0, max=9, help="0-9, higher first; default: the profile's")
+    ] = None,
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
     embedded = get_settings().embedded()
@@ -72,7 +75,11 @@ def run(
     settings = load_settings()
     migrate_schema(settings)
     job_id = submit(
-        settings, pipeline_ref(target), parse_params(param), acting_owner(settings, owner)
+        settings,
+        pipeline_ref(target),
+        parse_params(param),
+        acting_owner(settings, owner),
+        priority,
     )
     console.print(f"job [bold]{job_id}[/bold] queued")
     if wait:
@@ -118,7 +125,11 @@ def _print_left_behind(settings: Settings, job_id: uuid.UUID, stopped_worker: bo
 
 
 def submit(
-    settings: Settings, pipeline: str | dict[str, Any], params: dict[str, Any], owner: str
+    settings: Settings,
+    pipeline: str | dict[str, Any],
+    params: dict[str, Any],
+    owner: str,
+    priority: int | None = None,
 ) -> uuid.UUID:
     from service.engine.runtime import Runtime
     from service.engine.submission import JobRequest, submit_job
@@ -131,7 +142,7 @@ def submit(
         with unit_of_work(rt.sessions) as session:
             job, _ = submit_job(
                 session,
-                JobRequest(pipeline=pipeline, params=params, trigger="cli"),
+                JobRequest(pipeline=pipeline, params=params, trigger="cli", priority=priority),
                 owner=owner,
                 profiles_dir=settings.profiles_dir,
                 known_actions=rt.registry.names(),
@@ -139,7 +150,7 @@ def submit(
     except FlowbeatError as exc:
         print_refusal(exc)
         raise typer.Exit(code=2) from exc
-    publish_new_job(celery_app(settings), rt, initial_plan(job_profile(job), job.id))
+    publish_new_job(celery_app(settings), rt, initial_plan(job_profile(job), job.id, job.priority))
     return job.id
 
 

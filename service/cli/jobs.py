@@ -188,6 +188,9 @@ def jobs_rerun(
     only_failed_items: Annotated[
         bool, typer.Option(help="a for_each step reruns only its failed items")
     ] = False,
+    priority: Annotated[
+        int | None, typer.Option(min=0, max=9, help="0-9, higher first; default: the job's")
+    ] = None,
     wait: Annotated[bool, typer.Option(help="follow the new job until it ends")] = False,
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
 ) -> None:
@@ -200,7 +203,7 @@ def jobs_rerun(
 
     settings = load_settings()
     app = celery_app(settings)
-    request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items)
+    request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items, priority)
     rt = Runtime.start(settings)
     try:
         job_id = resolve_job(settings, job)

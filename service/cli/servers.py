@@ -5,6 +5,7 @@ command, so the rest of ``service/`` stays free of FastAPI and Celery.
 """
 
 import os
+import re
 import signal
 import sys
 from types import FrameType
@@ -30,6 +31,7 @@ from service.cli.processes import (
     stoppable,
     worker_argv,
 )
+from service.platform.constants import QUEUE_PATTERN
 from service.platform.db import make_engine, make_session_factory, unit_of_work
 from service.platform.errors import MetricsTokenRequired
 from service.platform.metrics import MULTIPROC_ENV, fresh_multiproc_dir, serve_refusal
@@ -72,14 +74,32 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 def worker(
     concurrency: Annotated[int | None, typer.Option(help="processes")] = None,
     pool: str = "prefork",
+    queues: Annotated[
+        str | None,
+        typer.Option(help="the queues to consume, comma-separated (default: default)"),
+    ] = None,
 ) -> None:
     """Run a Celery worker for pipeline steps."""
+    if queues is not None:
+        os.environ["FLOWBEAT_WORKER_QUEUES"] = ",".join(_queue_names(queues))
     settings = load_settings()
     if settings.worker_metrics_port:
         _check_exporter(settings)
         files = settings.data_dir / f"worker-metrics-{settings.worker_metrics_port}"
         os.environ[MULTIPROC_ENV] = str(fresh_multiproc_dir(files.resolve()))
     os.execv(sys.executable, worker_argv(concurrency, pool))
+
+
+def _queue_names(queues: str) -> list[str]:
+    names = [name.strip() for name in queues.split(",") if name.strip()]
+    bad = [name for name in names if not re.fullmatch(QUEUE_PATTERN, name)]
+    if bad or not names:
+        raise typer.BadParameter(
+            f"not a queue name: {', '.join(bad) or repr(queues)} (lowercase letters, digits, "
+            "_ and -, at most 40)",
+            param_hint="--queues",
+        )
+    return names
 
 
 def _check_exporter(settings: Settings) -> None:

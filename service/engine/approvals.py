@@ -80,7 +80,7 @@ def decide(
         "approval_decided",
         {"step_id": step_id, "status": approval.status, "by": by, "comment": comment},
     )
-    ready = _go_on(session, job, row, approval, now)
+    ready = _go_on(session, job, row, approval, now).at(job.priority)
     if job.status == JobStatus.AWAITING_APPROVAL and not _parked_steps(session, job_id):
         job.status = JobStatus.RUNNING
     session.flush()

@@ -27,7 +27,7 @@ from service.engine.settle import step_outputs
 from service.language.expressions import ExprContext, parse_refs, resolve
 from service.language.profiles import Profile
 from service.language.specs import CompensateSpec
-from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
+from service.platform.constants import DEFAULT_QUEUE, SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.platform.errors import ExpressionError
 from service.platform.models import CompensationRow, JobRow, StepRunRow
 from service.platform.states import COMPENSATION_FINAL, CompensationStatus, StepStatus
@@ -92,6 +92,8 @@ class Due:
 
     step_id: str
     timeout_s: int
+    queue: str = DEFAULT_QUEUE
+    """The queue of the step it undoes: the pool whose workers can run that step's actions."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def claim_next(
         spec = profile.step(row.step_id).compensate
         assert spec is not None
         if row.step_id != step_id:
-            return Due(row.step_id, spec.timeout_s)
+            return Due(row.step_id, spec.timeout_s, profile.queue_of(row.step_id))
         try:
             inputs = _inputs(session, job, row.step_id, spec)
         except ExpressionError as exc:
@@ -253,7 +255,7 @@ def next_due(session: Session, job_id: uuid.UUID, profile: Profile) -> Due | Non
         return None
     spec = profile.step(step_id).compensate
     assert spec is not None
-    return Due(step_id, spec.timeout_s)
+    return Due(step_id, spec.timeout_s, profile.queue_of(step_id))
 
 
 def unfinished(session: Session, job_id: uuid.UUID) -> bool:

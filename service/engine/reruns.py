@@ -44,6 +44,8 @@ class RerunRequest:
     params: Mapping[str, Any] = field(default_factory=dict)
     reuse_upstream: bool = True
     only_failed_items: bool = False
+    priority: int | None = None
+    """``None`` keeps the parent's."""
 
 
 def rerun_job(
@@ -66,7 +68,8 @@ def rerun_job(
     rerun = _steps_to_run(profile, request)
     reused = _reusable(session, parent, profile) - rerun
     fan_out_kept = _kept_items_step(profile, request)
-    job = _job_of(parent, profile, resolve_params(profile, {**parent.params, **request.params}))
+    params = resolve_params(profile, {**parent.params, **request.params})
+    job = _job_of(parent, profile, params, request.priority)
     job["created_at"] = job["dispatched_at"] = now
     insert_job(session, job, step_rows(profile, reused, now))
     _copy_checkpoints(session, parent.id, job["id"], reused, fan_out_kept, now)
@@ -130,7 +133,9 @@ def _kept_items_step(profile: Profile, request: RerunRequest) -> str | None:
     return request.from_step
 
 
-def _job_of(parent: JobRow, profile: Profile, params: dict[str, Any]) -> dict[str, Any]:
+def _job_of(
+    parent: JobRow, profile: Profile, params: dict[str, Any], priority: int | None
+) -> dict[str, Any]:
     return {
         "id": uuid.uuid4(),
         "owner": parent.owner,
@@ -140,6 +145,7 @@ def _job_of(parent: JobRow, profile: Profile, params: dict[str, Any]) -> dict[st
         "params": params,
         "status": JobStatus.QUEUED,
         "trigger": TRIGGER_RERUN,
+        "priority": parent.priority if priority is None else priority,
         "parent_job_id": parent.id,
         "idempotency_key": None,
         "request_hash": hashlib.sha256(f"rerun of {parent.id}".encode()).hexdigest(),

@@ -46,6 +46,8 @@ class JobRequest:
     scheduled_for: datetime | None = None
     diff_mode: bool = False
     notify_url: str | None = None
+    priority: int | None = None
+    """``None`` takes the profile's."""
 
 
 def resolve_request(
@@ -176,6 +178,7 @@ def _job_values(
         "params": params,
         "status": JobStatus.QUEUED,
         "trigger": request.trigger,
+        "priority": profile.priority if request.priority is None else request.priority,
         "parent_job_id": request.parent_job_id,
         "idempotency_key": request.idempotency_key,
         "request_hash": request_hash,
@@ -192,7 +195,7 @@ def _job_values(
 
 _JOB_COLUMNS = (
     "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
-    "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
+    "priority", "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
@@ -225,7 +228,7 @@ _INSERT_JOB = (
 
 
 _JOB_TYPES = {
-    "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid",
+    "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid", "priority": "int",
     "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
     "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
     "scheduled_for": "timestamptz",
@@ -285,6 +288,11 @@ class NewJob:
     def id(self) -> uuid.UUID:
         job_id: uuid.UUID = self.values["id"]
         return job_id
+
+    @property
+    def priority(self) -> int:
+        priority: int = self.values["priority"]
+        return priority
 
 
 def new_job(request: JobRequest, resolved: ResolvedPipeline, *, owner: str, name: str) -> NewJob:

@@ -7,6 +7,7 @@ claims its row before running and a settled step is never run again.
 """
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -16,7 +17,7 @@ from sqlalchemy.orm import Session
 from service.engine.compensations import lost as lost_compensations
 from service.engine.completion import fail_step
 from service.engine.steps import Lease, StepKey
-from service.language.snapshots import job_profile
+from service.language.snapshots import cached_profile, job_profile
 from service.platform.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_OPEN, JobStatus, StepStatus
@@ -41,6 +42,10 @@ class SweepReport:
         self.redispatch |= job_ids
 
 
+Route = tuple[str, int]
+"""A queue and a priority: one list of messages, taken from in the order they were sent."""
+
+
 def sweep(
     session: Session,
     *,
@@ -48,15 +53,17 @@ def sweep(
     broker_lost: bool,
     stall_after_s: float,
     dispatch_grace_s: float,
-    oldest_waiting: datetime | None = None,
+    oldest_waiting: Mapping[Route, datetime] | None = None,
     held: frozenset[uuid.UUID] | None = None,
 ) -> SweepReport:
     """One pass. Only one sweeper works at a time; the others return ``skipped``.
 
-    ``oldest_waiting`` is when the oldest message still in the steps queue was sent. A job
-    last sent after it may be waiting in that queue rather than lost, so it is not stalled,
-    however long ago that was: behind a backlog longer than ``stall_after_s``, sending every
-    waiting job again would double the backlog at each pass.
+    ``oldest_waiting`` is when the oldest message still in each queue's list for a priority
+    was sent. A job last sent after the oldest message of a list its steps go to may be
+    waiting in that list rather than lost, so it is not stalled, however long ago that was:
+    behind a backlog longer than ``stall_after_s``, sending every waiting job again would
+    double the backlog at each pass, and a queue no worker consumes yet holds its jobs for as
+    long as it has none.
 
     ``held`` is every job whose message a worker has taken and not acknowledged, read from the
     broker after ``oldest_waiting``. With both known, a job in neither place, with no live
@@ -73,15 +80,18 @@ def sweep(
         open_jobs = session.scalars(select(JobRow.id).where(JobRow.status.in_(OPEN_JOB)))
         report.add("broker_lost", set(open_jobs))
         return report
-    sent_before = _still_queued_after(now - timedelta(seconds=dispatch_grace_s), oldest_waiting)
+    oldest = dict(oldest_waiting or {})
+    grace = timedelta(seconds=dispatch_grace_s)
+    sent_before = _still_queued_after(now - grace, min(oldest.values(), default=None))
     report.compensate |= lost_compensations(session, now, sent_before)
-    report.add("undispatched", _undispatched(session, now - timedelta(seconds=dispatch_grace_s)))
+    report.add("undispatched", _undispatched(session, now - grace))
     report.add("lease_expired", _expired_leases(session, now, sent_before))
     if held is not None:
-        quiet_since = min(now, oldest_waiting or now) - timedelta(seconds=dispatch_grace_s)
-        report.add("lost_in_flight", _idle(session, now, quiet_since, RUNNABLE) - held)
-    stalled_before = _still_queued_after(now - timedelta(seconds=stall_after_s), oldest_waiting)
-    report.add("stalled", _stalled(session, now, stalled_before))
+        quiet = _idle(session, now, _still_queued_after(now - grace, _latest(oldest)), RUNNABLE)
+        report.add("lost_in_flight", _not_queued(session, quiet, oldest, grace) - held)
+    stall_before = _still_queued_after(now - timedelta(seconds=stall_after_s), _latest(oldest))
+    stalled = _stalled(session, now, stall_before)
+    report.add("stalled", _not_queued(session, stalled, oldest, grace))
     return report
 
 
@@ -89,6 +99,44 @@ def _still_queued_after(before: datetime, oldest_waiting: datetime | None) -> da
     """A job last sent at or after the oldest message still queued may be waiting in the
     queue, however long ago that was."""
     return before if oldest_waiting is None else min(before, oldest_waiting)
+
+
+def _latest(oldest: Mapping[Route, datetime]) -> datetime | None:
+    """A job no list could still hold was last active before this, at least."""
+    return max(oldest.values(), default=None)
+
+
+def _not_queued(
+    session: Session,
+    idle: Mapping[uuid.UUID, datetime],
+    oldest: Mapping[Route, datetime],
+    margin: timedelta,
+) -> set[uuid.UUID]:
+    """Of jobs idle since the time given for each, those whose message no list could still
+    hold: every list their steps go to, at their priority, is empty, or its next message
+    was sent more than ``margin`` after they last did anything (a job's message leaves
+    after the commit that made it, so the next one may be its own, sent a moment later)."""
+    if not oldest or not idle:
+        return set(idle)
+    rows = session.execute(
+        select(JobRow.id, JobRow.priority, JobRow.profile_hash).where(JobRow.id.in_(list(idle)))
+    )
+    gone = set()
+    for job_id, priority, profile_hash in rows:
+        queues = _queues(session, profile_hash, job_id)
+        sent = [oldest[(q, priority)] for q in queues if (q, priority) in oldest]
+        if all(idle[job_id] < t - margin for t in sent):
+            gone.add(job_id)
+    return gone
+
+
+def _queues(session: Session, profile_hash: str, job_id: uuid.UUID) -> frozenset[str]:
+    """The queues a profile's steps go to, read once per profile."""
+    profile = cached_profile(
+        profile_hash,
+        lambda: session.scalar(select(JobRow.profile).where(JobRow.id == job_id)) or {},
+    )
+    return frozenset(profile.queue_of(step.id) for step in profile.steps)
 
 
 def _undispatched(session: Session, before: datetime) -> set[uuid.UUID]:
@@ -125,12 +173,15 @@ def _expired_leases(session: Session, now: datetime, sent_before: datetime) -> s
     )
 
 
-def _stalled(session: Session, now: datetime, before: datetime) -> set[uuid.UUID]:
+def _stalled(session: Session, now: datetime, before: datetime) -> dict[uuid.UUID, datetime]:
     return _idle(session, now, before, OPEN_JOB)
 
 
-def _idle(session: Session, now: datetime, before: datetime, statuses: list[str]) -> set[uuid.UUID]:
-    """Jobs sent, with no live lease, and nothing started, finished or sent since ``before``."""
+def _idle(
+    session: Session, now: datetime, before: datetime, statuses: list[str]
+) -> dict[uuid.UUID, datetime]:
+    """Jobs sent, with no live lease, and nothing started, finished or sent since ``before``,
+    with when they last did any of that."""
     live_lease = exists().where(
         StepRunRow.job_id == JobRow.id,
         StepRunRow.status == StepStatus.RUNNING,
@@ -141,17 +192,16 @@ def _idle(session: Session, now: datetime, before: datetime, statuses: list[str]
         .where(StepRunRow.job_id == JobRow.id)
         .scalar_subquery()
     )
-    return set(
-        session.scalars(
-            select(JobRow.id).where(
-                JobRow.status.in_(statuses),
-                JobRow.dispatched_at.is_not(None),
-                ~live_lease,
-                func.coalesce(last_activity, JobRow.dispatched_at) < before,
-                JobRow.dispatched_at < before,
-            )
+    active = func.greatest(func.coalesce(last_activity, JobRow.dispatched_at), JobRow.dispatched_at)
+    rows = session.execute(
+        select(JobRow.id, active).where(
+            JobRow.status.in_(statuses),
+            JobRow.dispatched_at.is_not(None),
+            ~live_lease,
+            active < before,
         )
     )
+    return {job_id: last for job_id, last in rows}
 
 
 def _fail_timed_out(session: Session, now: datetime, report: SweepReport) -> int:

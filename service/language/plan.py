@@ -8,14 +8,14 @@ sweeper re-publishes when the broker lost messages, never what the broker rememb
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile
-from service.platform.constants import SHARD_NONE
+from service.platform.constants import DEFAULT_QUEUE, SHARD_NONE
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_FINAL, STEP_FINAL, StepStatus
 
@@ -26,6 +26,7 @@ class StepPlan:
     timeout_s: int
     shards: list[int] | None = None
     max_parallel: int = 1
+    queue: str = DEFAULT_QUEUE
 
 
 @dataclass(frozen=True)
@@ -37,24 +38,38 @@ class JobPlan:
     pipeline: str | None = field(default=None, compare=False)
     """The job's pipeline, for the names its messages show in Flower and worker logs only; a
     label, so two plans of the same steps are equal with or without it."""
+    priority: int = 0
+    """The job's: its messages go to their queue's list for it, higher taken first."""
+
+    def at(self, priority: int) -> "JobPlan":
+        return self if priority == self.priority else replace(self, priority=priority)
 
 
 def steps_plan(profile: Profile, job_id: uuid.UUID, step_ids: Iterable[str]) -> JobPlan:
-    """Messages for steps that have just become ready, in profile order."""
+    """Messages for steps that have just become ready, in profile order. At the job's
+    priority only where the caller read it (``JobPlan.at``): a step that settles sends its
+    children at the priority of the message it came in."""
     wanted = set(step_ids)
     return JobPlan(
         job_id=job_id,
-        steps=[StepPlan(s.id, s.timeout_s) for s in profile.steps if s.id in wanted],
+        steps=[
+            StepPlan(s.id, s.timeout_s, queue=s.queue or profile.queue)
+            for s in profile.steps
+            if s.id in wanted
+        ],
         pipeline=profile.name,
     )
 
 
-def initial_plan(profile: Profile, job_id: uuid.UUID) -> JobPlan:
+def initial_plan(profile: Profile, job_id: uuid.UUID, priority: int) -> JobPlan:
     """The root steps of a job that has not started yet."""
-    return steps_plan(profile, job_id, (s.id for s in profile.steps if not s.depends_on))
+    roots = (s.id for s in profile.steps if not s.depends_on)
+    return steps_plan(profile, job_id, roots).at(priority)
 
 
-def plan_remaining(profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow]) -> JobPlan:
+def plan_remaining(
+    profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow], priority: int
+) -> JobPlan:
     """Unsettled steps with a settled upstream, but for those parked at their gate; a fanned-out
     step carries its open shards."""
     open_shards: dict[str, list[int]] = {}
@@ -77,6 +92,7 @@ def plan_remaining(profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow]) 
             if s.id in ready
         ],
         pipeline=profile.name,
+        priority=priority,
     )
 
 
@@ -85,14 +101,16 @@ def _plan_step(profile: Profile, step_id: str, row: StepRunRow, shards: list[int
     fanned_out = (
         spec.for_each is not None and row.status == StepStatus.RUNNING and row.lease_until is None
     )
+    queue = profile.queue_of(step_id)
     if not fanned_out:
-        return StepPlan(step_id=step_id, timeout_s=spec.timeout_s)
+        return StepPlan(step_id=step_id, timeout_s=spec.timeout_s, queue=queue)
     assert spec.for_each is not None
     return StepPlan(
         step_id=step_id,
         timeout_s=spec.timeout_s,
         shards=shards,
         max_parallel=spec.for_each.max_parallel,
+        queue=queue,
     )
 
 
@@ -102,4 +120,4 @@ def load_plan(session: Session, job_id: uuid.UUID) -> JobPlan | None:
     if job is None or job.status in JOB_FINAL:
         return None
     rows = list(session.scalars(select(StepRunRow).where(StepRunRow.job_id == job_id)))
-    return plan_remaining(job_profile(job), job_id, rows)
+    return plan_remaining(job_profile(job), job_id, rows, job.priority)

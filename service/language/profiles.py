@@ -28,7 +28,14 @@ from service.language import dag
 from service.language.conditions import Condition, parse_condition
 from service.language.cron import ScheduleSpec
 from service.language.specs import NAME_PATTERN, UNTIL_ROOTS, ParamSpec, ResultSpec, StepSpec
-from service.platform.constants import SHIPPED_DIR, TRIGGER_ON_NEW_ITEMS, TRIGGER_ON_SUCCEEDED
+from service.platform.constants import (
+    DEFAULT_QUEUE,
+    MAX_PRIORITY,
+    QUEUE_PATTERN,
+    SHIPPED_DIR,
+    TRIGGER_ON_NEW_ITEMS,
+    TRIGGER_ON_SUCCEEDED,
+)
 from service.platform.errors import (
     ExpressionError,
 )
@@ -120,12 +127,21 @@ class Profile(BaseModel):
         default="compensate", exclude_if=lambda choice: choice == "compensate"
     )
     on: OnSpec | None = Field(default=None, exclude_if=lambda spec: spec is None)
+    queue: str = Field(
+        default=DEFAULT_QUEUE, pattern=QUEUE_PATTERN, exclude_if=lambda q: q == DEFAULT_QUEUE
+    )
+    """The queue of every step that names none."""
+    priority: int = Field(default=0, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p == 0)
+    """A job's priority when its submission gives none: higher runs first within a queue."""
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:
             if step.id == step_id:
                 return step
         raise KeyError(step_id)
+
+    def queue_of(self, step_id: str) -> str:
+        return self.step(step_id).queue or self.queue
 
     def deps(self) -> dict[str, list[str]]:
         return {step.id: list(step.depends_on) for step in self.steps}

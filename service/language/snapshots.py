@@ -49,8 +49,8 @@ class StepFacts(NamedTuple):
     rules no trigger."""
     follows: str | None
     """The child its worker may claim in its checkpoint and run next, without a message
-    (``steps.Follow``): the first one whose only upstream it is and that needs no transaction
-    to start."""
+    (``steps.Follow``): the first one of its queue whose only upstream it is and that needs no
+    transaction to start."""
 
     @property
     def sink(self) -> bool:
@@ -89,7 +89,12 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
 
 
 def _may_follow(profile: Profile, step_id: str, child: str) -> bool:
-    return profile.step(child).depends_on == [step_id] and step_facts(profile, child).plain
+    """A child of another queue is sent there: this worker may not be one of its pool."""
+    return (
+        profile.step(child).depends_on == [step_id]
+        and profile.queue_of(child) == profile.queue_of(step_id)
+        and step_facts(profile, child).plain
+    )
 
 
 def referenced_steps(value: Any) -> set[str]:

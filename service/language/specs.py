@@ -21,12 +21,14 @@ from pydantic_core import PydanticCustomError
 
 from service.language.conditions import Condition, parse_condition
 from service.language.expressions import Ref, parse_path, whole_ref
+from service.platform.constants import QUEUE_PATTERN
 from service.platform.errors import (
     ExpressionError,
 )
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+
 
 ParamType = Literal["string", "integer", "number", "boolean", "array", "object"]
 ErrorEntry = dict[str, Any]
@@ -290,6 +292,8 @@ class StepSpec(BaseModel):
     verify: list[VerifyRule] = Field(
         default_factory=list, max_length=MAX_VERIFY_RULES, exclude_if=lambda rules: not rules
     )
+    queue: str | None = Field(default=None, pattern=QUEUE_PATTERN, exclude_if=_never_null)
+    """The worker pool that runs this step (``flowbeat worker --queues``); else the profile's."""
     description: str = ""
 
     @field_validator("when")

@@ -8,6 +8,12 @@ VERSION: Final = "0.1.0"
 
 QUEUE_STEPS: Final = "flowbeat.steps"
 QUEUE_CONTROL: Final = "flowbeat.control"
+DEFAULT_QUEUE: Final = "default"
+QUEUE_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,39}$"
+"""A queue's name: a worker pool's, chosen by whoever runs the pool, so any name is allowed
+(a pool may start later) if it is short and plain enough to be part of a Redis key."""
+MAX_PRIORITY: Final = 9
+"""Job priorities run from 0, the default, to this; higher is taken first."""
 """The sweeper's own queue, which every worker also consumes: a sweep queued behind a backlog of
 steps would recover lost work only once that backlog had drained."""
 
@@ -21,6 +27,8 @@ BROKER_EPOCH_KEY: Final = "flowbeat:broker-epoch"
 UNACKED_KEY: Final = "unacked"
 """kombu's Redis transport's default name for its hash of unacknowledged messages."""
 WORKERS_KEY: Final = "flowbeat:workers"
+WORKER_QUEUES_KEY: Final = "flowbeat:worker-queues"
+"""Each live worker's queues, comma-separated, by the name it beats under in ``WORKERS_KEY``."""
 """Every worker's last heartbeat, in Redis's own clock (``tasks.liveness``)."""
 WORKER_HELD_KEY_PREFIX: Final = "flowbeat:held:"
 """The delivery tags of the messages one worker has taken and not yet acknowledged."""

@@ -7,11 +7,13 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     ForeignKey,
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -54,6 +56,7 @@ class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("owner", "idempotency_key"),
+        CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
         Index(None, "pipeline", "created_at"),
         Index(None, "status", "created_at"),
         Index(None, "created_at", "id"),
@@ -86,6 +89,7 @@ class JobRow(Base):
     params: Mapped[dict[str, Any]]
     status: Mapped[str] = mapped_column(String(24))
     trigger: Mapped[str] = mapped_column(String(24))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default="0")
     parent_job_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
     )

@@ -5,10 +5,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.platform.constants import EVENT_KEEPALIVE_S
+from service.platform.constants import DEFAULT_QUEUE, EVENT_KEEPALIVE_S, QUEUE_PATTERN
 from service.platform.errors import ServersHalfSet
 
 
@@ -145,13 +153,24 @@ class Settings(BaseSettings):
     """Celery task events, for Flower: each step then costs its worker three more publishes
     (about 9% of a no-op chain's throughput), and has a message of its own, so that Flower
     shows it under its own name (``tasks.inline``); they are on only where Flower runs."""
+    worker_queues: Annotated[
+        list[Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)]], NoDecode
+    ] = Field(default_factory=lambda: [DEFAULT_QUEUE], min_length=1)
+    """The queues this process's worker consumes (``FLOWBEAT_WORKER_QUEUES=gpu,default``, or
+    ``flowbeat worker --queues``); the control queue always."""
     worker_prefetch: int = 4
+    worker_disable_prefetch: bool = True
+    """A worker takes a message only when a pool process is free (Celery's
+    ``worker_disable_prefetch``), so a job of a higher priority sent later is not left behind
+    messages a busy worker took earlier, and a worker killed as a whole held no more than it
+    ran. ``worker_prefetch`` bounds what it takes when this is off."""
 
     @field_validator(
         "action_modules",
         "import_allowed_hosts",
         "egress_allowed_hosts",
         "egress_internal_hosts",
+        "worker_queues",
         mode="before",
     )
     @classmethod

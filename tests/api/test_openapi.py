@@ -66,6 +66,7 @@ PARSED_BODY = BODY | {400}
 ANSWERS: dict[tuple[str, str], set[int]] = {
     ("get", "/health"): {200, 503},
     ("get", "/metrics"): {200} | KEYED,
+    ("get", "/v1/queues"): {200} | KEYED,
     ("post", "/v1/jobs"): {200, 202, 404, 409} | PARSED_BODY | KEYED,
     ("get", "/v1/jobs"): {200, 400} | KEYED,
     ("get", "/v1/jobs/{job_id}"): {200, 400, 404, 410} | KEYED,

@@ -186,7 +186,9 @@ class Client:
         self.counters = redis.Redis.from_url(stack.broker_url.rsplit("/", 1)[0] + "/0")
         self.broker = redis.Redis.from_url(stack.broker_url)
 
-    def submit(self, pipeline: str | Mapping[str, Any], **params: Any) -> uuid.UUID:
+    def submit(
+        self, pipeline: str | Mapping[str, Any], priority: int | None = None, **params: Any
+    ) -> uuid.UUID:
         from service.engine.submission import JobRequest, submit_job
         from service.language.plan import load_plan
         from service.platform.db import unit_of_work
@@ -195,7 +197,7 @@ class Client:
         with unit_of_work(self.rt.sessions) as session:
             job, _ = submit_job(
                 session,
-                JobRequest(pipeline=pipeline, params=params),
+                JobRequest(pipeline=pipeline, params=params, priority=priority),
                 owner="tests",
                 profiles_dir=self.settings.profiles_dir,
                 known_actions=self.rt.registry.names(),

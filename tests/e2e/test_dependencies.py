@@ -42,7 +42,9 @@ def test_an_upstream_success_starts_one_downstream_job_that_reads_its_result(
         )
     cluster.worker()
     cluster.beat(beat_lock_ttl_s="1.5")
-    publish_new_job(client.app, rt, initial_plan(job_profile(upstream), upstream.id))
+    publish_new_job(
+        client.app, rt, initial_plan(job_profile(upstream), upstream.id, upstream.priority)
+    )
 
     def downstream() -> list[JobRow]:
         with unit_of_work(rt.sessions) as session:

@@ -358,7 +358,7 @@ def test_a_compensation_sent_again_is_left_to_its_message_while_that_may_still_b
                 broker_lost=False,
                 stall_after_s=600,
                 dispatch_grace_s=5,
-                oldest_waiting=queued,
+                oldest_waiting=None if queued is None else {("default", 0): queued},
             ).compensate
 
     assert not {waiting, abandoned} & found(1)

@@ -2,6 +2,7 @@
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 
@@ -23,7 +24,7 @@ STALL_S = 60.0
 GRACE_S = 5.0
 
 
-def _submit(rt: Runtime, pipeline: str = "slow") -> uuid.UUID:
+def _submit(rt: Runtime, pipeline: str | dict[str, Any] = "slow") -> uuid.UUID:
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
             session,
@@ -51,9 +52,18 @@ def _sweep(
             broker_lost=broker_lost,
             stall_after_s=STALL_S,
             dispatch_grace_s=GRACE_S,
-            oldest_waiting=oldest_waiting,
+            oldest_waiting=None if oldest_waiting is None else {DEFAULT_ROUTE: oldest_waiting},
             held=held,
         )
+
+
+GPU_ONLY = {
+    "name": "gpu-only",
+    "queue": "gpu",
+    "steps": [{"id": "train", "action": "drill.count", "with": {"name": "train"}}],
+}
+DEFAULT_ROUTE = ("default", 0)
+"""The list of the default queue at the default priority, where these tests' jobs wait."""
 
 
 def _dispatched(rt: Runtime, job_id: uuid.UUID, after_s: float = 0.0) -> None:
@@ -137,8 +147,32 @@ def test_a_job_sent_after_the_oldest_waiting_message_may_still_be_queued_so_is_n
     later = STALL_S * 10
 
     assert job_id not in _sweep(runtime, after_s=later, oldest_waiting=sent_before).redispatch
-    assert job_id in _sweep(runtime, after_s=later, oldest_waiting=utcnow()).redispatch
+    its_own = utcnow()
+    assert job_id not in _sweep(runtime, after_s=later, oldest_waiting=its_own).redispatch
+    sent_after = utcnow() + timedelta(seconds=GRACE_S + 1)
+    assert job_id in _sweep(runtime, after_s=later, oldest_waiting=sent_after).redispatch
     assert job_id in _sweep(runtime, after_s=later, oldest_waiting=None).redispatch
+
+
+def test_a_job_waiting_in_a_queue_no_worker_consumes_is_neither_stalled_nor_lost(
+    runtime: Runtime,
+) -> None:
+    """Its list's oldest message is its own, however old; the default queue's newer backlog
+    says nothing about it."""
+    job_id = _submit(runtime, GPU_ONLY)
+    _dispatched(runtime, job_id)
+    waiting = {("gpu", 0): utcnow(), ("default", 0): utcnow() + timedelta(seconds=STALL_S * 9)}
+    with unit_of_work(runtime.sessions) as session:
+        report = sweep(
+            session,
+            now=utcnow() + timedelta(seconds=STALL_S * 10),
+            broker_lost=False,
+            stall_after_s=STALL_S,
+            dispatch_grace_s=GRACE_S,
+            oldest_waiting=waiting,
+            held=frozenset(),
+        )
+    assert job_id not in report.redispatch
 
 
 def test_a_job_in_no_queue_and_held_by_no_worker_is_sent_again_after_the_grace(
