@@ -148,4 +148,3 @@ def test_a_queue_that_a_dead_worker_consumed_is_listed_without_it(
         broker.zrem(WORKERS_KEY, worker)
         broker.hdel(WORKER_QUEUES_KEY, worker)
     assert queue not in states
-
