@@ -186,9 +186,13 @@ class Client:
         self.counters = redis.Redis.from_url(stack.broker_url.rsplit("/", 1)[0] + "/0")
         self.broker = redis.Redis.from_url(stack.broker_url)
 
-    def submit(
-        self, pipeline: str | Mapping[str, Any], priority: int | None = None, **params: Any
+    def submit(self, pipeline: str | Mapping[str, Any], **params: Any) -> uuid.UUID:
+        return self.submit_at(None, pipeline, **params)
+
+    def submit_at(
+        self, priority: int | None, pipeline: str | Mapping[str, Any], **params: Any
     ) -> uuid.UUID:
+        """``submit`` with a priority (``None``: the profile's)."""
         from service.engine.submission import JobRequest, submit_job
         from service.language.plan import load_plan
         from service.platform.db import unit_of_work

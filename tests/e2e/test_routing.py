@@ -86,7 +86,7 @@ def test_a_job_of_priority_9_sent_last_passes_a_backlog_of_low_priority_ones(
     client: Client, cluster: Cluster
 ) -> None:
     low = [client.submit(SLOW) for _ in range(8)]
-    urgent = client.submit(SLOW, priority=9)
+    urgent = client.submit_at(9, SLOW)
     cluster.worker(concurrency=1)
     for job in [*low, urgent]:
         assert client.wait_final(job, timeout_s=60).job.status == "succeeded"
