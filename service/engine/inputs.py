@@ -1,7 +1,8 @@
-"""What a held step runs with: the outputs of the steps it reads, the decisions on gated steps,
-its loop's round and its trigger's data; its gate passed, its ``when`` held and its inputs
-resolved. Or why not, recorded in the same transaction: a gate without a decision parks the
-step, a false ``when`` skips it, references that do not resolve fail it for good.
+"""What a held step runs with: the outputs of the steps it reads (which its claim's statement
+read), the decisions on gated steps, its loop's round and its trigger's data; its gate passed,
+its ``when`` held and its inputs resolved. Or why not, recorded in the same transaction: a
+gate without a decision parks the step, a false ``when`` skips it, references that do not
+resolve fail it for good.
 
 A plain step, or a shard, whose claim statement read all it needs becomes work with no further
 statement (``ready_claim``, ``ready_shard``); anything else reads the rest in a transaction
