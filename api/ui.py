@@ -31,8 +31,8 @@ from api.routes import approvals, events, jobs, pipelines, runs, schedules
 from api.schemas import DecisionCreate, JobPublic, RerunCreate
 from api.throttle import check_rate
 from service.catalogue.diffs import DiffKind
+from service.engine.checkpoints import step_outputs
 from service.engine.jobs import get_job, step_task_ids
-from service.engine.settle import step_outputs
 from service.language.dag import topological_layers
 from service.language.snapshots import job_profile
 from service.platform.auth import KeyCache, Principal

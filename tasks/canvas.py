@@ -5,9 +5,9 @@ What a person reads in Flower and the worker logs is set beside the payload: the
 as ``<pipeline>/<step>`` (Celery's ``shadow`` name) and its arguments as ``job=… step=…``
 (``argsrepr``).
 No message carries what comes after its step: the step that settles last among a child's
-upstream sends the child (``service.engine.steps.release_children``), or runs it next itself when it
-was the child's only upstream and the message's time limits still hold the child's timeout
-(``tasks.inline``).
+upstream sends the child (``service.engine.completion.release_children``), or runs it next
+itself when it was the child's only upstream and the message's time limits still hold the
+child's timeout (``tasks.inline``).
 """
 
 import uuid

@@ -17,10 +17,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.catalogue.notices import Notice, record_event, try_delivery
-from service.engine.completion import _record_failure, mark_succeeded
+from service.engine.completion import record_failure, succeed_step
 from service.engine.jobs import get_job
-from service.engine.settle import settle_job
-from service.engine.steps import StepKey, _lock_step, release_children
+from service.engine.leases import lock_step
+from service.engine.steps import StepKey
 from service.language.plan import JobPlan, steps_plan
 from service.language.snapshots import job_profile, step_facts
 from service.platform.db import unit_of_work
@@ -65,7 +65,7 @@ def decide(
             f"step {step_id!r} was already {approval.status} by {approval.decided_by}",
             {"status": approval.status, "decided_by": approval.decided_by},
         )
-    row = _lock_step(session, StepKey(job_id, step_id))
+    row = lock_step(session, StepKey(job_id, step_id))
     if row.status != StepStatus.AWAITING_APPROVAL or job.status in JOB_FINAL:
         raise NotAwaitingApproval(
             f"step {step_id!r} of job {job_id} is not awaiting approval",
@@ -105,10 +105,7 @@ def _go_on(
 ) -> JobPlan:
     profile = job_profile(job)
     if approval.status == ApprovalStatus.APPROVED and step_facts(profile, row.step_id).ends_round:
-        mark_succeeded(row, now)
-        ready = release_children(session, StepKey(job.id, row.step_id), profile)
-        settle_job(session, job.id, now)
-        return ready
+        return succeed_step(session, row, profile, now)
     if approval.status == ApprovalStatus.APPROVED:
         row.status = StepStatus.PENDING
         return steps_plan(profile, job.id, [row.step_id])
@@ -119,7 +116,7 @@ def _go_on(
         "details": {"decided_by": approval.decided_by},
     }
     key = StepKey(job.id, row.step_id)
-    return _record_failure(session, row, key, error, None, now, StepStatus.REJECTED).ready
+    return record_failure(session, row, key, error, None, now, StepStatus.REJECTED).ready
 
 
 def _parked_steps(session: Session, job_id: uuid.UUID) -> int:

@@ -23,7 +23,8 @@ from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, aliased
 
-from service.engine.settle import step_outputs
+from service.engine.checkpoints import step_outputs
+from service.engine.leases import take_compensation
 from service.language.expressions import ExprContext, parse_refs, resolve
 from service.language.profiles import Profile
 from service.language.specs import CompensateSpec
@@ -141,11 +142,8 @@ def claim_next(
             error = {"code": exc.code, "message": exc.message, "details": exc.details}
             _finish(session, row, CompensationStatus.FAILED, error, now)
             continue
-        row.status = CompensationStatus.RUNNING
-        row.attempts += 1
-        row.lease_token = uuid.uuid4().hex
-        row.lease_until = now + timedelta(seconds=lease_s)
-        row.started_at = now
+        take_compensation(row, lease_s, now)
+        assert row.lease_token is not None
         return CompensationClaim(
             job.id, row.step_id, row.lease_token, row.attempts, spec, inputs, dict(job.params)
         )
@@ -208,35 +206,6 @@ def _finish(
             CompensationRow.status == CompensationStatus.PENDING,
         )
         .values(due_at=now)
-    )
-
-
-def renew(session: Session, claim: CompensationClaim, lease_s: float, now: datetime) -> bool:
-    """Extend a running compensation's lease; ``False`` once it is no longer this claim's."""
-    renewed = session.execute(
-        update(CompensationRow)
-        .where(
-            CompensationRow.job_id == claim.job_id,
-            CompensationRow.step_id == claim.step_id,
-            CompensationRow.lease_token == claim.token,
-            CompensationRow.status == CompensationStatus.RUNNING,
-        )
-        .values(lease_until=now + timedelta(seconds=lease_s))
-        .returning(CompensationRow.step_id)
-    ).first()
-    return renewed is not None
-
-
-def release(session: Session, claim: CompensationClaim, now: datetime) -> None:
-    """An attempt cut short before its outcome: the next delivery may take it at once."""
-    session.execute(
-        update(CompensationRow)
-        .where(
-            CompensationRow.job_id == claim.job_id,
-            CompensationRow.step_id == claim.step_id,
-            CompensationRow.lease_token == claim.token,
-        )
-        .values(lease_token=None, lease_until=now, status=CompensationStatus.PENDING)
     )
 
 

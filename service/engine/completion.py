@@ -1,206 +1,32 @@
-"""Settling a step: its checkpoint written once (and, on the fast path, its next step taken in
-the same statement), its lease released or renewed, a failure recorded for a retry or for
-good."""
+"""Settling a step other than by its checkpoint's own statement, in the caller's transaction and
+on the step row it locked: a failure recorded for a retry or for good, a step skipped, a step
+whose checkpoint the transaction wrote marked succeeded.
 
-import uuid
+Every transition that settles a step also counts it off its children's ``waiting_on`` and hands
+back the children it was the last upstream of, for the caller to send once it has committed;
+since it runs in the transaction that settled the step, that happens once per settling.
+"""
+
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg.types.json import Jsonb
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.engine.compensations import record_compensations
+from service.engine.leases import held_step
 from service.engine.settle import close_open_steps, settle_job
-from service.engine.steps import (
-    _INPUT_OUTPUTS,
-    _TAKE_LEASE,
-    Completion,
-    Follow,
-    Lease,
-    StepKey,
-    Taken,
-    _lock_step,
-    holds_lease,
-    release_children,
-)
+from service.engine.steps import Lease, Skipped, StepKey, Unresolvable
 from service.language.plan import JobPlan, steps_plan
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile, step_facts
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE
+from service.platform.db import driver
+from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import (
-    JOB_FINAL,
-    JOB_OPEN_SQL,
-    STEP_DUE_SQL,
-    JobStatus,
-    StepStatus,
-    sql_in,
-)
-
-_SUCCEEDED_OR_SKIPPED = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.SKIPPED))
-_COMPLETED = f"""
-    WITH done AS (
-        UPDATE step_runs
-           SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token = NULL,
-               lease_until = NULL
-         WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
-           AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
-        RETURNING job_id
-    ), saved AS (
-        INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
-        SELECT job_id, %(step_id)s, %(shard)s, %(attempt)s, %(output)s, %(now)s FROM done
-        ON CONFLICT DO NOTHING
-        RETURNING job_id
-    )"""
-_COMPLETE = (
-    _COMPLETED
-    + """, released AS (
-        UPDATE step_runs SET waiting_on = waiting_on - 1
-         WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
-           AND EXISTS (SELECT 1 FROM done)
-        RETURNING step_id, waiting_on
-    )
-    SELECT EXISTS (SELECT 1 FROM saved),
-           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text"""
-)
-"""The checkpoint, and the step counted off its children in the same statement, so a
-redelivered message that finds the step settled cannot count it twice."""
-_COMPLETE_AND_TAKE = (
-    _COMPLETED
-    + f""", claimed AS (
-        UPDATE step_runs AS s
-           SET waiting_on = 0, {_TAKE_LEASE.replace("%(token)s", "%(taken_token)s")}
-          FROM jobs AS j
-         WHERE s.job_id = %(job_id)s AND s.step_id = %(take)s AND s.shard = -1
-           AND s.waiting_on = 1 AND s.status IN {STEP_DUE_SQL}
-           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
-           AND EXISTS (SELECT 1 FROM done)
-        RETURNING s.attempts, s.inputs_from
-    ), released AS (
-        UPDATE step_runs SET waiting_on = waiting_on - 1
-         WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
-           AND EXISTS (SELECT 1 FROM done)
-           AND NOT (step_id = %(take)s AND EXISTS (SELECT 1 FROM claimed))
-        RETURNING step_id, waiting_on
-    )
-    SELECT EXISTS (SELECT 1 FROM saved),
-           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text,
-           c.attempts,
-           {_INPUT_OUTPUTS}
-           || CASE WHEN %(step_id)s = ANY(c.inputs_from)
-                   THEN jsonb_build_object(%(step_id)s, %(output)s::jsonb)
-                   ELSE '{{}}'::jsonb END
-      FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true"""
-)
-"""The checkpoint and the claim of the child that ``Follow`` names, when this step was its
-only upstream, in one statement: what ``_FAST_CLAIM`` would have done a message later, under
-the same conditions. Every other child is counted off as in ``_COMPLETE``. The child reads
-this step's output from the statement's parameter, since its own checkpoint row is not
-visible to the statement that writes it."""
-_COMPLETE_AND_SUCCEED_JOB = (
-    _COMPLETED
-    + f""", succeeded AS (
-        UPDATE jobs SET status = '{JobStatus.SUCCEEDED}', finished_at = %(now)s, result = %(result)s
-         WHERE id = %(job_id)s AND status IN {sql_in((JobStatus.QUEUED, JobStatus.RUNNING))}
-           AND EXISTS (SELECT 1 FROM saved)
-           AND NOT EXISTS (
-               SELECT 1 FROM step_runs
-                WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
-                  AND status NOT IN {_SUCCEEDED_OR_SKIPPED})
-        RETURNING trigger
-    )
-    SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], (SELECT trigger FROM succeeded)"""
-)
-
-
-def complete_step(
-    conn: psycopg.Connection[Any],
-    key: StepKey,
-    lease: Lease,
-    output: Any,
-    now: datetime,
-    *,
-    profile: Profile,
-    succeeds_job: bool = False,
-    follow: Follow | None = None,
-) -> Completion:
-    """Checkpoint a finished attempt in one statement, unless its lease was lost meanwhile.
-
-    With ``succeeds_job`` (the job's sole sink, whose output is the job's result, see
-    ``settle.sink_settles_job``) the same statement succeeds the job; a sink has no children.
-    With ``follow`` it also claims that child for the caller.
-    """
-    params = {
-        "now": now,
-        "job_id": key.job_id,
-        "step_id": key.step_id,
-        "shard": key.shard,
-        "token": lease.token,
-        "attempt": lease.attempt,
-        "output": Jsonb(output),
-    }
-    if succeeds_job:
-        params["result"] = Jsonb({key.step_id: output})
-    else:
-        children = step_facts(profile, key.step_id).children if key.shard == SHARD_NONE else ()
-        params["children"] = list(children)
-    if follow is not None and not succeeds_job:
-        return _complete_and_take(conn, key, params, profile, follow)
-    statement = _COMPLETE_AND_SUCCEED_JOB if succeeds_job else _COMPLETE
-    row = conn.execute(statement, params).fetchone()
-    assert row is not None
-    written, ready, succeeded_trigger = row
-    return Completion(written, steps_plan(profile, key.job_id, ready), succeeded_trigger)
-
-
-def _complete_and_take(
-    conn: psycopg.Connection[Any],
-    key: StepKey,
-    params: dict[str, Any],
-    profile: Profile,
-    follow: Follow,
-) -> Completion:
-    child = StepKey(key.job_id, follow.step_id)
-    token = uuid.uuid4().hex
-    params |= {
-        "take": follow.step_id,
-        "taken_token": token,
-        "until": params["now"] + timedelta(seconds=follow.lease_s),
-        "task_id": follow.task_id,
-    }
-    row = conn.execute(_COMPLETE_AND_TAKE, params).fetchone()
-    assert row is not None
-    written, ready, _, attempts, outputs = row
-    taken = None if attempts is None else Taken(child, Lease(token, attempts), outputs)
-    return Completion(written, steps_plan(profile, key.job_id, ready), None, taken)
-
-
-_RELEASE = f"""
-    UPDATE step_runs SET lease_token = NULL, lease_until = %(now)s
-     WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
-       AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
-    """
-
-
-def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now: datetime) -> None:
-    """End an attempt that could not record its outcome as if its worker had died, but now
-    rather than ``lease_s`` later: the step stays ``running`` under a lapsed lease, which the next
-    delivery claims at once and, should none come, the sweeper re-sends. Only the holder of the
-    lease's token can release it, and a renewal in flight cannot revive it."""
-    conn.execute(
-        _RELEASE,
-        {
-            "now": now,
-            "job_id": key.job_id,
-            "step_id": key.step_id,
-            "shard": key.shard,
-            "token": lease.token,
-        },
-    )
+from service.platform.states import JOB_FINAL, JobStatus, StepStatus
 
 
 @dataclass(frozen=True)
@@ -226,22 +52,23 @@ def fail_step(
 
     A worker that lost its lease records nothing.
     """
-    row = _lock_step(session, key)
-    if not holds_lease(row, lease):
+    row = held_step(session, key, lease)
+    if row is None:
         return Failed(False, JobPlan(key.job_id), recorded=False)
-    return _record_failure(session, row, key, error, retry_delay_s, now)
+    return record_failure(session, row, key, error, retry_delay_s, now)
 
 
-def mark_succeeded(row: StepRunRow, now: datetime) -> None:
-    """The ORM's form of ``_COMPLETED``'s update, for a step whose checkpoint its transaction
-    wrote and whose row it holds."""
-    row.status = StepStatus.SUCCEEDED
-    row.finished_at = now
-    row.lease_token = None
-    row.lease_until = None
+def unresolvable(
+    session: Session, row: StepRunRow, key: StepKey, exc: FlowbeatError, now: datetime
+) -> Unresolvable:
+    """Fail a held step for good because what it runs with cannot be made: its inputs, its
+    condition or its items do not resolve, or there are too many items."""
+    error = {"code": exc.code, "message": exc.message, "details": exc.details}
+    failed = record_failure(session, row, key, error, None, now)
+    return Unresolvable(key, failed.job_over, failed.ready)
 
 
-def _record_failure(
+def record_failure(
     session: Session,
     row: StepRunRow,
     key: StepKey,
@@ -291,20 +118,49 @@ def _fail_job(
     close_open_steps(session, job.id, StepStatus.CANCELLED, now)
 
 
-def renew_lease(
-    session: Session, row_key: StepKey, lease: Lease, lease_s: float, now: datetime
-) -> bool:
-    """Extend a held lease; ``False`` when the step was taken away or its job ended."""
-    renewed = session.execute(
-        update(StepRunRow)
-        .where(
-            StepRunRow.job_id == row_key.job_id,
-            StepRunRow.step_id == row_key.step_id,
-            StepRunRow.shard == row_key.shard,
-            StepRunRow.lease_token == lease.token,
-            StepRunRow.status == StepStatus.RUNNING,
-        )
-        .values(lease_until=now + timedelta(seconds=lease_s))
-        .returning(StepRunRow.id)
-    ).first()
-    return renewed is not None
+def skip_step(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> Skipped:
+    """Settle a step without running it; its children count it as settled."""
+    row.status = StepStatus.SKIPPED
+    row.finished_at = now
+    row.lease_token = None
+    row.lease_until = None
+    key = StepKey(row.job_id, row.step_id)
+    ready = release_children(session, key, profile)
+    settle_job(session, row.job_id, now)
+    return Skipped(key, ready)
+
+
+def mark_succeeded(row: StepRunRow, now: datetime) -> None:
+    """The ORM's form of the update in ``checkpoints.complete_step``, for a step whose
+    checkpoint its transaction wrote and whose row it holds."""
+    row.status = StepStatus.SUCCEEDED
+    row.finished_at = now
+    row.lease_token = None
+    row.lease_until = None
+
+
+def succeed_step(session: Session, row: StepRunRow, profile: Profile, now: datetime) -> JobPlan:
+    """Succeed a step whose checkpoint this transaction wrote, count it off its children, and
+    settle its job if it was the last."""
+    mark_succeeded(row, now)
+    ready = release_children(session, StepKey(row.job_id, row.step_id), profile)
+    settle_job(session, row.job_id, now)
+    return ready
+
+
+_RELEASE_CHILDREN = """
+    UPDATE step_runs SET waiting_on = waiting_on - 1
+     WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
+    RETURNING step_id, waiting_on
+    """
+
+
+def release_children(session: Session, key: StepKey, profile: Profile) -> JobPlan:
+    """Count a settled step off its children; the ones it was the last upstream of are ready."""
+    children = step_facts(profile, key.step_id).children
+    if not children or key.shard != SHARD_NONE:
+        return JobPlan(key.job_id)
+    rows = driver(session).execute(
+        _RELEASE_CHILDREN, {"job_id": key.job_id, "children": list(children)}
+    )
+    return steps_plan(profile, key.job_id, (step for step, left in rows if left == 0))

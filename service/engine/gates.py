@@ -7,10 +7,7 @@ worker slot and no message: ``service.engine.approvals.decide`` sends it again o
 Redis flush meanwhile loses nothing, since only PostgreSQL knows it waits.
 """
 
-import uuid
-from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -38,25 +35,6 @@ def approved(session: Session, job: JobRow, row: StepRunRow, spec: ApprovalSpec)
     if decision is None:
         park(session, job, row, spec)
     return False
-
-
-def decisions(session: Session, job_id: uuid.UUID, steps: Collection[str]) -> dict[str, Any]:
-    """What was decided on ``steps`` of a job, for ``${{ approval.<step>.payload }}``."""
-    if not steps:
-        return {}
-    rows = session.execute(
-        select(
-            ApprovalRow.step_id,
-            ApprovalRow.status,
-            ApprovalRow.payload,
-            ApprovalRow.comment,
-            ApprovalRow.decided_by,
-        ).where(ApprovalRow.job_id == job_id, ApprovalRow.step_id.in_(list(steps)))
-    )
-    return {
-        step: {"status": status, "payload": payload, "comment": comment, "decided_by": by}
-        for step, status, payload, comment, by in rows
-    }
 
 
 def park(session: Session, job: JobRow, row: StepRunRow, spec: ApprovalSpec) -> None:

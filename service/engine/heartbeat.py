@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.engine.completion import renew_lease
+from service.engine.leases import renew_lease
 from service.engine.steps import Lease, StepKey
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work

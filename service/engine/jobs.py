@@ -16,7 +16,6 @@ from service.engine.compensations import (
     failed_compensation_jobs,
     record_compensations,
 )
-from service.engine.rounds import rounds_of
 from service.engine.settle import close_open_steps
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile
@@ -29,7 +28,7 @@ from service.platform.errors import (
     JobExpired,
     JobNotFound,
 )
-from service.platform.models import JobRow, PrunedJobRow, StepRunRow
+from service.platform.models import JobRow, PrunedJobRow, StepRoundRow, StepRunRow
 from service.platform.states import JOB_FINAL, JobStatus, StepStatus
 
 
@@ -222,3 +221,16 @@ def cancel_job(
     if profile.on_cancel == "compensate":
         record_compensations(session, job, profile, now)
     return job, [task_id for task_id in running if task_id]
+
+
+def rounds_of(session: Session, job_id: uuid.UUID) -> dict[str, list[StepRoundRow]]:
+    """Every finished round of a job's loop steps, by step, oldest first."""
+    rows = session.scalars(
+        select(StepRoundRow)
+        .where(StepRoundRow.job_id == job_id)
+        .order_by(StepRoundRow.step_id, StepRoundRow.round)
+    )
+    found: dict[str, list[StepRoundRow]] = {}
+    for row in rows:
+        found.setdefault(row.step_id, []).append(row)
+    return found

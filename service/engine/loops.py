@@ -14,15 +14,15 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import record_event
-from service.engine.completion import _record_failure, mark_succeeded
+from service.engine.checkpoints import step_outputs, write_checkpoint
+from service.engine.completion import mark_succeeded, record_failure, succeed_step
 from service.engine.gates import ask_decision
-from service.engine.rounds import loop_context
-from service.engine.settle import settle_job, step_outputs
-from service.engine.steps import Lease, StepKey, _lock_step, holds_lease, release_children
+from service.engine.inputs import loop_context
+from service.engine.leases import held_step
+from service.engine.steps import Lease, StepKey
 from service.language.conditions import evaluate
 from service.language.expressions import ExprContext
 from service.language.plan import JobPlan, steps_plan
@@ -30,7 +30,7 @@ from service.language.profiles import LoopSpec, Profile
 from service.language.snapshots import step_facts
 from service.platform.db import driver
 from service.platform.errors import ExpressionError
-from service.platform.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.models import JobRow, StepRunRow
 from service.platform.states import StepStatus
 
 
@@ -47,7 +47,7 @@ def close_round(session: Session, row: StepRunRow, profile: Profile, now: dateti
         done = evaluate(loop.condition, _until_context(session, key, job, profile, loop))
     except ExpressionError as exc:
         error = {"code": exc.code, "message": exc.message, "details": exc.details}
-        return _record_failure(session, row, key, error, None, now).ready
+        return record_failure(session, row, key, error, None, now).ready
     if done or row.round >= loop.max_rounds:
         return _end(session, row, job, profile, loop, done, now)
     mark_succeeded(row, now)
@@ -90,14 +90,11 @@ def _end(
             "message": f"{loop.until} did not hold within {loop.max_rounds} rounds",
             "details": {"rounds": row.round, "until": loop.until},
         }
-        return _record_failure(session, row, key, error, None, now).ready
+        return record_failure(session, row, key, error, None, now).ready
     record_event(
         session, job.id, "loop_ended", {"step_id": row.step_id, "rounds": row.round, "done": done}
     )
-    mark_succeeded(row, now)
-    ready = release_children(session, key, profile)
-    settle_job(session, job.id, now)
-    return ready
+    return succeed_step(session, row, profile, now)
 
 
 _ARCHIVE = """
@@ -146,10 +143,7 @@ def settle_succeeded(session: Session, row: StepRunRow, profile: Profile, now: d
     loop closes its round; any other succeeds and releases its children."""
     if step_facts(profile, row.step_id).ends_round:
         return close_round(session, row, profile, now)
-    mark_succeeded(row, now)
-    ready = release_children(session, StepKey(row.job_id, row.step_id), profile)
-    settle_job(session, row.job_id, now)
-    return ready
+    return succeed_step(session, row, profile, now)
 
 
 def complete_round(
@@ -157,18 +151,8 @@ def complete_round(
 ) -> JobPlan:
     """Checkpoint the last step of a loop and close its round in one transaction, so the
     decision to go round again is never lost between the two."""
-    row = _lock_step(session, key)
-    if not holds_lease(row, lease):
+    row = held_step(session, key, lease)
+    if row is None:
         return JobPlan(key.job_id)
-    session.execute(
-        insert(CheckpointRow)
-        .values(
-            job_id=key.job_id,
-            step_id=key.step_id,
-            shard=key.shard,
-            attempt=lease.attempt,
-            output=output,
-        )
-        .on_conflict_do_nothing()
-    )
+    write_checkpoint(session, key, lease.attempt, output, now)
     return close_round(session, row, profile, now)

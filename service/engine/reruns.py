@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.engine.checkpoints import copy_checkpoints
 from service.engine.jobs import get_job
 from service.engine.submission import insert_job, step_rows
 from service.language.dag import descendants
@@ -72,7 +73,7 @@ def rerun_job(
     job = _job_of(parent, profile, params, request.priority)
     job["created_at"] = job["dispatched_at"] = now
     insert_job(session, job, step_rows(profile, reused, now))
-    _copy_checkpoints(session, parent.id, job["id"], reused, fan_out_kept, now)
+    _copy_reused(session, parent.id, job["id"], reused, fan_out_kept, now)
     session.flush()
     created = session.get(JobRow, job["id"])
     assert created is not None
@@ -158,13 +159,6 @@ def _job_of(
     }
 
 
-_COPY_CHECKPOINTS = """
-    INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
-    SELECT %(job)s, step_id, shard, attempt, output, %(now)s
-      FROM step_checkpoints
-     WHERE job_id = %(parent)s
-       AND ((shard = -1 AND step_id = ANY(%(steps)s)) OR (shard >= 0 AND step_id = %(items_of)s))
-    """
 _COPY_SUCCEEDED_ITEMS = f"""
     INSERT INTO step_runs (job_id, step_id, shard, status, attempts, item, depends_on,
                            inputs_from, finished_at)
@@ -178,7 +172,7 @@ _COPY_SUCCEEDED_ITEMS = f"""
 insert of one shard per item skips the shards already there, so only the rest run."""
 
 
-def _copy_checkpoints(
+def _copy_reused(
     session: Session,
     parent_id: uuid.UUID,
     job_id: uuid.UUID,
@@ -186,14 +180,8 @@ def _copy_checkpoints(
     items_of: str | None,
     now: datetime,
 ) -> None:
-    values = {
-        "job": job_id,
-        "parent": parent_id,
-        "steps": sorted(reused),
-        "items_of": items_of,
-        "now": now,
-    }
     conn = driver(session)
-    conn.execute(_COPY_CHECKPOINTS, values)
+    copy_checkpoints(conn, parent_id, job_id, reused, items_of, now)
     if items_of is not None:
+        values = {"job": job_id, "parent": parent_id, "items_of": items_of, "now": now}
         conn.execute(_COPY_SUCCEEDED_ITEMS, values)

@@ -1,4 +1,5 @@
-"""Runs one step attempt in a worker: claim, call the action under a renewed lease, record.
+"""Runs one step attempt in a worker: claim (``claims``, then ``inputs``), call the action under a
+renewed lease, record (``checkpoints``, or ``completion`` for a failure, ``loops`` for a round).
 
 Each returns the steps its attempt made ready, for the task adapter to send; task adapters also
 translate ``RetryLater`` and ``StopChain`` for Celery.
@@ -16,35 +17,30 @@ import psycopg
 from sqlalchemy.orm import Session
 
 from service.actions import StepContext
+from service.engine.checkpoints import complete_step
 from service.engine.claims import (
-    FastClaim,
     claim_step,
     fast_claim,
-    ready_claim,
+    fast_shard_claim,
+    job_params,
+    no_shard_left,
     taken_by,
-    use_fast_claim,
 )
-from service.engine.completion import complete_step, fail_step, release_lease
+from service.engine.completion import fail_step
+from service.engine.inputs import ready_claim, ready_shard, use_fast_claim, use_shard_claim
+from service.engine.leases import release_lease
 from service.engine.loops import complete_round
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job, sink_settles_job
-from service.engine.shards import (
-    FannedOut,
-    ShardClaim,
-    fan_out,
-    fast_shard_claim,
-    finish_fanout,
-    job_params,
-    no_shard_left,
-    ready_shard,
-    use_shard_claim,
-)
+from service.engine.shards import FannedOut, fan_out, finish_fanout
 from service.engine.steps import (
     Claimed,
     Completion,
     FanOutDue,
+    FastClaim,
     Follow,
     Lease,
+    ShardClaim,
     Skipped,
     StepKey,
     Unresolvable,
@@ -133,7 +129,7 @@ def run_step(
     fit. Returns what is left to send, or a for_each step's shards for the caller to fan out.
 
     A message whose step is settled already goes on where an earlier delivery of it left off
-    (``steps.taken_by``): a step that followed in it, whose worker died or that is to be
+    (``claims.taken_by``): a step that followed in it, whose worker died or that is to be
     tried again, is run by the message's next delivery or retry, as its own message's would."""
     with logs.bound(job_id=str(key.job_id), step_id=key.step_id):
         now, lease_s = utcnow(), rt.settings.lease_s

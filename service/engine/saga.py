@@ -15,9 +15,8 @@ from service.engine.compensations import (
     idempotency_key,
     next_due,
     record_outcome,
-    release,
-    renew,
 )
+from service.engine.leases import release_compensation, renew_compensation
 from service.engine.runner import _error, _Failure, _retry_in_s
 from service.engine.runtime import Runtime
 from service.language.snapshots import job_profile
@@ -62,7 +61,7 @@ def _compensate(
         failure = _undo(rt, claim, timeout_errors)
     except BaseException:
         with unit_of_work(rt.sessions) as session:
-            release(session, claim, utcnow())
+            release_compensation(session, claim.job_id, claim.step_id, claim.token, utcnow())
         raise
     error = None if failure is None else failure.error
     delay = None if failure is None else _retry_in_s(claim.spec.retry, claim.attempt, failure)
@@ -86,7 +85,7 @@ def _undo(
     )
 
     def held(session: Session, lease_s: float, now: datetime) -> bool:
-        return renew(session, claim, lease_s, now)
+        return renew_compensation(session, claim.job_id, claim.step_id, claim.token, lease_s, now)
 
     try:
         with rt.heartbeats.hold_lease(held, ctx.cancel_event):

@@ -13,27 +13,15 @@ from sqlalchemy.orm import Session
 
 from service.catalogue.diffs import key_problem, store_result_items
 from service.catalogue.notices import note_new_items
+from service.engine.checkpoints import step_outputs
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile, step_facts
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE
-from service.platform.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_FINAL, STEP_FINAL, STEP_SUCCESSFUL, JobStatus, StepStatus
 
 _NOT_FAILED = STEP_SUCCESSFUL | {StepStatus.SKIPPED}
-
-
-def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dict[str, Any]:
-    if not step_ids:
-        return {}
-    rows = session.execute(
-        select(CheckpointRow.step_id, CheckpointRow.output).where(
-            CheckpointRow.job_id == job_id,
-            CheckpointRow.shard == SHARD_NONE,
-            CheckpointRow.step_id.in_(step_ids),
-        )
-    )
-    return {step_id: output for step_id, output in rows}
 
 
 def sink_settles_job(profile: Profile, step_id: str) -> bool:

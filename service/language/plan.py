@@ -1,9 +1,10 @@
 """What of a job can be sent now: the steps whose upstream is settled and that are not.
 
 A job's first message carries its root steps; from then on each step that settles sends the
-steps it was the last upstream of (``steps.release_children``), so a step starts as soon as its
-own upstream is done, whatever else runs. The same frontier, read from PostgreSQL, is what the
-sweeper re-publishes when the broker lost messages, never what the broker remembers.
+steps it was the last upstream of (``engine.completion.release_children``), so a step starts as
+soon as its own upstream is done, whatever else runs. The same frontier, read from PostgreSQL,
+is what the sweeper re-publishes when the broker lost messages, never what the broker
+remembers.
 """
 
 import uuid

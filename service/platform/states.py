@@ -110,13 +110,13 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         _P, _RUN, "service.engine.claims.claim_step", "its needs rule lets a failed upstream by"
     ),
-    Transition(_P, _RUN, "service.engine.shards.fast_shard_claim", "a lane takes a shard"),
+    Transition(_P, _RUN, "service.engine.claims.fast_shard_claim", "a lane takes a shard"),
     Transition(
-        _P, _RUN, "service.engine.completion.complete_step", "its only upstream's checkpoint: next"
+        _P, _RUN, "service.engine.checkpoints.complete_step", "its only upstream's checkpoint: next"
     ),
     Transition(_RETRY, _RUN, "service.engine.claims.fast_claim", "the next attempt is delivered"),
     Transition(_RUN, _RUN, "service.engine.claims.fast_claim", "its lease lapsed: another worker"),
-    Transition(_RUN, _OK, "service.engine.completion.complete_step", "the checkpoint is written"),
+    Transition(_RUN, _OK, "service.engine.checkpoints.complete_step", "the checkpoint is written"),
     Transition(_RUN, _OK, "service.engine.loops.close_round", "a loop ends or goes round"),
     Transition(
         _OK, _P, "service.engine.loops.next_round", "its loop goes round again", reopens=True
@@ -131,8 +131,10 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition(_RUN, _FAIL, "service.engine.completion.fail_step", "a failure for good"),
     Transition(_RUN, _FAIL, "service.engine.sweeper.sweep", "it ran past its timeout"),
-    Transition(_P, _SKIP, "service.engine.claims.skip_step", "its needs rule refuses its upstream"),
-    Transition(_RUN, _SKIP, "service.engine.claims.skip_step", "its when condition is false"),
+    Transition(
+        _P, _SKIP, "service.engine.completion.skip_step", "its needs rule refuses its upstream"
+    ),
+    Transition(_RUN, _SKIP, "service.engine.completion.skip_step", "its when condition is false"),
     Transition(_RUN, _WAIT, "service.engine.gates.park", "its gate has no decision yet"),
     Transition(_WAIT, _P, "service.engine.approvals.decide", "approved: sent again, to run"),
     Transition(
@@ -164,7 +166,7 @@ JOB_TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         _JRUN,
         JobStatus.SUCCEEDED,
-        "service.engine.completion.complete_step",
+        "service.engine.checkpoints.complete_step",
         "its sole sink checkpointed",
     ),
     Transition(
@@ -193,7 +195,9 @@ COMPENSATION_TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition(_CRUN, _CRUN, "service.engine.compensations.claim_next", "its lease lapsed"),
     Transition(_CRUN, _CP, "service.engine.compensations.record_outcome", "failed, attempts left"),
-    Transition(_CRUN, _CP, "service.engine.compensations.release", "cut short before its outcome"),
+    Transition(
+        _CRUN, _CP, "service.engine.leases.release_compensation", "cut short before its outcome"
+    ),
     Transition(
         _CRUN, CompensationStatus.COMPENSATED, "service.engine.compensations.record_outcome", "done"
     ),

@@ -215,7 +215,7 @@ def test_the_listener_is_told_each_commit_that_logs_an_event(runtime: Runtime) -
 def test_logging_a_change_never_waits_on_a_transaction_that_holds_the_job_row(
     runtime: Runtime,
 ) -> None:
-    """The engine locks a job row FOR UPDATE while it settles a step (``_record_failure``);
+    """The engine locks a job row FOR UPDATE while it settles a step (``record_failure``);
     another step of the job committing meanwhile must not wait for it, or the two would each
     hold what the other's commit needs: the job row, and the job's event counter."""
     job_id = _submit(runtime, TWO_STEPS)

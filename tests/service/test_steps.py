@@ -8,9 +8,11 @@ import psycopg
 import pytest
 from sqlalchemy import func, select
 
+from service.engine.checkpoints import complete_step
 from service.engine.claims import claim_step, fast_claim, taken_by
-from service.engine.completion import complete_step, fail_step, release_lease, renew_lease
+from service.engine.completion import fail_step
 from service.engine.jobs import cancel_job
+from service.engine.leases import release_lease, renew_lease
 from service.engine.runtime import Runtime
 from service.engine.steps import Claimed, Follow, Lease, StepKey
 from service.engine.submission import JobRequest, submit_job

@@ -6,10 +6,10 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service.engine.claims import claim_step
-from service.engine.completion import release_lease
+from service.engine.claims import claim_step, fast_shard_claim
+from service.engine.leases import release_lease
 from service.engine.runtime import Runtime
-from service.engine.shards import FannedOut, fan_out, fast_shard_claim
+from service.engine.shards import FannedOut, fan_out
 from service.engine.steps import Claimed, FanOutDue, StepKey
 from service.engine.submission import JobRequest, mark_dispatched, submit_job
 from service.engine.sweeper import SweepReport, sweep

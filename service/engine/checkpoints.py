@@ -1,0 +1,244 @@
+"""The checkpoint writer: every row of ``step_checkpoints`` is inserted here, and each is written
+once, by the holder of the step's lease; the reads of what checkpoints hold sit beside it.
+
+On the common path a step's checkpoint is one autocommitted statement (``complete_step``) that
+also settles the step, counts it off its children and, where it may, claims the child that
+follows or succeeds the job; its WHERE clause carries the rules, so a redelivered message that
+finds the step settled writes nothing and counts nothing twice. A checkpoint that a transaction
+must decide on (a loop's round, a fan-out's gathered items) is written in that transaction
+(``write_checkpoint``); a rerun copies its parent's (``copy_checkpoints``).
+"""
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.engine.leases import TAKE_LEASE
+from service.engine.steps import Completion, Follow, Lease, StepKey, Taken
+from service.language.plan import steps_plan
+from service.language.profiles import Profile
+from service.language.snapshots import step_facts
+from service.platform.constants import SHARD_NONE
+from service.platform.db import driver
+from service.platform.models import CheckpointRow
+from service.platform.states import JOB_OPEN_SQL, STEP_DUE_SQL, JobStatus, StepStatus, sql_in
+
+
+def _insert(rows: str) -> str:
+    """The one insert into ``step_checkpoints``, of the rows that the query ``rows`` yields as
+    (job_id, step_id, shard, attempt, output, created_at); the primary key refuses a second
+    copy of a step's checkpoint, and the insert then writes nothing."""
+    return f"""INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
+        {rows}
+        ON CONFLICT DO NOTHING"""
+
+
+INPUT_OUTPUTS = """(SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'::jsonb)
+              FROM step_checkpoints AS k
+             WHERE k.job_id = %(job_id)s AND k.shard = -1
+               AND k.step_id = ANY(c.inputs_from))"""
+"""The outputs of the steps a row ``c`` that a claim statement took reads (its ``inputs_from``),
+by step id, read in the claim's own statement."""
+
+
+def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dict[str, Any]:
+    if not step_ids:
+        return {}
+    rows = session.execute(
+        select(CheckpointRow.step_id, CheckpointRow.output).where(
+            CheckpointRow.job_id == job_id,
+            CheckpointRow.shard == SHARD_NONE,
+            CheckpointRow.step_id.in_(step_ids),
+        )
+    )
+    return {step_id: output for step_id, output in rows}
+
+
+_SUCCEEDED_OR_SKIPPED = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.SKIPPED))
+_OF_THE_ATTEMPT = "%(step_id)s, %(shard)s, %(attempt)s, %(output)s, %(now)s"
+"""A checkpoint's columns after its job, from the parameters of the attempt that wrote it."""
+_COMPLETED = f"""
+    WITH done AS (
+        UPDATE step_runs
+           SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token = NULL,
+               lease_until = NULL
+         WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
+           AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
+        RETURNING job_id
+    ), saved AS (
+        {_insert(f"SELECT job_id, {_OF_THE_ATTEMPT} FROM done")}
+        RETURNING job_id
+    )"""
+_COMPLETE = (
+    _COMPLETED
+    + """, released AS (
+        UPDATE step_runs SET waiting_on = waiting_on - 1
+         WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
+           AND EXISTS (SELECT 1 FROM done)
+        RETURNING step_id, waiting_on
+    )
+    SELECT EXISTS (SELECT 1 FROM saved),
+           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text"""
+)
+"""The checkpoint, and the step counted off its children in the same statement, so a
+redelivered message that finds the step settled cannot count it twice."""
+_COMPLETE_AND_TAKE = (
+    _COMPLETED
+    + f""", claimed AS (
+        UPDATE step_runs AS s
+           SET waiting_on = 0, {TAKE_LEASE.replace("%(token)s", "%(taken_token)s")}
+          FROM jobs AS j
+         WHERE s.job_id = %(job_id)s AND s.step_id = %(take)s AND s.shard = -1
+           AND s.waiting_on = 1 AND s.status IN {STEP_DUE_SQL}
+           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
+           AND EXISTS (SELECT 1 FROM done)
+        RETURNING s.attempts, s.inputs_from
+    ), released AS (
+        UPDATE step_runs SET waiting_on = waiting_on - 1
+         WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
+           AND EXISTS (SELECT 1 FROM done)
+           AND NOT (step_id = %(take)s AND EXISTS (SELECT 1 FROM claimed))
+        RETURNING step_id, waiting_on
+    )
+    SELECT EXISTS (SELECT 1 FROM saved),
+           ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text,
+           c.attempts,
+           {INPUT_OUTPUTS}
+           || CASE WHEN %(step_id)s = ANY(c.inputs_from)
+                   THEN jsonb_build_object(%(step_id)s, %(output)s::jsonb)
+                   ELSE '{{}}'::jsonb END
+      FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true"""
+)
+"""The checkpoint and the claim of the child that ``Follow`` names, when this step was its
+only upstream, in one statement: what ``claims.fast_claim`` would have done a message later,
+under the same conditions. Every other child is counted off as in ``_COMPLETE``. The child
+reads this step's output from the statement's parameter, since its own checkpoint row is not
+visible to the statement that writes it."""
+_COMPLETE_AND_SUCCEED_JOB = (
+    _COMPLETED
+    + f""", succeeded AS (
+        UPDATE jobs SET status = '{JobStatus.SUCCEEDED}', finished_at = %(now)s, result = %(result)s
+         WHERE id = %(job_id)s AND status IN {sql_in((JobStatus.QUEUED, JobStatus.RUNNING))}
+           AND EXISTS (SELECT 1 FROM saved)
+           AND NOT EXISTS (
+               SELECT 1 FROM step_runs
+                WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
+                  AND status NOT IN {_SUCCEEDED_OR_SKIPPED})
+        RETURNING trigger
+    )
+    SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], (SELECT trigger FROM succeeded)"""
+)
+
+
+def complete_step(
+    conn: psycopg.Connection[Any],
+    key: StepKey,
+    lease: Lease,
+    output: Any,
+    now: datetime,
+    *,
+    profile: Profile,
+    succeeds_job: bool = False,
+    follow: Follow | None = None,
+) -> Completion:
+    """Checkpoint a finished attempt in one statement, unless its lease was lost meanwhile.
+
+    With ``succeeds_job`` (the job's sole sink, whose output is the job's result, see
+    ``settle.sink_settles_job``) the same statement succeeds the job; a sink has no children.
+    With ``follow`` it also claims that child for the caller.
+    """
+    params = {
+        "now": now,
+        "job_id": key.job_id,
+        "step_id": key.step_id,
+        "shard": key.shard,
+        "token": lease.token,
+        "attempt": lease.attempt,
+        "output": Jsonb(output),
+    }
+    if succeeds_job:
+        params["result"] = Jsonb({key.step_id: output})
+    else:
+        children = step_facts(profile, key.step_id).children if key.shard == SHARD_NONE else ()
+        params["children"] = list(children)
+    if follow is not None and not succeeds_job:
+        return _complete_and_take(conn, key, params, profile, follow)
+    statement = _COMPLETE_AND_SUCCEED_JOB if succeeds_job else _COMPLETE
+    row = conn.execute(statement, params).fetchone()
+    assert row is not None
+    written, ready, succeeded_trigger = row
+    return Completion(written, steps_plan(profile, key.job_id, ready), succeeded_trigger)
+
+
+def _complete_and_take(
+    conn: psycopg.Connection[Any],
+    key: StepKey,
+    params: dict[str, Any],
+    profile: Profile,
+    follow: Follow,
+) -> Completion:
+    child = StepKey(key.job_id, follow.step_id)
+    token = uuid.uuid4().hex
+    params |= {
+        "take": follow.step_id,
+        "taken_token": token,
+        "until": params["now"] + timedelta(seconds=follow.lease_s),
+        "task_id": follow.task_id,
+    }
+    row = conn.execute(_COMPLETE_AND_TAKE, params).fetchone()
+    assert row is not None
+    written, ready, _, attempts, outputs = row
+    taken = None if attempts is None else Taken(child, Lease(token, attempts), outputs)
+    return Completion(written, steps_plan(profile, key.job_id, ready), None, taken)
+
+
+_WRITE = _insert(f"SELECT %(job_id)s, {_OF_THE_ATTEMPT}")
+
+
+def write_checkpoint(
+    session: Session, key: StepKey, attempt: int, output: Any, now: datetime
+) -> None:
+    """Checkpoint a step whose row the caller's transaction holds and settles itself."""
+    driver(session).execute(
+        _WRITE,
+        {
+            "job_id": key.job_id,
+            "step_id": key.step_id,
+            "shard": key.shard,
+            "attempt": attempt,
+            "output": Jsonb(output),
+            "now": now,
+        },
+    )
+
+
+_COPY = _insert("""SELECT %(job)s, step_id, shard, attempt, output, %(now)s
+      FROM step_checkpoints
+     WHERE job_id = %(parent)s
+       AND ((shard = -1 AND step_id = ANY(%(steps)s))
+            OR (shard >= 0 AND step_id = %(items_of)s))""")
+
+
+def copy_checkpoints(
+    conn: psycopg.Connection[Any],
+    parent_id: uuid.UUID,
+    job_id: uuid.UUID,
+    steps: Iterable[str],
+    items_of: str | None,
+    now: datetime,
+) -> None:
+    """Give a rerun its parent's checkpoints of ``steps``, and of the items of ``items_of``."""
+    values = {
+        "job": job_id,
+        "parent": parent_id,
+        "steps": sorted(steps),
+        "items_of": items_of,
+        "now": now,
+    }
+    conn.execute(_COPY, values)

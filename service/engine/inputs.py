@@ -1,0 +1,266 @@
+"""What a held step runs with: the outputs of the steps it reads (which its claim's statement
+read), the decisions on gated steps, its loop's round and its trigger's data; its gate passed,
+its ``when`` held and its inputs resolved. Or why not, recorded in the same transaction: a
+gate without a decision parks the step, a false ``when`` skips it, references that do not
+resolve fail it for good.
+
+A plain step, or a shard, whose claim statement read all it needs becomes work with no further
+statement (``ready_claim``, ``ready_shard``); anything else reads the rest in a transaction
+(``use_fast_claim``, ``use_shard_claim``).
+"""
+
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, overload
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.engine.completion import skip_step, unresolvable
+from service.engine.gates import approved
+from service.engine.leases import held_step, live_job, lock_step
+from service.engine.steps import (
+    Claimed,
+    FanOutDue,
+    FastClaim,
+    Lease,
+    ShardClaim,
+    Skipped,
+    StepKey,
+    Unresolvable,
+)
+from service.language.conditions import evaluate
+from service.language.expressions import ExprContext, resolve
+from service.language.profiles import Profile
+from service.language.snapshots import StepFacts, step_facts
+from service.language.specs import StepSpec
+from service.platform.constants import SHARD_NONE
+from service.platform.errors import ExpressionError
+from service.platform.models import ApprovalRow, JobRow, StepRoundRow, StepRunRow
+
+
+@dataclass(frozen=True)
+class Held:
+    """A step whose lease this worker took, with what its claim read, its spec and facts
+    looked up once for everything that turns it into work."""
+
+    key: StepKey
+    lease: Lease
+    profile: Profile
+    params: dict[str, Any]
+    outputs: dict[str, Any]
+    item: Any = None
+    spec: StepSpec = field(init=False)
+    facts: StepFacts = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", self.profile.step(self.key.step_id))
+        object.__setattr__(self, "facts", step_facts(self.profile, self.key.step_id))
+
+    @classmethod
+    def of(cls, key: StepKey, claim: FastClaim) -> "Held":
+        return cls(key, claim.lease, claim.profile, claim.params, claim.outputs)
+
+    @classmethod
+    def of_shard(cls, claim: ShardClaim, params: dict[str, Any]) -> "Held":
+        return cls(claim.key, claim.lease, claim.profile, params, claim.outputs, claim.item)
+
+
+def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
+    """A fast claim of a plain step as work to run, with no further statement.
+
+    ``None`` when it needs a transaction: a for_each step to fan out, a gate to pass, or
+    inputs that do not resolve and must be recorded as the step's failure (``use_fast_claim``).
+    """
+    held = Held.of(key, claim)
+    if not held.facts.plain:
+        return None
+    try:
+        return _resolved(held, claim.outputs)
+    except ExpressionError:
+        return None
+
+
+def use_fast_claim(
+    session: Session, key: StepKey, claim: FastClaim, now: datetime
+) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
+    """Turn a fast claim into work: pass its gate, resolve inputs, or hold a for_each step to
+    fan out."""
+    held = Held.of(key, claim)
+    spec = held.spec
+    if spec.approval is not None:
+        locked = _still_held(session, held)
+        if locked is None or not approved(session, *locked, spec.approval):
+            return None
+    unless = _unless_condition(session, held, now)
+    if unless is not None:
+        return unless
+    if spec.for_each is not None:
+        locked = _still_held(session, held)
+        return None if locked is None else FanOutDue(*locked, spec)
+    return _claimed(session, held, now)
+
+
+def _still_held(session: Session, held: Held) -> tuple[JobRow, StepRunRow] | None:
+    """The job and the locked row of a step this lease still holds: what its gate parks, or
+    its fan-out records shards on."""
+    row = held_step(session, held.key, held.lease)
+    return None if row is None else (live_job(session, held.key.job_id), row)
+
+
+def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
+    """A fast shard claim as work to run, with no further statement; ``None`` when its inputs
+    do not resolve and the failure must be recorded in a transaction (``use_shard_claim``),
+    or when they read a decision, which only a transaction reads."""
+    facts = step_facts(claim.profile, claim.key.step_id)
+    if facts.decisions or facts.reads_loop:
+        return None
+    try:
+        return _resolved(Held.of_shard(claim, params), claim.outputs)
+    except ExpressionError:
+        return None
+
+
+def use_shard_claim(
+    session: Session, claim: ShardClaim, params: dict[str, Any], now: datetime
+) -> Claimed | Unresolvable:
+    return _claimed(session, Held.of_shard(claim, params), now)
+
+
+def _claimed(session: Session, held: Held, now: datetime) -> Claimed | Unresolvable:
+    key, facts = held.key, held.facts
+    decided = decisions(session, key.job_id, facts.decisions)
+    loop = loop_context(session, key.job_id, key.step_id, held.profile) if facts.reads_loop else {}
+    trigger = trigger_context(session, key.job_id) if facts.reads_trigger else {}
+    try:
+        return _resolved(held, held.outputs, decided, loop, trigger)
+    except ExpressionError as exc:
+        return _not_run(session, held, now, exc)
+
+
+def _resolved(
+    held: Held,
+    outputs: dict[str, Any],
+    decided: dict[str, Any] | None = None,
+    loop: dict[str, Any] | None = None,
+    trigger: dict[str, Any] | None = None,
+) -> Claimed:
+    """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve."""
+    key, spec, facts, params = held.key, held.spec, held.facts, held.params
+    context = ExprContext(
+        params=params,
+        outputs=outputs,
+        absent=_absent(spec, facts.referenced, outputs),
+        decisions=decided or {},
+        loop=loop or {},
+        trigger=trigger or {},
+    )
+    if key.shard != SHARD_NONE:
+        context.item = held.item
+    return Claimed(
+        key=key,
+        lease=held.lease,
+        action=spec.action,
+        inputs=resolve(spec.with_, context),
+        params=dict(params),
+        retry=spec.retry,
+        sink=facts.sink and key.shard == SHARD_NONE,
+        profile=held.profile,
+        trigger=trigger or {},
+    )
+
+
+def _absent(spec: StepSpec, referenced: frozenset[str], outputs: dict[str, Any]) -> frozenset[str]:
+    """A step that ``needs: any`` reads ``null`` for an upstream step that did not succeed."""
+    return referenced - outputs.keys() if spec.needs == "any" else frozenset()
+
+
+def _unless_condition(session: Session, held: Held, now: datetime) -> Skipped | Unresolvable | None:
+    """``None`` when the held step's ``when`` holds (or it has none); otherwise it is skipped,
+    or failed for good when the condition's references do not resolve."""
+    key, spec, facts = held.key, held.spec, held.facts
+    if spec.condition is None:
+        return None
+    context = ExprContext(
+        params=held.params,
+        outputs=held.outputs,
+        absent=_absent(spec, facts.referenced, held.outputs),
+        decisions=decisions(session, key.job_id, facts.decisions),
+        trigger=trigger_context(session, key.job_id) if facts.reads_trigger else {},
+    )
+    try:
+        holds = evaluate(spec.condition, context)
+    except ExpressionError as exc:
+        return _not_run(session, held, now, exc)
+    return None if holds else _not_run(session, held, now)
+
+
+@overload
+def _not_run(session: Session, held: Held, now: datetime) -> Skipped: ...
+@overload
+def _not_run(
+    session: Session, held: Held, now: datetime, unresolved: ExpressionError
+) -> Unresolvable: ...
+def _not_run(
+    session: Session, held: Held, now: datetime, unresolved: ExpressionError | None = None
+) -> Skipped | Unresolvable:
+    """Settle a held step that will not run, under its row lock: failed for good when what it
+    runs with does not resolve, otherwise skipped, its attempt given back."""
+    row = lock_step(session, held.key)
+    if unresolved is not None:
+        return unresolvable(session, row, held.key, unresolved, now)
+    row.attempts -= 1
+    return skip_step(session, row, held.profile, now)
+
+
+def decisions(session: Session, job_id: uuid.UUID, steps: Collection[str]) -> dict[str, Any]:
+    """What was decided on ``steps`` of a job, for ``${{ approval.<step>.payload }}``."""
+    if not steps:
+        return {}
+    rows = session.execute(
+        select(
+            ApprovalRow.step_id,
+            ApprovalRow.status,
+            ApprovalRow.payload,
+            ApprovalRow.comment,
+            ApprovalRow.decided_by,
+        ).where(ApprovalRow.job_id == job_id, ApprovalRow.step_id.in_(list(steps)))
+    )
+    return {
+        step: {"status": status, "payload": payload, "comment": comment, "decided_by": by}
+        for step, status, payload, comment, by in rows
+    }
+
+
+def loop_context(
+    session: Session, job_id: uuid.UUID, step_id: str, profile: Profile
+) -> dict[str, Any]:
+    """``loop.round`` and ``loop.previous`` for a step of a loop; empty outside loops."""
+    loop = profile.loop_of(step_id)
+    if loop is None:
+        return {}
+    current = session.scalar(
+        select(StepRunRow.round).where(
+            StepRunRow.job_id == job_id,
+            StepRunRow.step_id == step_id,
+            StepRunRow.shard == SHARD_NONE,
+        )
+    )
+    assert current is not None
+    previous = session.execute(
+        select(StepRoundRow.step_id, StepRoundRow.output).where(
+            StepRoundRow.job_id == job_id,
+            StepRoundRow.step_id.in_(loop.steps),
+            StepRoundRow.round == current - 1,
+        )
+    )
+    return {"round": current, "previous": {step: output for step, output in previous}}
+
+
+def trigger_context(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
+    """What ``trigger.*`` reads: the upstream job and its result, kept on the job when a
+    dependency trigger made it, so it outlives the upstream job's retention."""
+    data = session.scalar(select(JobRow.trigger_data).where(JobRow.id == job_id))
+    return dict(data) if data else {}

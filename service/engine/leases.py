@@ -1,0 +1,151 @@
+"""Leases on steps and on compensations: taken, checked, renewed and released here only.
+
+A lease (a token and an expiry) makes one worker the holder of a step or a compensation while
+its action runs. Whoever records an outcome must still hold it, so that a worker that lost its
+lease, to a peer that took over once it lapsed, records nothing; a worker that died leaves an
+expiry behind for the next delivery, or the sweeper, to act on. A step's lease is taken by the
+claim statements (``TAKE_LEASE``), a compensation's by ``take_compensation``, and both are kept
+alive by the same renewal.
+"""
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from sqlalchemy import ColumnElement, select, update
+from sqlalchemy.orm import Session
+
+from service.engine.steps import Lease, StepKey
+from service.platform.errors import StopChain
+from service.platform.models import CompensationRow, JobRow, StepRunRow
+from service.platform.states import JOB_FINAL, CompensationStatus, StepStatus
+
+TAKE_LEASE = f"""status = '{StepStatus.RUNNING}', attempts = s.attempts + 1,
+               lease_token = %(token)s,
+               lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
+               error = NULL"""
+"""What a claim statement sets on the step row ``s`` it takes."""
+
+
+def lock_step(session: Session, key: StepKey) -> StepRunRow:
+    row = session.scalars(
+        select(StepRunRow)
+        .where(
+            StepRunRow.job_id == key.job_id,
+            StepRunRow.step_id == key.step_id,
+            StepRunRow.shard == key.shard,
+        )
+        .with_for_update()
+    ).one_or_none()
+    if row is None:
+        raise StopChain(f"no step {key}")
+    return row
+
+
+def holds_lease(row: StepRunRow, lease: Lease) -> bool:
+    return row.status == StepStatus.RUNNING and row.lease_token == lease.token
+
+
+def held_step(session: Session, key: StepKey, lease: Lease) -> StepRunRow | None:
+    """The step's row, locked, while ``lease`` still holds it; ``None`` once it does not."""
+    row = lock_step(session, key)
+    return row if holds_lease(row, lease) else None
+
+
+def live_job(session: Session, job_id: uuid.UUID) -> JobRow:
+    """The job a holder works for; ``StopChain`` once it is over, since nothing of it runs then."""
+    job = session.get(JobRow, job_id)
+    if job is None or job.status in JOB_FINAL:
+        raise StopChain(f"job {job_id} is over")
+    return job
+
+
+def renew_lease(
+    session: Session, key: StepKey, lease: Lease, lease_s: float, now: datetime
+) -> bool:
+    """Extend a held lease; ``False`` when the step was taken away or its job ended."""
+    where = (
+        StepRunRow.job_id == key.job_id,
+        StepRunRow.step_id == key.step_id,
+        StepRunRow.shard == key.shard,
+        StepRunRow.status == StepStatus.RUNNING,
+    )
+    return _renewed(session, StepRunRow, where, lease.token, lease_s, now)
+
+
+_RELEASE = f"""
+    UPDATE step_runs SET lease_token = NULL, lease_until = %(now)s
+     WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
+       AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
+    """
+
+
+def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now: datetime) -> None:
+    """End an attempt that could not record its outcome as if its worker had died, but now
+    rather than ``lease_s`` later: the step stays ``running`` under a lapsed lease, which the next
+    delivery claims at once and, should none come, the sweeper re-sends. Only the holder of the
+    lease's token can release it, and a renewal in flight cannot revive it."""
+    conn.execute(
+        _RELEASE,
+        {
+            "now": now,
+            "job_id": key.job_id,
+            "step_id": key.step_id,
+            "shard": key.shard,
+            "token": lease.token,
+        },
+    )
+
+
+def take_compensation(row: CompensationRow, lease_s: float, now: datetime) -> None:
+    """Take the lease of a compensation whose row the caller locked and found free."""
+    row.status = CompensationStatus.RUNNING
+    row.attempts += 1
+    row.lease_token = uuid.uuid4().hex
+    row.lease_until = now + timedelta(seconds=lease_s)
+    row.started_at = now
+
+
+def renew_compensation(
+    session: Session, job_id: uuid.UUID, step_id: str, token: str, lease_s: float, now: datetime
+) -> bool:
+    """Extend a running compensation's lease; ``False`` once it is no longer this token's."""
+    where = (
+        CompensationRow.job_id == job_id,
+        CompensationRow.step_id == step_id,
+        CompensationRow.status == CompensationStatus.RUNNING,
+    )
+    return _renewed(session, CompensationRow, where, token, lease_s, now)
+
+
+def release_compensation(
+    session: Session, job_id: uuid.UUID, step_id: str, token: str, now: datetime
+) -> None:
+    """An attempt cut short before its outcome: the next delivery may take it at once."""
+    session.execute(
+        update(CompensationRow)
+        .where(
+            CompensationRow.job_id == job_id,
+            CompensationRow.step_id == step_id,
+            CompensationRow.lease_token == token,
+        )
+        .values(lease_token=None, lease_until=now, status=CompensationStatus.PENDING)
+    )
+
+
+def _renewed(
+    session: Session,
+    held: type[StepRunRow] | type[CompensationRow],
+    where: tuple[ColumnElement[bool], ...],
+    token: str,
+    lease_s: float,
+    now: datetime,
+) -> bool:
+    renewed = session.execute(
+        update(held)
+        .where(*where, held.lease_token == token)
+        .values(lease_until=now + timedelta(seconds=lease_s))
+        .returning(held.lease_until)
+    ).first()
+    return renewed is not None

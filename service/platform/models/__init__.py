@@ -1,0 +1,54 @@
+"""The SQLAlchemy rows, one module per concern that owns them; every caller imports them from
+here, and importing any of them loads them all, so the metadata that Alembic and the
+foreign keys read is always whole."""
+
+from service.platform.models.base import ApiKeyRow, Base
+from service.platform.models.catalogue import (
+    DependencyFireRow,
+    DependencyQueueRow,
+    HookDeliveryRow,
+    HookRow,
+    PipelineRow,
+    PipelineTriggerRow,
+    PipelineVersionRow,
+    ScheduleFireRow,
+    ScheduleRow,
+)
+from service.platform.models.engine import (
+    OPEN_SHARD_PREDICATE,
+    ApprovalRow,
+    CheckpointRow,
+    CompensationRow,
+    JobEventRow,
+    JobEventSeqRow,
+    JobRow,
+    PrunedJobRow,
+    ResultItemRow,
+    StepRoundRow,
+    StepRunRow,
+)
+
+__all__ = [
+    "OPEN_SHARD_PREDICATE",
+    "ApiKeyRow",
+    "ApprovalRow",
+    "Base",
+    "CheckpointRow",
+    "CompensationRow",
+    "DependencyFireRow",
+    "DependencyQueueRow",
+    "HookDeliveryRow",
+    "HookRow",
+    "JobEventRow",
+    "JobEventSeqRow",
+    "JobRow",
+    "PipelineRow",
+    "PipelineTriggerRow",
+    "PipelineVersionRow",
+    "PrunedJobRow",
+    "ResultItemRow",
+    "ScheduleFireRow",
+    "ScheduleRow",
+    "StepRoundRow",
+    "StepRunRow",
+]
