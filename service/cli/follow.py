@@ -1,6 +1,7 @@
 """``flowbeat run``: submit a job and follow it to its end, and what ``jobs`` shares with it
 (a job's steps and outcome on screen, following with a worker of its own)."""
 
+import os
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,6 +101,7 @@ def follow_to_the_end(
     """
     commands = [worker_argv(2, "prefork")] if local_worker else []
     if commands:
+        os.environ["FLOWBEAT_WORKER_QUEUES"] = ",".join(_queues_of(settings, job_id))
         console.print(f"worker log: {settings.data_dir / 'worker.log'}", markup=False)
     try:
         with stoppable(), processes(commands, settings.data_dir / "worker.log"):
@@ -180,6 +182,16 @@ def print_outcome(view: Any) -> None:
             console.print(f"    {undo['step_id']:<22} {undo['status']}", markup=False)
     if view.job.result is not None:
         console.print_json(data=view.job.result)
+
+
+def _queues_of(settings: Settings, job_id: uuid.UUID) -> list[str]:
+    """A worker started for one run consumes every queue its steps name, as well as the
+    ones it was told: nobody else may be there to take a step of a named pool."""
+    from service.language.snapshots import job_profile
+
+    profile = job_profile(view_job(settings, job_id).job)
+    named = {profile.queue_of(step.id) for step in profile.steps}
+    return sorted({*settings.worker_queues, *named})
 
 
 def view_job(settings: Settings, job_id: uuid.UUID) -> Any:

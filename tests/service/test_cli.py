@@ -313,3 +313,30 @@ def test_the_command_acts_as_flowbeat_cli_owner_where_no_owner_is_given(
     assert saved.returncode == 0, saved.stdout + saved.stderr
     assert f"by {owner}" in shown.stdout
     assert unseen.returncode == 2 and "pipeline_not_found" in unseen.stdout
+
+
+def test_run_with_a_local_worker_consumes_the_queues_its_steps_name(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    profile = tmp_path / "routed.yaml"
+    profile.write_text(
+        "name: routed-run\n"
+        "steps:\n"
+        "  - {id: prep, action: drill.count, with: {name: prep}}\n"
+        "  - {id: train, action: drill.count, with: {name: train}, depends_on: [prep],"
+        " queue: gpu}\n"
+    )
+    done = flowbeat("run", str(profile), "--priority", "7", "--local-worker")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ": succeeded" in done.stdout
+
+
+def test_queues_lists_the_default_queue_and_refuses_a_bad_worker_queue(flowbeat: Cli) -> None:
+    listed = flowbeat("queues", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert '"name": "default"' in listed.stdout
+
+    refused = flowbeat("worker", "--queues", "GPU!")
+    assert refused.returncode == 2
+    assert "not a queue name: GPU!" in refused.stdout + refused.stderr

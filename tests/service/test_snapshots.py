@@ -47,6 +47,14 @@ def _profile(children: list[dict[str, Any]]) -> Any:
         ),
         ([{"id": "upstream", "depends_on": ["up"], "with": {"j": "${{ trigger.job_id }}"}}], None),
         ([{"id": "reads", "depends_on": ["up"], "with": {"x": "${{ steps.up.output }}"}}], "reads"),
+        ([{"id": "gpu", "depends_on": ["up"], "queue": "gpu"}], None),
+        (
+            [
+                {"id": "gpu", "depends_on": ["up"], "queue": "gpu"},
+                {"id": "here", "depends_on": ["up"], "queue": "default"},
+            ],
+            "here",
+        ),
         ([], None),
     ],
 )
