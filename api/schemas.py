@@ -120,6 +120,12 @@ class JobPublic(BaseModel):
     params: dict[str, Any]
     trigger: str
     priority: int
+    waiting_for: str | None = Field(
+        description="what a queued job waits for before it is sent: concurrency (a free slot)"
+    )
+    concurrency_key: str | None = Field(
+        description="owner/pipeline/value of its pipeline's concurrency key, when it has one"
+    )
     parent_job_id: uuid.UUID | None
     pipeline_version: int | None
     schedule_id: uuid.UUID | None
@@ -149,6 +155,8 @@ class JobPublic(BaseModel):
             params=job.params,
             trigger=job.trigger,
             priority=job.priority,
+            waiting_for=job.waiting_for,
+            concurrency_key=job.concurrency_key,
             parent_job_id=job.parent_job_id,
             pipeline_version=job.pipeline_version,
             schedule_id=job.schedule_id,

@@ -43,7 +43,7 @@ from service.platform.egress import check_notify_url
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from tasks.dispatch import publish_new_job, publish_new_jobs_async
+from tasks.dispatch import publish_new_jobs_async, send_new_job
 from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
 
 if TYPE_CHECKING:
@@ -108,8 +108,10 @@ def accept_job(
             log.info("job %s seen before (idempotency key), not submitted again", job.id)
             return JobPublic.of(job_view(session, job)), 200
         profile = job_profile(job)
-        publish_new_job(celery_app, runtime, initial_plan(profile, job.id, job.priority))
-        log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
+        if send_new_job(celery_app, runtime, job):
+            log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
+        else:
+            log.info("job %s waits for a slot of %s", job.id, job.concurrency_key)
     return JobPublic.of(new_job_view(job, profile)), 202
 
 
@@ -206,7 +208,7 @@ async def accept_job_on_loop(
         profiles_dir=settings.profiles_dir,
         known_actions=known_actions,
     )
-    if resolved is None:
+    if resolved is None or resolved.profile.concurrency is not None:
         return None
     request = JobRequest(
         pipeline=name,

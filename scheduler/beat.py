@@ -26,9 +26,9 @@ from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.catalogue.retention import RetentionPolicy, prune_runs
 from service.engine.approvals import expire_due
+from service.engine.concurrency import let_in_all
 from service.engine.runtime import Runtime
-from service.language.plan import JobPlan, initial_plan
-from service.language.snapshots import job_profile
+from service.language.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
 from service.platform.db import unit_of_work
@@ -44,7 +44,7 @@ from service.triggers.schedules import (
     next_wakeup,
 )
 from tasks.approvals import send_escalation
-from tasks.dispatch import publish_new_job, publish_or_defer
+from tasks.dispatch import dispatch_job, publish_or_defer, send_new_job
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.compensate(overdue.compensate)
         self.expire_approvals(now)
         self.fire_dependents()
+        self.let_in_waiting(now)
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session, held=held.keys())
         wakes = [w for w in (wake, *held.values()) if w is not None]
@@ -134,9 +135,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         of cancelled sagas, prune old runs."""
         for job in result.jobs:
             try:
-                publish_new_job(
-                    self.app, self.runtime, initial_plan(job_profile(job), job.id, job.priority)
-                )
+                send_new_job(self.app, self.runtime, job)
             except BrokerUnavailable:
                 log.warning(
                     "beat: job %s stored; the sweeper sends it when the broker is back", job.id
@@ -162,14 +161,23 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             )
         for job in started:
             try:
-                publish_new_job(
-                    self.app, self.runtime, initial_plan(job_profile(job), job.id, job.priority)
-                )
+                send_new_job(self.app, self.runtime, job)
             except BrokerUnavailable:
                 log.warning("beat: job %s stored; the sweeper sends it later", job.id)
             log.info(
                 "beat: job %s of %s started by job %s", job.id, job.pipeline, job.parent_job_id
             )
+
+    def let_in_waiting(self, now: datetime) -> None:
+        """Jobs waiting for a slot of their concurrency key that has one free now: a keyed job
+        that ended, or a waiting one stored, woke this leader (migration 0025)."""
+        with unit_of_work(self.runtime.sessions) as session:
+            admitted = let_in_all(session, now)
+        for job_id in admitted:
+            try:
+                dispatch_job(self.app, self.runtime, job_id)
+            except BrokerUnavailable:
+                log.warning("beat: job %s let in; the sweeper sends it later", job_id)
 
     def expire_approvals(self, now: datetime) -> None:
         """Approvals past due get their timeout action here, on the elected replica, rather

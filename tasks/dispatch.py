@@ -12,10 +12,12 @@ from redis.exceptions import RedisError
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job
 from service.engine.submission import mark_dispatched
-from service.language.plan import JobPlan, load_plan
+from service.language.plan import JobPlan, initial_plan, load_plan
+from service.language.snapshots import job_profile
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import BrokerUnavailable
+from service.platform.models import JobRow
 from tasks.canvas import send_plan
 from tasks.messages import direct_broker, plain_steps, plan_messages, push, push_async
 
@@ -31,6 +33,16 @@ def publish_plan(app: Celery, plan: JobPlan) -> None:
             send_plan(app, plan)
     except (KombuOperationalError, RedisError, ConnectionError) as exc:
         raise _unavailable(plan) from exc
+
+
+def send_new_job(app: Celery, rt: Runtime, job: JobRow) -> bool:
+    """Publish a job just stored as sent, its root steps at its priority; whether it was.
+    A job stored waiting for a slot of its concurrency key is sent by whoever lets it in
+    (``service.engine.concurrency``)."""
+    if job.waiting_for is not None:
+        return False
+    publish_new_job(app, rt, initial_plan(job_profile(job), job.id, job.priority))
+    return True
 
 
 def publish_new_job(app: Celery, rt: Runtime, plan: JobPlan) -> None:

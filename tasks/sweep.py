@@ -13,6 +13,7 @@ from service.catalogue.retention import (
     prune_tombstones,
 )
 from service.engine import sweeper
+from service.engine.concurrency import let_in_all
 from service.engine.runtime import Runtime
 from service.engine.submission import mark_dispatched
 from service.language.plan import JobPlan
@@ -46,6 +47,7 @@ def sweep() -> dict[str, int]:
             forget_loss(settings.require_broker_url(), broker.epoch)
         raise
     sent += _resend_compensations(rt, sorted(report.compensate))
+    sent += _let_in_waiting(rt)
     resend_before = utcnow() - timedelta(seconds=settings.notify_resend_after_s)
     with unit_of_work(rt.sessions) as session:
         lost_notices = requeue_lost_notices(session, older_than=resend_before)
@@ -86,6 +88,18 @@ def _resend_compensations(rt: Runtime, job_ids: list[uuid.UUID]) -> int:
                 mark_dispatched(session, job_id, now)
         SWEEPER_REPUBLISHED.labels("compensation_lost").inc(len(sent))
     return len(sent)
+
+
+def _let_in_waiting(rt: Runtime) -> int:
+    """Jobs waiting for a slot of their concurrency key that has one free: the beat leader
+    lets them in as soon as a slot frees; this pass is for a leader that could not listen."""
+    with unit_of_work(rt.sessions) as session:
+        admitted = let_in_all(session, utcnow())
+    for job_id in admitted:
+        dispatch_job(app, rt, job_id)
+    if admitted:
+        SWEEPER_REPUBLISHED.labels("slot_free").inc(len(admitted))
+    return len(admitted)
 
 
 def _republish(rt: Runtime, broker: BrokerState) -> tuple[sweeper.SweepReport, int]:

@@ -18,7 +18,6 @@ from api.openapi import RETRY_AFTER, errors, read_by_route
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
 from api.throttle import check_hook_rate
 from service.engine.jobs import job_view, new_job_view
-from service.language.plan import initial_plan
 from service.language.snapshots import job_profile
 from service.language.specs import NAME_PATTERN
 from service.platform.auth import Principal
@@ -34,7 +33,7 @@ from service.triggers.hooks import (
     list_hooks,
     put_hook,
 )
-from tasks.dispatch import publish_new_job
+from tasks.dispatch import send_new_job
 
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"])
 Admin = Annotated[Principal, Depends(require("admin"))]
@@ -220,9 +219,8 @@ async def deliver(
         job = accepted.job
         if not accepted.created:
             return JobPublic.of(job_view(session, job)), 200
-        profile = job_profile(job)
-        publish_new_job(celery_app, runtime, initial_plan(profile, job.id, job.priority))
-        return JobPublic.of(new_job_view(job, profile)), 202
+        send_new_job(celery_app, runtime, job)
+        return JobPublic.of(new_job_view(job, job_profile(job))), 202
 
     try:
         if not re.fullmatch(NAME_PATTERN, name):

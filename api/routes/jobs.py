@@ -243,6 +243,6 @@ def rerun(
     session.commit()
     plan = load_plan(session, job.id)
     session.commit()
-    if plan is not None:
+    if plan is not None and job.waiting_for is None:
         publish_new_job(celery_app, runtime, plan)
     return JobEnvelope(job=JobPublic.of(job_view(session, job)))

@@ -135,9 +135,7 @@ def submit(
 ) -> uuid.UUID:
     from service.engine.runtime import Runtime
     from service.engine.submission import JobRequest, submit_job
-    from service.language.plan import initial_plan
-    from service.language.snapshots import job_profile
-    from tasks.dispatch import publish_new_job
+    from tasks.dispatch import send_new_job
 
     rt = Runtime.start(settings)
     try:
@@ -152,7 +150,8 @@ def submit(
     except FlowbeatError as exc:
         print_refusal(exc)
         raise typer.Exit(code=2) from exc
-    publish_new_job(celery_app(settings), rt, initial_plan(job_profile(job), job.id, job.priority))
+    if not send_new_job(celery_app(settings), rt, job):
+        console.print(f"job {job.id} waits for a slot of its concurrency key", markup=False)
     return job.id
 
 

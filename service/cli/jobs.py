@@ -208,9 +208,10 @@ def jobs_rerun(
     try:
         job_id = resolve_job(settings, job)
         with unit_of_work(rt.sessions) as session:
-            new_id = rerun_job(session, job_id, request, visible_to=None, now=utcnow()).id
+            rerun = rerun_job(session, job_id, request, visible_to=None, now=utcnow())
+            new_id, waiting = rerun.id, rerun.waiting_for is not None
         with unit_of_work(rt.sessions) as session:
-            plan = load_plan(session, new_id)
+            plan = None if waiting else load_plan(session, new_id)
     except FlowbeatError as exc:
         print_refusal(exc)
         raise typer.Exit(code=2) from exc

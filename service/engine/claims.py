@@ -63,7 +63,7 @@ def _claim_statement(upstream: str) -> str:
            SET {TAKE_LEASE}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
-           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
+           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL} AND j.waiting_for IS NULL
            AND (s.status IN {STEP_DUE_SQL}
                 OR (s.status = '{StepStatus.RUNNING}' AND s.lease_until < %(now)s)){upstream}
         RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params

@@ -19,8 +19,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.engine.checkpoints import copy_checkpoints
+from service.engine.concurrency import slot_values
 from service.engine.jobs import get_job
-from service.engine.submission import insert_job, step_rows
+from service.engine.submission import insert_job, step_rows, take_slot
 from service.language.dag import descendants
 from service.language.params import resolve_params
 from service.language.profiles import Profile
@@ -72,7 +73,9 @@ def rerun_job(
     params = resolve_params(profile, {**parent.params, **request.params})
     job = _job_of(parent, profile, params, request.priority)
     job["created_at"] = job["dispatched_at"] = now
+    job.update(slot_values(profile, parent.owner, params))
     insert_job(session, job, step_rows(profile, reused, now))
+    take_slot(session, job, publish_now=True)
     _copy_reused(session, parent.id, job["id"], reused, fan_out_kept, now)
     session.flush()
     created = session.get(JobRow, job["id"])

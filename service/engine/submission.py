@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from service.catalogue.notices import validate_notify_url
 from service.catalogue.pipelines import own_or_shared
 from service.catalogue.resolution import ResolvedPipeline, resolve_pipeline
+from service.engine.concurrency import let_in, slot_values
 from service.language.checks import validate_profile
 from service.language.params import resolve_params
 from service.language.profiles import Profile
@@ -149,7 +150,7 @@ def submit_job(
     check_open_jobs(session, owner, open_jobs_limit)
     job = _job_values(request, resolved, params, request_hash, owner, publish_now)
     if insert_job(session, job, step_rows(profile)):
-        return JobRow(**job), True
+        return JobRow(**take_slot(session, job, publish_now)), True
     raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
     if raced is None:
         raise IdempotencyConflict(
@@ -190,6 +191,7 @@ def _job_values(
         "pipeline_version": resolved.version,
         "schedule_id": request.schedule_id,
         "scheduled_for": request.scheduled_for,
+        **slot_values(profile, owner, params),
     }
 
 
@@ -197,6 +199,7 @@ _JOB_COLUMNS = (
     "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
     "priority", "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
+    "concurrency_key", "concurrency_limit", "waiting_for",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
                     waiting_on int, finished_at timestamptz"""
@@ -231,7 +234,7 @@ _JOB_TYPES = {
     "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid", "priority": "int",
     "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
     "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
-    "scheduled_for": "timestamptz",
+    "scheduled_for": "timestamptz", "concurrency_limit": "integer",
 }  # fmt: skip
 _BATCH_COLUMNS = ", ".join(
     [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in _JOB_COLUMNS]
@@ -384,6 +387,17 @@ def insert_job(session: Session, job: dict[str, Any], steps: list[dict[str, Any]
         counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
         metrics.after_commit(session, counter.inc)
     return inserted
+
+
+def take_slot(session: Session, job: dict[str, Any], publish_now: bool) -> dict[str, Any]:
+    """A job stored waiting for a slot of its key takes one now if its turn has come; the
+    values it then has. One that still waits is sent by whoever lets it in."""
+    key, sent_at = job["concurrency_key"], utcnow() if publish_now else None
+    if key is None or not let_in(
+        session, key, job["concurrency_limit"], sent_at=sent_at, only=job["id"]
+    ):
+        return job
+    return {**job, "waiting_for": None, "dispatched_at": sent_at}
 
 
 def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:

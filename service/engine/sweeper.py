@@ -77,7 +77,9 @@ def sweep(
     report.timed_out = _fail_timed_out(session, now, report)
     if broker_lost:
         report.compensate |= lost_compensations(session, now, now)
-        open_jobs = session.scalars(select(JobRow.id).where(JobRow.status.in_(OPEN_JOB)))
+        open_jobs = session.scalars(
+            select(JobRow.id).where(JobRow.status.in_(OPEN_JOB), JobRow.waiting_for.is_(None))
+        )
         report.add("broker_lost", set(open_jobs))
         return report
     oldest = dict(oldest_waiting or {})
@@ -145,6 +147,7 @@ def _undispatched(session: Session, before: datetime) -> set[uuid.UUID]:
             select(JobRow.id).where(
                 JobRow.status.in_(OPEN_JOB),
                 JobRow.dispatched_at.is_(None),
+                JobRow.waiting_for.is_(None),
                 JobRow.created_at < before,
             )
         )

@@ -56,6 +56,8 @@ NO_PAYLOAD = _Unset.NO_PAYLOAD
 """Marks an ``ExprContext`` outside a webhook delivery, where ``payload`` has no meaning."""
 
 HOOK_ROOTS = frozenset({"payload"})
+CONCURRENCY_ROOTS = frozenset({"params"})
+"""A concurrency key is known when the job is submitted: from its params alone."""
 """What a webhook's mapping from a delivery to params may reference."""
 
 

@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 from service.language import dag
 from service.language.conditions import Condition, parse_condition
 from service.language.cron import ScheduleSpec
+from service.language.expressions import CONCURRENCY_ROOTS, parse_refs
 from service.language.specs import NAME_PATTERN, UNTIL_ROOTS, ParamSpec, ResultSpec, StepSpec
 from service.platform.constants import (
     DEFAULT_QUEUE,
@@ -109,6 +110,25 @@ class LoopSpec(BaseModel):
         return self._condition
 
 
+class ConcurrencySpec(BaseModel):
+    """At most ``limit`` jobs of the pipeline with the same ``key`` open at once; the others
+    wait queued, first come first served, holding no worker and no message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=200)
+    limit: int = Field(ge=1, le=10_000)
+
+    @field_validator("key")
+    @classmethod
+    def _key_reads_params_only(cls, value: str) -> str:
+        try:
+            parse_refs(value, roots=CONCURRENCY_ROOTS)
+        except ExpressionError as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     _content_hash: str | None = PrivateAttr(default=None)
@@ -132,6 +152,7 @@ class Profile(BaseModel):
     )
     """The queue of every step that names none."""
     priority: int = Field(default=0, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p == 0)
+    concurrency: ConcurrencySpec | None = Field(default=None, exclude_if=lambda c: c is None)
     """A job's priority when its submission gives none: higher runs first within a queue."""
 
     def step(self, step_id: str) -> StepSpec:

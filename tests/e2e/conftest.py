@@ -206,6 +206,8 @@ class Client:
                 profiles_dir=self.settings.profiles_dir,
                 known_actions=self.rt.registry.names(),
             )
+        if job.waiting_for is not None:
+            return job.id
         with unit_of_work(self.rt.sessions) as session:
             plan = load_plan(session, job.id)
         assert plan is not None

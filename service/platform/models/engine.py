@@ -55,6 +55,12 @@ class JobRow(Base):
             "owner",
             postgresql_where=text(f"status IN {JOB_OPEN_SQL}"),
         ),
+        Index(
+            "ix_jobs_open_by_concurrency_key",
+            "concurrency_key",
+            "created_at",
+            postgresql_where=text(f"concurrency_key IS NOT NULL AND status IN {JOB_OPEN_SQL}"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
@@ -75,6 +81,11 @@ class JobRow(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     dispatched_at: Mapped[datetime | None]
+    concurrency_key: Mapped[str | None] = mapped_column(Text)
+    """Its pipeline's ``concurrency`` key, resolved from its params, with owner and pipeline."""
+    concurrency_limit: Mapped[int | None]
+    waiting_for: Mapped[str | None] = mapped_column(String(24))
+    """What a queued job waits for before any of it is sent: ``concurrency``, a free slot."""
     result: Mapped[Any] = mapped_column(JSONB, nullable=True)
     error: Mapped[dict[str, Any] | None]
     item_count: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,83 @@
+"""Concurrency keys: at most ``limit`` open jobs of one pipeline share a key's value at once.
+
+A job over its key's limit is stored queued and ``waiting_for`` a slot, and nothing of it is
+sent, so it holds neither a worker nor a message; a job that waits is never claimed (the claim
+statement skips jobs that wait, whoever sent their message). It is let in, oldest first, by
+whoever finds a slot free: the submission that stores it when nobody is ahead of it, the beat
+leader when a keyed job ends or a waiting one is stored (PostgreSQL wakes it through the
+schedules channel, see migration 0025), and the sweeper at every pass. Each of them counts and
+lets in under a transaction-scoped advisory lock on the key, so two API processes or a beat
+and a sweeper never both take the last slot. A slot is held while the job is open: a worker
+killed under it does not end the job, which the sweeper sends again, so no slot leaks.
+"""
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from service.language.expressions import CONCURRENCY_ROOTS, ExprContext, resolve
+from service.language.profiles import Profile
+from service.platform.states import JobStatus
+
+WAITING_FOR_SLOT = "concurrency"
+
+_LET_IN = text("SELECT * FROM flowbeat_let_in(:key, :limit, :only, :sent_at)")
+"""One statement in a function of migration 0025: it takes the key's advisory lock, then
+counts and lets in with a snapshot taken after the lock, so it is safe in autocommit too."""
+_WAITING_KEYS = text(
+    f"""
+    SELECT DISTINCT ON (concurrency_key) concurrency_key, concurrency_limit FROM jobs
+     WHERE waiting_for = '{WAITING_FOR_SLOT}' AND status = '{JobStatus.QUEUED}'
+     ORDER BY concurrency_key, created_at DESC
+    """
+)
+
+
+def job_key(profile: Profile, owner: str, params: dict[str, Any]) -> str | None:
+    """The key a job of ``profile`` holds a slot under: its resolved value, scoped to the
+    owner's pipeline so that two pipelines (or owners) with the same value do not share."""
+    spec = profile.concurrency
+    if spec is None:
+        return None
+    value = resolve(spec.key, ExprContext(params=params, outputs={}), CONCURRENCY_ROOTS)
+    return f"{owner}/{profile.name}/{value}"
+
+
+def let_in(
+    session: Session,
+    key: str,
+    limit: int,
+    *,
+    sent_at: datetime | None,
+    only: uuid.UUID | None = None,
+) -> list[uuid.UUID]:
+    """Let in the oldest jobs waiting on ``key`` while slots are free, recorded as sent at
+    ``sent_at``; their ids, to send once the caller has committed. With ``only``, that job
+    if its turn has come, and none ahead of it: those are the beat's, which their storing
+    woke. The limit is the newest waiting job's: a pipeline saved with a new limit applies
+    it from its next job on."""
+    values = {"key": key, "limit": limit, "only": only, "sent_at": sent_at}
+    rows = session.execute(_LET_IN, values)
+    return [row[0] for row in rows]
+
+
+def slot_values(profile: Profile, owner: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A new job's columns for its key: one with a key is stored waiting and unsent."""
+    key = job_key(profile, owner, params)
+    if key is None or profile.concurrency is None:
+        return {"concurrency_key": None, "concurrency_limit": None, "waiting_for": None}
+    return {
+        "concurrency_key": key,
+        "concurrency_limit": profile.concurrency.limit,
+        "waiting_for": WAITING_FOR_SLOT,
+        "dispatched_at": None,
+    }
+
+
+def let_in_all(session: Session, now: datetime) -> list[uuid.UUID]:
+    """``let_in`` for every key that has a job waiting, to be sent at once."""
+    keys = list(session.execute(_WAITING_KEYS))
+    return [job for key, limit in keys for job in let_in(session, key, limit, sent_at=now)]

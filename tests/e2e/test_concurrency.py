@@ -1,0 +1,81 @@
+"""Concurrency keys on real workers and beat: never more jobs of a key open at once than its
+limit, the others let in as slots free, and a worker killed under a slot leaks none."""
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from tests.e2e.conftest import Client, Cluster, wait_for
+
+LIMIT = 2
+HOLD_S = 1.0
+
+
+def _keyed(hold_s: float = HOLD_S, limit: int = LIMIT) -> dict[str, Any]:
+    return {
+        "name": f"keyed-{uuid.uuid4().hex[:6]}",
+        "params": {"tenant": {"type": "string"}},
+        "concurrency": {"key": "${{ params.tenant }}", "limit": limit},
+        "steps": [
+            {"id": "call", "action": "drill.count", "with": {"name": "call", "hold_s": hold_s}}
+        ],
+    }
+
+
+def _most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, change in edges:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def _spans(client: Client, jobs: list[uuid.UUID]) -> list[tuple[datetime, datetime]]:
+    spans = []
+    for job in jobs:
+        step = client.steps(job)["call"]
+        assert step.started_at is not None and step.finished_at is not None
+        spans.append((step.started_at, step.finished_at))
+    return spans
+
+
+def test_a_key_never_has_more_jobs_running_than_its_limit(client: Client, cluster: Cluster) -> None:
+    cluster.worker(concurrency=3)
+    cluster.worker(concurrency=3)
+    cluster.beat()
+    profile = _keyed()
+    acme = [client.submit(profile, tenant="acme") for _ in range(6)]
+    other = client.submit(profile, tenant="globex")
+
+    waiting = [job for job in acme if client.view(job).job.waiting_for == "concurrency"]
+    assert len(waiting) == len(acme) - LIMIT
+    for job in [*acme, other]:
+        assert client.wait_final(job, timeout_s=60).job.status == "succeeded"
+
+    assert _most_at_once(_spans(client, acme)) == LIMIT
+    assert all(client.count(job, "call") == 1 for job in acme)
+
+
+def test_a_worker_killed_holding_a_slot_leaks_it_not(client: Client, cluster: Cluster) -> None:
+    fast_recovery = {
+        "worker_heartbeat_s": "0.5",
+        "worker_dead_after_s": "2",
+        "lease_s": "3",
+        "sweep_interval_s": "1",
+        "dispatch_grace_s": "1",
+    }
+    doomed = cluster.worker(concurrency=1, **fast_recovery)
+    cluster.beat(**fast_recovery)
+    profile = _keyed(hold_s=4.0, limit=1)
+    jobs = [client.submit(profile, tenant="acme") for _ in range(3)]
+    wait_for(lambda: client.count(jobs[0], "call", "started"), 30, "the first job to run")
+
+    doomed.kill_whole()
+    cluster.worker(concurrency=2, **fast_recovery)
+
+    for job in jobs:
+        assert client.wait_final(job, timeout_s=90).job.status == "succeeded"
+    spans = _spans(client, jobs)
+    assert _most_at_once(spans) == 1, "the slot went to a second job while the first held it"
+    assert client.count(jobs[1], "call") == 1 and client.count(jobs[2], "call") == 1

@@ -1,0 +1,143 @@
+"""Concurrency keys: at most ``limit`` open jobs of a pipeline share a key's value; the others
+wait queued, unsent and unclaimable, and are let in oldest first as slots free."""
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from service.engine.claims import fast_claim
+from service.engine.concurrency import let_in_all
+from service.engine.runtime import Runtime
+from service.engine.steps import StepKey
+from service.engine.submission import JobRequest, submit_job
+from service.engine.sweeper import sweep
+from service.platform.clock import utcnow
+from service.platform.db import driver, unit_of_work
+from service.platform.errors import FlowbeatError
+from service.platform.models import JobRow
+from service.platform.states import JobStatus
+from tests.support.arrange import walk
+
+TENANTS = {
+    "name": "per-tenant",
+    "params": {"tenant": {"type": "string"}},
+    "concurrency": {"key": "${{ params.tenant }}", "limit": 2},
+    "steps": [{"id": "call", "action": "noop"}],
+}
+
+
+def _submit(rt: Runtime, owner: str, tenant: str, profile: dict[str, Any] = TENANTS) -> JobRow:
+    with unit_of_work(rt.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline=profile, params={"tenant": tenant}),
+            owner=owner,
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+        )
+    return job
+
+
+def _waiting(rt: Runtime, ids: list[uuid.UUID]) -> list[bool]:
+    with unit_of_work(rt.sessions) as session:
+        rows = {j.id: j for j in session.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
+        return [rows[i].waiting_for is not None for i in ids]
+
+
+def _finish(rt: Runtime, job_id: uuid.UUID) -> None:
+    with unit_of_work(rt.sessions) as session:
+        walk(session, JobRow, JobRow.id == job_id, to=JobStatus.SUCCEEDED)
+
+
+@pytest.fixture
+def owner() -> str:
+    return f"o-{uuid.uuid4().hex[:8]}"
+
+
+def test_jobs_over_the_limit_of_their_key_wait_unsent_and_others_keys_do_not(
+    runtime: Runtime, owner: str
+) -> None:
+    jobs = [_submit(runtime, owner, "acme") for _ in range(4)]
+    other = _submit(runtime, owner, "globex")
+
+    assert [job.waiting_for for job in jobs] == [None, None, "concurrency", "concurrency"]
+    assert [job.dispatched_at is None for job in jobs] == [False, False, True, True]
+    assert other.waiting_for is None
+    assert jobs[0].concurrency_key == f"{owner}/per-tenant/acme"
+
+
+def test_a_freed_slot_goes_to_the_oldest_waiting_job(runtime: Runtime, owner: str) -> None:
+    first, second, third, fourth = (_submit(runtime, owner, "acme").id for _ in range(4))
+    with unit_of_work(runtime.sessions) as session:
+        assert let_in_all(session, utcnow()) == [], "no slot is free yet"
+
+    _finish(runtime, first)
+    with unit_of_work(runtime.sessions) as session:
+        admitted = let_in_all(session, utcnow())
+
+    assert admitted == [third]
+    assert _waiting(runtime, [second, third, fourth]) == [False, False, True]
+
+
+def test_a_new_job_does_not_pass_one_waiting_ahead_of_it(runtime: Runtime, owner: str) -> None:
+    first, _, waiting = (_submit(runtime, owner, "acme").id for _ in range(3))
+    _finish(runtime, first)
+
+    late = _submit(runtime, owner, "acme")
+
+    assert late.waiting_for == "concurrency", "the slot is the older job's"
+    with unit_of_work(runtime.sessions) as session:
+        assert let_in_all(session, utcnow()) == [waiting]
+
+
+def test_a_waiting_jobs_message_claims_nothing(runtime: Runtime, owner: str) -> None:
+    for _ in range(2):
+        _submit(runtime, owner, "acme")
+    waiting = _submit(runtime, owner, "acme")
+    with unit_of_work(runtime.sessions) as session:
+        claim = fast_claim(
+            driver(session),
+            StepKey(waiting.id, "call"),
+            task_id="early",
+            lease_s=30,
+            now=utcnow(),
+        )
+    assert claim is None
+
+
+def test_many_submissions_at_once_take_exactly_the_free_slots(runtime: Runtime, owner: str) -> None:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        jobs = list(pool.map(lambda _: _submit(runtime, owner, "race"), range(12)))
+
+    assert sum(job.waiting_for is None for job in jobs) == 2
+    with unit_of_work(runtime.sessions) as session:
+        assert let_in_all(session, utcnow()) == []
+
+
+def test_the_sweeper_never_sends_a_job_waiting_for_a_slot(runtime: Runtime, owner: str) -> None:
+    for _ in range(2):
+        _submit(runtime, owner, "acme")
+    waiting = _submit(runtime, owner, "acme")
+    with unit_of_work(runtime.sessions) as session:
+        report = sweep(
+            session,
+            now=utcnow().replace(year=utcnow().year + 1),
+            broker_lost=True,
+            stall_after_s=1,
+            dispatch_grace_s=1,
+        )
+    assert waiting.id not in report.redispatch
+
+
+def test_a_key_reads_only_params_and_one_it_cannot_resolve_is_refused(
+    runtime: Runtime, owner: str
+) -> None:
+    unknown = {**TENANTS, "concurrency": {"key": "${{ params.region }}", "limit": 1}}
+    with pytest.raises(FlowbeatError) as refused:
+        _submit(runtime, owner, "acme", unknown)
+    assert "region" in refused.value.message
+    with unit_of_work(runtime.sessions) as session:
+        assert session.scalar(select(JobRow.id).where(JobRow.owner == owner)) is None
