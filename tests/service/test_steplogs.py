@@ -1,0 +1,153 @@
+"""Step logs in PostgreSQL: each attempt's lines, written together once it has run, with the
+job, step, shard, attempt and round they belong to; failed attempts keep theirs, a silent
+step writes nothing, and a reader pages through them by cursor."""
+
+import dataclasses
+import uuid
+from datetime import UTC
+from typing import Any
+
+import pytest
+
+from service.engine.runner import run_lane, run_step
+from service.engine.runtime import Runtime
+from service.engine.shards import FannedOut
+from service.engine.steplogs import LogLine, keep_lines, read_lines
+from service.engine.steps import StepKey
+from service.platform.db import DirectConnections, unit_of_work
+from service.platform.errors import RetryLater
+from tests.support.fanouts import submitted
+
+
+def _chatty(**with_: Any) -> dict[str, Any]:
+    return {
+        "name": "chatty",
+        "steps": [
+            {
+                "id": "talk",
+                "action": "drill.chatter",
+                "with": with_,
+                "retry": {"attempts": 3, "backoff_s": 0, "jitter": 0},
+            }
+        ],
+    }
+
+
+def _lines(rt: Runtime, job_id: uuid.UUID, **filters: Any) -> list[LogLine]:
+    with unit_of_work(rt.sessions) as session:
+        return read_lines(session, job_id, limit=1000, **filters)
+
+
+def test_a_step_keeps_what_it_logged_and_printed_with_its_attempt(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, _chatty(lines=2), {})
+    leftovers.append(job_id)
+
+    run_step(runtime, StepKey(job_id, "talk"), task_id=uuid.uuid4().hex)
+
+    lines = _lines(runtime, job_id, step_id="talk")
+    assert [(line.level, line.logger, line.message) for line in lines] == [
+        ("INFO", "flowbeat.step", "ctx line 1 of attempt 1"),
+        ("WARNING", "tests.drill_actions", "logger line 1"),
+        ("INFO", "stdout", "printed line 1"),
+        ("INFO", "flowbeat.step", "ctx line 2 of attempt 1"),
+        ("WARNING", "tests.drill_actions", "logger line 2"),
+        ("INFO", "stdout", "printed line 2"),
+    ]
+    assert {(line.step_id, line.shard, line.attempt, line.round) for line in lines} == {
+        ("talk", None, 1, 1)
+    }
+    assert [line.seq for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert all(
+        line.ts.tzinfo is not None and line.ts.utcoffset() == UTC.utcoffset(None) for line in lines
+    )
+
+
+def test_failed_attempts_keep_their_lines_and_a_reader_can_ask_for_one_attempt(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, _chatty(fail_attempts=1), {})
+    leftovers.append(job_id)
+    key = StepKey(job_id, "talk")
+
+    with pytest.raises(RetryLater):
+        run_step(runtime, key, task_id=uuid.uuid4().hex)
+    run_step(runtime, key, task_id=uuid.uuid4().hex)
+
+    assert [line.attempt for line in _lines(runtime, job_id)] == [1, 1, 1, 2, 2, 2]
+    second = _lines(runtime, job_id, step_id="talk", attempt=2)
+    assert [line.message for line in second] == [
+        "ctx line 1 of attempt 2",
+        "logger line 1",
+        "printed line 1",
+    ]
+
+
+def test_an_attempt_is_cut_at_the_configured_size_and_says_so(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    capped = dataclasses.replace(
+        runtime, settings=runtime.settings.model_copy(update={"step_log_max_bytes": 40})
+    )
+    job_id = submitted(capped, _chatty(lines=10), {})
+    leftovers.append(job_id)
+
+    run_step(capped, StepKey(job_id, "talk"), task_id=uuid.uuid4().hex)
+
+    lines = _lines(capped, job_id)
+    assert sum(len(line.message.encode()) for line in lines[:-1]) == 40
+    assert lines[-1].message.startswith("log cut at 40 bytes (FLOWBEAT_STEP_LOG_MAX_BYTES);")
+
+
+def test_shards_of_a_fan_out_keep_their_lines_under_their_own_shard(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    profile = {
+        "name": "chatty-fan",
+        "params": {"items": {"type": "array"}},
+        "steps": [
+            {
+                "id": "each",
+                "action": "drill.chatter",
+                "for_each": {"items": "${{ params.items }}", "max_parallel": 1},
+                "with": {"lines": "${{ item }}"},
+            }
+        ],
+    }
+    job_id = submitted(runtime, profile, {"items": [1, 2]})
+    leftovers.append(job_id)
+    key = StepKey(job_id, "each")
+    assert isinstance(run_step(runtime, key, task_id=uuid.uuid4().hex), FannedOut)
+
+    run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60)
+
+    shards = [line.shard for line in _lines(runtime, job_id, step_id="each")]
+    assert shards == [0] * 3 + [1] * 6
+
+
+def test_a_reader_pages_through_the_lines_by_cursor(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, _chatty(lines=3), {})
+    leftovers.append(job_id)
+    run_step(runtime, StepKey(job_id, "talk"), task_id=uuid.uuid4().hex)
+    every = _lines(runtime, job_id)
+
+    pages, after = [], 0
+    while True:
+        with unit_of_work(runtime.sessions) as session:
+            page = read_lines(session, job_id, step_id="talk", after=after, limit=4)
+        if not page:
+            break
+        pages.append(page)
+        after = page[-1].id
+
+    assert [len(page) for page in pages] == [4, 4, 1]
+    assert [line for page in pages for line in page] == every
+
+
+def test_an_attempt_that_said_nothing_sends_no_statement() -> None:
+    """Nowhere to connect to: a statement would fail the call."""
+    unreachable = DirectConnections("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    keep_lines(unreachable, StepKey(uuid.uuid4(), "quiet"), 1, [])
