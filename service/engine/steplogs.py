@@ -19,10 +19,13 @@ import psycopg
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.engine.jobs import get_job
 from service.engine.steps import StepKey
+from service.language.snapshots import job_profile
 from service.platform.capture import Line
 from service.platform.constants import EVENTS_CHANNEL, SHARD_NONE
 from service.platform.db import DirectConnections
+from service.platform.errors import StepNotFound
 from service.platform.models import StepLogRow
 
 log = logging.getLogger(__name__)
@@ -145,3 +148,23 @@ def read_lines(
         )
         for row in rows
     ]
+
+
+def step_lines(
+    session: Session,
+    job_id: uuid.UUID,
+    step_id: str,
+    *,
+    owner: str | None,
+    attempt: int | None = None,
+    after: int = 0,
+    limit: int,
+) -> list[LogLine]:
+    """One step's lines, as a reader whose keys see ``owner``'s jobs (every owner's for
+    ``None``) may read them: ``job_not_found``, ``job_expired`` or ``step_not_found`` else."""
+    job = get_job(session, job_id, owner=owner)
+    if all(step.id != step_id for step in job_profile(job).steps):
+        raise StepNotFound(
+            f"job {job_id} has no step {step_id!r}", {"job_id": str(job_id), "step_id": step_id}
+        )
+    return read_lines(session, job_id, step_id=step_id, attempt=attempt, after=after, limit=limit)
