@@ -280,3 +280,11 @@ class LogPage(BaseModel):
     lines: list[LogLinePublic]
     next_after: int = Field(description="pass as `after` for the lines that follow these")
     more: bool = Field(description="whether this page was full, so more lines may follow now")
+
+    @classmethod
+    def of(cls, lines: list[LogLine], after: int, limit: int) -> "LogPage":
+        return cls(
+            lines=[LogLinePublic.of(line) for line in lines],
+            next_after=lines[-1].id if lines else after,
+            more=len(lines) == limit,
+        )

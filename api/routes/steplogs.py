@@ -97,12 +97,7 @@ async def read_step_logs(
     )
     if not follow:
         await run_in_threadpool(session.close)
-        page = LogPage(
-            lines=[LogLinePublic.of(line) for line in lines],
-            next_after=lines[-1].id if lines else start,
-            more=len(lines) == limit,
-        )
-        return JSONResponse(page.model_dump(mode="json"))
+        return JSONResponse(LogPage.of(lines, start, limit).model_dump(mode="json"))
     await run_in_threadpool(session.close)
     framing = Framing(sse=SSE in (accept or ""))
     stream = log_stream(
