@@ -143,15 +143,24 @@ class _Routed:
         return getattr(self._stream, name)
 
 
+_HANDLER = _Handler()
+_HANDLER.set_name(_HANDLER_NAME)
+
+
 def _install() -> None:
     """Put the handler and the proxies in place, again if someone (Celery's redirection of a
-    pool process's output, a test runner) replaced the streams since."""
+    pool process's output, a test runner, a logging setup) replaced them since. Every attempt
+    checks, so the check that finds them in place takes no lock."""
+    root = logging.getLogger()
+    if (
+        isinstance(sys.stdout, _Routed)
+        and isinstance(sys.stderr, _Routed)
+        and _HANDLER in root.handlers
+    ):
+        return
     with _install_lock:
-        root = logging.getLogger()
-        if not any(h.get_name() == _HANDLER_NAME for h in root.handlers):
-            handler = _Handler()
-            handler.set_name(_HANDLER_NAME)
-            root.addHandler(handler)
+        if _HANDLER not in root.handlers:
+            root.addHandler(_HANDLER)
         step_logger = logging.getLogger(STEP_LOGGER)
         if step_logger.level == logging.NOTSET:
             step_logger.setLevel(logging.INFO)
