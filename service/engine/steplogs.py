@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.engine.jobs import get_job
@@ -113,6 +113,54 @@ class LogLine:
         }
 
 
+def _line(row: StepLogRow) -> LogLine:
+    return LogLine(
+        id=row.id,
+        step_id=row.step_id,
+        shard=None if row.shard == SHARD_NONE else row.shard,
+        attempt=row.attempt,
+        round=row.round,
+        seq=row.seq,
+        level=row.level,
+        logger=row.logger,
+        ts=row.ts,
+        message=row.message,
+    )
+
+
+@dataclass(frozen=True)
+class LogTail:
+    lines: list[LogLine]
+    total: int
+
+
+def tail_lines(session: Session, job_id: uuid.UUID, per_step: int) -> dict[str, LogTail]:
+    """The last ``per_step`` lines of each step of a job that logged anything, oldest first,
+    and how many it has in all. Counting reads the job's entries of the index, which holds
+    no message; only the tail's rows are read from the table."""
+    ranked = (
+        select(
+            StepLogRow.id,
+            func.row_number()
+            .over(partition_by=StepLogRow.step_id, order_by=StepLogRow.id.desc())
+            .label("from_end"),
+            func.count().over(partition_by=StepLogRow.step_id).label("total"),
+        )
+        .where(StepLogRow.job_id == job_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(StepLogRow, ranked.c.total)
+        .join(ranked, ranked.c.id == StepLogRow.id)
+        .where(ranked.c.from_end <= per_step)
+        .order_by(StepLogRow.id)
+    ).all()
+    tails: dict[str, LogTail] = {}
+    for row, total in rows:
+        tails.setdefault(row.step_id, LogTail([], total)).lines.append(_line(row))
+    return tails
+
+
 def read_lines(
     session: Session,
     job_id: uuid.UUID,
@@ -133,21 +181,7 @@ def read_lines(
     if attempt is not None:
         query = query.where(StepLogRow.attempt == attempt)
     rows = session.scalars(query.order_by(StepLogRow.id).limit(limit)).all()
-    return [
-        LogLine(
-            id=row.id,
-            step_id=row.step_id,
-            shard=None if row.shard == SHARD_NONE else row.shard,
-            attempt=row.attempt,
-            round=row.round,
-            seq=row.seq,
-            level=row.level,
-            logger=row.logger,
-            ts=row.ts,
-            message=row.message,
-        )
-        for row in rows
-    ]
+    return [_line(row) for row in rows]
 
 
 def step_lines(
