@@ -151,3 +151,31 @@ def test_an_attempt_that_said_nothing_sends_no_statement() -> None:
     """Nowhere to connect to: a statement would fail the call."""
     unreachable = DirectConnections("postgresql+psycopg://nobody@127.0.0.1:1/none")
     keep_lines(unreachable, StepKey(uuid.uuid4(), "quiet"), 1, [])
+
+
+def test_each_round_of_a_loop_keeps_its_lines_under_its_round(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    """A loop's step starts its attempts over each round, so the round tells them apart."""
+    looped = {
+        "name": "chatty-loop",
+        "loops": [
+            {
+                "steps": ["talk"],
+                "until": "${{ steps.talk.output.lines }} > 5",
+                "max_rounds": 3,
+                "on_exhausted": "continue",
+            }
+        ],
+        "steps": [{"id": "talk", "action": "drill.chatter"}],
+    }
+    job_id = submitted(runtime, looped, {})
+    leftovers.append(job_id)
+
+    for _ in range(3):
+        run_step(runtime, StepKey(job_id, "talk"), task_id=uuid.uuid4().hex)
+
+    lines = _lines(runtime, job_id)
+    assert [(line.round, line.attempt) for line in lines] == [
+        (round_, 1) for round_ in (1, 2, 3) for _ in range(3)
+    ]
