@@ -195,6 +195,7 @@ async def _follow(runtime: Runtime, listener: EventListener, job_id: uuid.UUID) 
     return [json.loads(frame)["message"] for frame in frames if frame.strip()]
 
 
+@pytest.mark.e2e  # waits on a thread that runs the attempts while the stream follows
 def test_a_follower_gets_lines_as_the_attempt_writes_them_and_stops_when_the_job_ends(
     client: TestClient, runtime: Runtime, writer: Headers
 ) -> None:

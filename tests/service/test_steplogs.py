@@ -3,19 +3,23 @@ job, step, shard, attempt and round they belong to; failed attempts keep theirs,
 step writes nothing, and a reader pages through them by cursor."""
 
 import dataclasses
+import threading
+import time
 import uuid
 from datetime import UTC
 from typing import Any
 
 import pytest
 
+from service.engine.jobs import cancel_job
 from service.engine.runner import run_lane, run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
 from service.engine.steplogs import LogLine, keep_lines, read_lines
 from service.engine.steps import StepKey
 from service.platform.db import DirectConnections, unit_of_work
-from service.platform.errors import RetryLater
+from service.platform.clock import utcnow
+from service.platform.errors import RetryLater, StopChain
 from tests.support.fanouts import submitted
 
 
@@ -179,3 +183,30 @@ def test_each_round_of_a_loop_keeps_its_lines_under_its_round(
     assert [(line.round, line.attempt) for line in lines] == [
         (round_, 1) for round_ in (1, 2, 3) for _ in range(3)
     ]
+
+
+@pytest.mark.e2e  # waits for the lease renewal thread to notice the cancel
+def test_an_attempt_stopped_by_a_cancel_keeps_what_it_said_until_then(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, _chatty(lines=200, hold_s=0.05), {})
+    leftovers.append(job_id)
+    stopped: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            run_step(runtime, StepKey(job_id, "talk"), task_id=uuid.uuid4().hex)
+        except StopChain as exc:
+            stopped.append(exc)
+
+    running = threading.Thread(target=attempt)
+    running.start()
+    time.sleep(0.5)
+    with unit_of_work(runtime.sessions) as session:
+        cancel_job(session, job_id, owner=None, now=utcnow())
+    running.join(timeout=30)
+
+    lines = _lines(runtime, job_id)
+    assert stopped, "the attempt was stopped, not run to its end"
+    assert 3 <= len(lines) < 600
+    assert lines[0].message == "ctx line 1 of attempt 1"
