@@ -6,6 +6,12 @@ checkpoint's synchronous commit that follows flushes it anyway. An attempt that 
 sends nothing. The lines are written before the outcome is recorded, so they carry the round
 the step row is still in, and a failed, retried or cancelled attempt keeps them too. The same
 statement notifies the event channel, so a follower of the job wakes as it would for an event.
+
+A reader's cursor is the line ``id``, so within a job ids must be given in commit order, or a
+follower that read past id 12 would never see the 11 that two shards' writes committed after
+it. The statement takes a per-job advisory lock before its rows take their ids (the lock's
+scan is the join's other side, read before any row is formed) and holds it until it commits:
+two attempts of one job that write at the same instant take turns, one short write long.
 """
 
 import logging
@@ -23,7 +29,7 @@ from service.engine.jobs import get_job
 from service.engine.steps import StepKey
 from service.language.snapshots import job_profile
 from service.platform.capture import Line
-from service.platform.constants import EVENTS_CHANNEL, SHARD_NONE
+from service.platform.constants import EVENTS_CHANNEL, SHARD_NONE, STEP_LOGS_LOCK_SPACE
 from service.platform.db import DirectConnections
 from service.platform.errors import StepNotFound
 from service.platform.models import StepLogRow
@@ -31,7 +37,9 @@ from service.platform.models import StepLogRow
 log = logging.getLogger(__name__)
 
 _WRITE = f"""
-    WITH kept AS (
+    WITH serialised AS MATERIALIZED (
+        SELECT pg_advisory_xact_lock({STEP_LOGS_LOCK_SPACE}, hashtext(%(job_id)s::text))
+    ), kept AS (
         INSERT INTO step_logs
                (job_id, step_id, shard, attempt, round, seq, level, logger, ts, message)
         SELECT %(job_id)s::uuid, %(step_id)s::text, %(shard)s::int, %(attempt)s::int,
@@ -39,7 +47,8 @@ _WRITE = f"""
                           WHERE job_id = %(job_id)s::uuid AND step_id = %(step_id)s::text
                             AND shard = %(shard)s::int), 1),
                line.seq, line.level, line.logger, line.ts, line.message
-          FROM unnest(%(seqs)s::int[], %(levels)s::text[], %(loggers)s::text[],
+          FROM serialised,
+               unnest(%(seqs)s::int[], %(levels)s::text[], %(loggers)s::text[],
                       %(ts)s::timestamptz[], %(messages)s::text[])
                AS line(seq, level, logger, ts, message)
         RETURNING 1
@@ -170,11 +179,8 @@ def read_lines(
     after: int = 0,
     limit: int,
 ) -> list[LogLine]:
-    """A job's lines (one step's, one attempt's) after the line ``after``, oldest first.
-
-    Lines are ordered by ``id``, given as each attempt's statement runs; lines of two shards
-    written at the same moment may commit out of that order, so a live follower can miss
-    the earlier one, which a read from the start still has."""
+    """A job's lines (one step's, one attempt's) after the line ``after``, oldest first: in
+    the order their attempts' writes committed (``_WRITE``), so a follower misses none."""
     query = select(StepLogRow).where(StepLogRow.job_id == job_id, StepLogRow.id > after)
     if step_id is not None:
         query = query.where(StepLogRow.step_id == step_id)

@@ -9,15 +9,17 @@ import uuid
 from datetime import UTC
 from typing import Any
 
+import psycopg
 import pytest
 
 from service.engine.jobs import cancel_job
 from service.engine.runner import run_lane, run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
-from service.engine.steplogs import LogLine, keep_lines, read_lines
+from service.engine.steplogs import LogLine, keep_lines, read_lines, write_lines
 from service.engine.steps import StepKey
-from service.platform.db import DirectConnections, unit_of_work
+from service.platform.capture import Line
+from service.platform.db import DirectConnections, libpq_url, unit_of_work
 from service.platform.clock import utcnow
 from service.platform.errors import RetryLater, StopChain
 from tests.support.fanouts import submitted
@@ -210,3 +212,41 @@ def test_an_attempt_stopped_by_a_cancel_keeps_what_it_said_until_then(
     assert stopped, "the attempt was stopped, not run to its end"
     assert 3 <= len(lines) < 600
     assert lines[0].message == "ctx line 1 of attempt 1"
+
+
+def test_two_attempts_of_a_job_writing_at_once_commit_in_the_order_of_their_ids(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    """A follower's cursor is the line id: a write that took smaller ids and committed later
+    would be skipped. The second write waits for the first to commit before it takes any."""
+    job_id = submitted(runtime, _chatty(), {})
+    leftovers.append(job_id)
+    said = [Line(1, "INFO", "stdout", time.time(), "said")]
+    conninfo = libpq_url(runtime.settings.require_database_url())
+
+    with psycopg.connect(conninfo) as first:
+        write_lines(first, StepKey(job_id, "talk", 0), 1, said)
+        second = threading.Thread(
+            target=keep_lines, args=(runtime.claims, StepKey(job_id, "talk", 1), 1, said)
+        )
+        second.start()
+        _wait_until_blocked(runtime)
+        first.commit()
+    second.join(timeout=10)
+
+    lines = _lines(runtime, job_id)
+    assert [line.shard for line in lines] == [0, 1]
+    assert lines[0].id < lines[1].id
+
+
+def _wait_until_blocked(rt: Runtime) -> None:
+    deadline = time.monotonic() + 10
+    with psycopg.connect(libpq_url(rt.settings.require_database_url()), autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()
+            if waiting and waiting[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the second write never waited for the first")
