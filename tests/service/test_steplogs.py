@@ -19,8 +19,8 @@ from service.engine.shards import FannedOut
 from service.engine.steplogs import LogLine, keep_lines, read_lines, write_lines
 from service.engine.steps import StepKey
 from service.platform.capture import Line
-from service.platform.db import DirectConnections, libpq_url, unit_of_work
 from service.platform.clock import utcnow
+from service.platform.db import DirectConnections, libpq_url, unit_of_work
 from service.platform.errors import RetryLater, StopChain
 from tests.support.fanouts import submitted
 
