@@ -12,6 +12,7 @@ import httpx2
 from mcp import Client as McpClient
 from mcp.client.streamable_http import streamable_http_client
 
+from flowbeat_client import Client as FlowbeatClient
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, Cluster
@@ -80,6 +81,9 @@ def test_a_worker_keeps_what_each_attempt_said_and_the_api_and_mcp_give_it_back(
     ).json()
     each = httpx.get(f"{api}/v1/jobs/{job_id}/steps/each/logs", headers=headers, timeout=30)
     second = anyio.run(_agent_reads_attempt_two, api, headers, job_id)
+    with FlowbeatClient(api, headers["Authorization"].removeprefix("Bearer ")) as fb:
+        first_page = fb.jobs.logs(job_id, "each", limit=4)
+        rest = fb.jobs.logs(job_id, "each", after=first_page["next_after"])
 
     assert job["status"] == "succeeded"
     assert [(line["attempt"], line["message"]) for line in flaky["lines"]] == [
@@ -107,6 +111,8 @@ def test_a_worker_keeps_what_each_attempt_said_and_the_api_and_mcp_give_it_back(
     }, "items that ran side by side keep their own lines"
     assert followed == each.json()["lines"], "a follower from before the lines gets them all"
     assert second["lines"] == flaky["lines"][6:]
+    assert (first_page["more"], rest["more"]) == (True, False)
+    assert first_page["lines"] + rest["lines"] == each.json()["lines"]
     assert "printed line 2" in worker.output(), "the worker's own log still has what was printed"
 
 
