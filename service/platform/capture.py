@@ -8,7 +8,10 @@ and ``sys.stderr`` each look up the attempt of the calling context in a context 
 hand the line to its ``Capture``, or do nothing. Lines also go where they went before (the
 worker's own log), so an operator tailing a worker loses nothing. A thread the action starts
 itself has a context of its own, so its lines are captured only if it runs in a copy of the
-attempt's context (``contextvars.copy_context``, as ``asyncio.to_thread`` does).
+attempt's context (``contextvars.copy_context``, as ``asyncio.to_thread`` does). With the
+handler on the root logger, a process that configured no logging of its own no longer gets
+logging's last-resort lines on stderr; every flowbeat process configures its own
+(``service.platform.logs``).
 """
 
 import contextlib
