@@ -14,6 +14,7 @@ from api.openapi import errors
 from api.routes.jobs import parse_job_id, visible_to
 from api.schemas import LogLinePublic, LogPage
 from api.streams import NDJSON, SSE, Framing, LogFilter, listener_of, log_stream
+from service.engine.events import job_settled
 from service.engine.steplogs import step_lines
 from service.platform.constants import STEP_LOG_PAGE_MAX_ROWS, STEP_LOG_PAGE_ROWS
 
@@ -82,7 +83,9 @@ async def read_step_logs(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
     """What a step's attempts logged and printed (``ctx.log``, ``logging``, ``print``),
-    every shard and round of it, each attempt's log cut at ``FLOWBEAT_STEP_LOG_MAX_BYTES``."""
+    every shard and round of it, each attempt's log cut at ``FLOWBEAT_STEP_LOG_MAX_BYTES``.
+    A follower's reconnect (``Last-Event-ID``) to a settled job with no newer line answers
+    204, which tells an EventSource to stop, as the job's event stream does."""
     key = parse_job_id(job_id)
     start = _resume_point(last_event_id, after)
     lines = await run_in_threadpool(
@@ -98,6 +101,9 @@ async def read_step_logs(
     if not follow:
         await run_in_threadpool(session.close)
         return JSONResponse(LogPage.of(lines, start, limit).model_dump(mode="json"))
+    if last_event_id is not None and not lines:
+        if await run_in_threadpool(job_settled, session, key):
+            return Response(status_code=204)
     await run_in_threadpool(session.close)
     framing = Framing(sse=SSE in (accept or ""))
     stream = log_stream(

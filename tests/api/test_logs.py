@@ -187,6 +187,27 @@ def test_following_a_settled_job_s_step_gives_its_lines_and_ends(
     assert sse.text.endswith("event: end\ndata: {}\n\n")
 
 
+def test_a_follower_reconnecting_to_a_settled_job_with_nothing_new_is_told_to_stop(
+    client: TestClient, runtime: Runtime, writer: Headers
+) -> None:
+    job_id = _ran(runtime, client, writer)
+    last = _logs(client, writer, job_id)["next_after"]
+    sse = {**writer, "Accept": "text/event-stream"}
+
+    done = client.get(
+        f"/v1/jobs/{job_id}/steps/talk/logs?follow=true",
+        headers={**sse, "Last-Event-ID": str(last)},
+    )
+    behind = client.get(
+        f"/v1/jobs/{job_id}/steps/talk/logs?follow=true",
+        headers={**sse, "Last-Event-ID": str(last - 1)},
+    )
+
+    assert done.status_code == 204
+    assert behind.status_code == 200
+    assert behind.text.count("id: ") == 1, "the last line again, then the end"
+
+
 async def _follow(runtime: Runtime, listener: EventListener, job_id: uuid.UUID) -> list[str]:
     which = LogFilter(job_id, "talk", None)
     frames = [
