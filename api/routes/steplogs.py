@@ -101,9 +101,9 @@ async def read_step_logs(
     if not follow:
         await run_in_threadpool(session.close)
         return JSONResponse(LogPage.of(lines, start, limit).model_dump(mode="json"))
-    if last_event_id is not None and not lines:
-        if await run_in_threadpool(job_settled, session, key):
-            return Response(status_code=204)
+    reconnected = last_event_id is not None and not lines
+    if reconnected and await run_in_threadpool(job_settled, session, key):
+        return Response(status_code=204)
     await run_in_threadpool(session.close)
     framing = Framing(sse=SSE in (accept or ""))
     stream = log_stream(
