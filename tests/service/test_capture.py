@@ -1,7 +1,9 @@
 """What a step attempt says is kept for that attempt alone: its ``ctx.log`` lines, its other
 ``logging`` calls and its prints, capped in bytes with the cut said in the log."""
 
+import contextvars
 import logging
+import sys
 import threading
 
 import pytest
@@ -54,8 +56,6 @@ def test_prints_are_kept_a_line_at_a_time_and_an_unfinished_line_at_the_end() ->
 
 
 def test_stderr_prints_are_warnings() -> None:
-    import sys
-
     kept = Capture(10_000)
     with capturing(kept):
         print("trouble", file=sys.stderr)
@@ -137,3 +137,17 @@ def test_two_attempts_running_at_once_each_keep_only_their_own_lines() -> None:
         messages = _messages(lines)
         assert len(messages) == 400
         assert all(message.startswith(name) for message in messages)
+
+
+def test_a_thread_the_action_starts_is_captured_only_in_a_copy_of_its_context() -> None:
+    kept = Capture(10_000)
+    with capturing(kept):
+        copied = contextvars.copy_context()
+        threads = [
+            threading.Thread(target=copied.run, args=(print, "in the attempt's context")),
+            threading.Thread(target=print, args=("in a context of its own",)),
+        ]
+        for thread in threads:
+            thread.start()
+            thread.join()
+    assert _messages(kept) == ["in the attempt's context"]
