@@ -36,6 +36,9 @@ from service.platform.models import StepLogRow
 
 log = logging.getLogger(__name__)
 
+LEVEL_CHARS = 16
+"""The width of ``step_logs.level``: a custom level's longer name is cut to it, not refused."""
+
 _WRITE = f"""
     WITH serialised AS MATERIALIZED (
         SELECT pg_advisory_xact_lock({STEP_LOGS_LOCK_SPACE}, hashtext(%(job_id)s::text))
@@ -71,7 +74,7 @@ def write_lines(
             "shard": key.shard,
             "attempt": attempt,
             "seqs": [line.seq for line in lines],
-            "levels": [line.level for line in lines],
+            "levels": [line.level[:LEVEL_CHARS] for line in lines],
             "loggers": [line.logger for line in lines],
             "ts": [datetime.fromtimestamp(line.ts, UTC) for line in lines],
             "messages": [line.message.replace("\x00", "\ufffd") for line in lines],

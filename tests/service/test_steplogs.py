@@ -250,3 +250,15 @@ def _wait_until_blocked(rt: Runtime) -> None:
                 return
             time.sleep(0.01)
     raise AssertionError("the second write never waited for the first")
+
+
+def test_a_custom_level_with_a_long_name_is_kept_cut_to_the_column(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, _chatty(), {})
+    leftovers.append(job_id)
+    said = [Line(1, "VERY_VERBOSE_DIAGNOSTICS", "lib", time.time(), "detail")]
+
+    keep_lines(runtime.claims, StepKey(job_id, "talk"), 1, said)
+
+    assert [line.level for line in _lines(runtime, job_id)] == ["VERY_VERBOSE_DIA"]
