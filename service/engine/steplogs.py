@@ -93,7 +93,7 @@ def keep_lines(
     try:
         with connections.connect() as conn:
             write_lines(conn, key, attempt, lines)
-    except psycopg.Error as exc:
+    except (psycopg.Error, ValueError) as exc:
         log.warning("the step's log of %d lines was not kept: %s", len(lines), exc)
 
 

@@ -51,7 +51,9 @@ class Line:
 
 class Capture:
     """One attempt's lines, at most ``max_bytes`` of message text (UTF-8); the line that
-    crosses the cap is cut there, and a last line says so and how many lines were dropped."""
+    crosses the cap is cut there, and a last line says so and how many lines were dropped.
+    What UTF-8 cannot hold (a lone surrogate, as a file name decoded with ``surrogateescape``
+    brings) is kept as ``?``, so printing it neither fails the action nor the write."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -70,15 +72,15 @@ class Capture:
         if self._cut:
             self._dropped += 1
             return
-        encoded = message.encode()
+        encoded = message.encode(errors="replace")
         room = self.max_bytes - self._used
         if len(encoded) > room:
             self._cut = True
-            message = encoded[:room].decode(errors="ignore")
-            if not message:
+            encoded = encoded[:room].decode(errors="ignore").encode()
+            if not encoded:
                 self._dropped += 1
                 return
-            encoded = message.encode()
+        message = encoded.decode()
         self._used += len(encoded)
         self._lines.append(Line(len(self._lines) + 1, level, logger, ts, message))
 

@@ -151,3 +151,10 @@ def test_a_thread_the_action_starts_is_captured_only_in_a_copy_of_its_context() 
             thread.start()
             thread.join()
     assert _messages(kept) == ["in the attempt's context"]
+
+
+def test_text_utf_8_cannot_hold_is_kept_as_a_question_mark() -> None:
+    kept = Capture(10_000)
+    with capturing(kept):
+        print("file \udcff.txt")
+    assert _messages(kept) == ["file ?.txt"]
