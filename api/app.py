@@ -26,6 +26,7 @@ from api.routes import (
     queues,
     runs,
     schedules,
+    steplogs,
 )
 from api.routes.mcp import install_mcp, mcp_sessions
 from api.streams import stop_listener
@@ -94,6 +95,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
+    app.include_router(steplogs.router)
     app.include_router(approvals.router)
     app.include_router(runs.router)
     app.include_router(pipelines.router)

@@ -54,6 +54,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "not_awaiting_approval": 409,
     "already_decided": 409,
     "unknown_step": 400,
+    "step_not_found": 404,
     "rerun_invalid": 422,
     "pipeline_version_gone": 409,
     "idempotency_conflict": 409,

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from api.routes.pipelines import PipelinePublic
 from api.routes.runs import DiffCountsPublic, DiffPublic, RunPublic
 from api.routes.schedules import SchedulePublic
-from api.schemas import JobCreate, JobPublic
+from api.schemas import JobCreate, JobPublic, LogPage
 from api.submit import accept_job
 from service.catalogue.diffs import DiffKind, diff_counts, diff_page
 from service.catalogue.imports import fetch_url, import_policy, read_import_file
@@ -33,6 +33,7 @@ from service.catalogue.saving import delete_pipeline
 from service.catalogue.saving import save_pipeline as save
 from service.engine.jobs import get_job, job_view, list_jobs
 from service.engine.runtime import Runtime
+from service.engine.steplogs import step_lines
 from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.language.loading import load_profile_text
@@ -43,6 +44,7 @@ from service.platform.constants import (
     DIFF_PAGE_MAX_LIMIT,
     JOB_LIST_MAX_LIMIT,
     MCP_HISTORY_NEW_ITEMS,
+    STEP_LOG_PAGE_MAX_ROWS,
 )
 from service.platform.errors import FlowbeatError, JobNotFound, Unauthorized
 from service.platform.settings import Settings
@@ -384,6 +386,28 @@ def _job_tools(server: MCPServer, deps: McpDeps) -> None:
         return await _call(
             deps, ctx, "read", lambda session, who: _diff(session, who, job_id, kind, limit)
         )
+
+    @server.tool()
+    async def get_logs(
+        job_id: str, step_id: str, ctx: Context, attempt: int = 0, after: int = 0, limit: int = 200
+    ) -> dict[str, Any]:
+        """What a step's attempts logged and printed, oldest first (``attempt`` 0: every
+        attempt); pass ``next_after`` back as ``after`` for the lines that follow."""
+        limit = min(max(1, limit), STEP_LOG_PAGE_MAX_ROWS)
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            lines = step_lines(
+                session,
+                _job_id(job_id),
+                step_id,
+                owner=_visible_to(principal),
+                attempt=attempt or None,
+                after=after,
+                limit=limit,
+            )
+            return LogPage.of(lines, after, limit).model_dump(mode="json")
+
+        return await _call(deps, ctx, "read", work)
 
 
 def _resources(server: MCPServer, deps: McpDeps) -> None:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
 from service.engine.jobs import JobView, StepView
+from service.engine.steplogs import LogLine
 from service.platform.constants import MAX_PRIORITY, SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
 from service.platform.models import ApprovalRow
 
@@ -271,3 +272,38 @@ class EventPublic(BaseModel):
     step_id: str | None
     data: dict[str, Any]
     at: datetime
+
+
+class LogLinePublic(BaseModel):
+    """One line a step attempt logged or printed."""
+
+    id: int = Field(description="the line's place in the job's log: the cursor (`after`)")
+    step_id: str
+    shard: int | None = Field(description="the fan-out item, none outside a fan-out")
+    attempt: int
+    round: int = Field(description="the loop round, 1 outside a loop")
+    seq: int = Field(description="the line's number within its attempt")
+    level: str = Field(description="DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    logger: str = Field(
+        description="the logger's name; flowbeat.step for ctx.log, stdout or stderr for prints"
+    )
+    ts: UtcDatetime
+    message: str
+
+    @classmethod
+    def of(cls, line: LogLine) -> "LogLinePublic":
+        return cls(**line.public())
+
+
+class LogPage(BaseModel):
+    lines: list[LogLinePublic]
+    next_after: int = Field(description="pass as `after` for the lines that follow these")
+    more: bool = Field(description="whether this page was full, so more lines may follow now")
+
+    @classmethod
+    def of(cls, lines: list[LogLine], after: int, limit: int) -> "LogPage":
+        return cls(
+            lines=[LogLinePublic.of(line) for line in lines],
+            next_after=lines[-1].id if lines else after,
+            more=len(lines) == limit,
+        )

@@ -19,7 +19,8 @@ from starlette.concurrency import run_in_threadpool
 
 from service.engine.events import Event, events_after, events_of_jobs, events_since, job_settled
 from service.engine.runtime import Runtime
-from service.platform.constants import EVENT_PAGE_ROWS
+from service.engine.steplogs import LogLine, read_lines
+from service.platform.constants import EVENT_PAGE_ROWS, STEP_LOG_PAGE_MAX_ROWS
 from service.platform.db import unit_of_work
 from service.platform.listener import EventListener
 from service.platform.models import JobRow
@@ -148,6 +149,66 @@ async def job_stream(
                 yield framing.event(event, str(event.seq))
                 after = event.seq
             if len(events) == EVENT_PAGE_ROWS:
+                continue
+            if settled:
+                yield framing.closing
+                return
+            if await follower.wait(keepalive_s) is None:
+                yield framing.keepalive
+    finally:
+        follower.close()
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    """Which lines a log stream follows: one step's, of one attempt or of all of them."""
+
+    job_id: uuid.UUID
+    step_id: str
+    attempt: int | None
+
+
+def _read_log(runtime: Runtime, which: LogFilter, after: int) -> tuple[bool, list[LogLine]]:
+    with unit_of_work(runtime.sessions) as session:
+        settled = job_settled(session, which.job_id)
+        lines = read_lines(
+            session,
+            which.job_id,
+            step_id=which.step_id,
+            attempt=which.attempt,
+            after=after,
+            limit=STEP_LOG_PAGE_MAX_ROWS,
+        )
+        return settled, lines
+
+
+def log_frame(line: LogLine, framing: Framing) -> str:
+    data = json.dumps(line.public(), separators=(",", ":"))
+    return f"id: {line.id}\ndata: {data}\n\n" if framing.sse else data + "\n"
+
+
+async def log_stream(
+    runtime: Runtime,
+    listener: EventListener,
+    which: LogFilter,
+    after: int,
+    framing: Framing,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
+    """A step's log lines after the line ``after``, then live ones, until the job is settled.
+
+    Each attempt's lines are written with a notification on the event channel, so the job
+    event stream's listener wakes this stream as it wakes that one; the line read after the
+    job is settled is the last, since nothing runs then."""
+    follower = Follower(listener, which.job_id)
+    try:
+        yield framing.opening
+        while True:
+            settled, lines = await run_in_threadpool(_read_log, runtime, which, after)
+            for line in lines:
+                yield log_frame(line, framing)
+                after = line.id
+            if len(lines) == STEP_LOG_PAGE_MAX_ROWS:
                 continue
             if settled:
                 yield framing.closing

@@ -33,6 +33,7 @@ from api.throttle import check_rate
 from service.catalogue.diffs import DiffKind
 from service.engine.checkpoints import step_outputs
 from service.engine.jobs import get_job, step_task_ids
+from service.engine.steplogs import step_lines, tail_lines
 from service.language.dag import topological_layers
 from service.language.snapshots import job_profile
 from service.platform.auth import KeyCache, Principal
@@ -44,6 +45,9 @@ COOKIE = "flowbeat_key"
 COOKIE_MAX_AGE_S = 8 * 3600
 CSRF_CONTEXT = b"flowbeat-ui-csrf"
 PAGE_SIZE = 50
+LOG_TAIL_LINES = 50
+"""Lines of each step's log on the job page; its full log is a page of its own."""
+LOG_PAGE_LINES = 500
 JOB_STATUSES = ("queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled")
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -222,6 +226,7 @@ def _job_context(viewer: Principal, session: SessionDep, job_id: str) -> dict[st
         "actions": {s.id: s.action for s in profile.steps},
         "outputs": {k: json.dumps(v, indent=2, default=str)[:4000] for k, v in outputs.items()},
         "task_ids": step_task_ids(session, public.id),
+        "logs": tail_lines(session, public.id, LOG_TAIL_LINES),
         "final": public.status in JOB_FINAL,
     }
 
@@ -235,6 +240,38 @@ def job_page(request: Request, job_id: str, viewer: Viewer, session: SessionDep)
 def job_panel(request: Request, job_id: str, viewer: Viewer, session: SessionDep) -> Response:
     """The part of the job page that live updates replace."""
     return _page(request, "job_panel.html", **_job_context(viewer, session, job_id))
+
+
+@router.get("/jobs/{job_id}/steps/{step_id}/logs", response_class=HTMLResponse)
+def step_log_page(
+    request: Request,
+    job_id: str,
+    step_id: str,
+    viewer: Viewer,
+    session: SessionDep,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    """A step's whole log, a page at a time, as ``GET /v1/jobs/{id}/steps/{step_id}/logs``."""
+    key = jobs.parse_job_id(job_id)
+    lines = step_lines(
+        session,
+        key,
+        step_id,
+        owner=jobs.visible_to(viewer),
+        attempt=attempt,
+        after=after,
+        limit=LOG_PAGE_LINES,
+    )
+    return _page(
+        request,
+        "step_logs.html",
+        job_id=key,
+        step_id=step_id,
+        attempt=attempt,
+        lines=lines,
+        next_after=lines[-1].id if len(lines) == LOG_PAGE_LINES else None,
+    )
 
 
 @router.get("/jobs/{job_id}/events")
@@ -413,6 +450,11 @@ def when(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else ""
 
 
+def clock(moment: datetime) -> str:
+    """A log line's time of day to the millisecond, in UTC as every time on the dashboard."""
+    return moment.strftime("%H:%M:%S.%f")[:-3]
+
+
 def duration(job: JobPublic) -> str:
     if job.started_at and job.finished_at:
         return f"{(job.finished_at - job.started_at).total_seconds():.1f}s"
@@ -420,4 +462,5 @@ def duration(job: JobPublic) -> str:
 
 
 templates.env.filters["when"] = when
+templates.env.filters["clock"] = clock
 templates.env.globals["duration"] = duration

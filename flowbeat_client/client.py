@@ -14,6 +14,7 @@ from flowbeat_client.types import (
     Diff,
     Job,
     JobPage,
+    LogPage,
     Pipeline,
     PipelineDetail,
     Run,
@@ -124,6 +125,20 @@ class Jobs(_Section):
     ) -> Diff:
         params = _query(kind=kind, limit=limit, cursor=cursor)
         return cast(Diff, self._call("GET", f"/v1/jobs/{job_id}/diff", params=params))
+
+    def logs(
+        self,
+        job_id: str,
+        step_id: str,
+        *,
+        attempt: int | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> LogPage:
+        """A page of what the step's attempts logged and printed; ``next_after`` pages on."""
+        params = _query(attempt=attempt, after=after, limit=limit)
+        path = f"/v1/jobs/{job_id}/steps/{step_id}/logs"
+        return cast(LogPage, self._call("GET", path, params=params))
 
 
 class Pipelines(_Section):

@@ -110,3 +110,22 @@ class Diff(TypedDict):
     counts: dict[str, int]
     items: list[Any]
     next_cursor: str | None
+
+
+class LogLine(TypedDict):
+    id: int
+    step_id: str
+    shard: int | None
+    attempt: int
+    round: int
+    seq: int
+    level: str
+    logger: str
+    ts: str
+    message: str
+
+
+class LogPage(TypedDict):
+    lines: list[LogLine]
+    next_after: int
+    more: bool

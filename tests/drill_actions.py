@@ -165,3 +165,23 @@ def work(
         ctx.sleep(min(0.05, max(deadline - time.monotonic(), 0.0)))
     note("end")
     return {"value": value}
+
+
+@action("drill.chatter")
+def chatter(
+    ctx: StepContext, lines: int = 1, fail_attempts: int = 0, hold_s: float = 0.0, say: str = ""
+) -> dict[str, Any]:
+    """Say something three ways per line (``ctx.log``, a module logger, ``print``), waiting
+    ``hold_s`` between lines, then print ``say`` if given; fail the first ``fail_attempts``
+    attempts after saying it all."""
+    for n in range(1, lines + 1):
+        ctx.log.info("ctx line %d of attempt %d", n, ctx.attempt)
+        log.warning("logger line %d", n)
+        print(f"printed line {n}")
+        if n < lines:
+            ctx.sleep(hold_s)
+    if say:
+        print(say)
+    if ctx.attempt <= fail_attempts:
+        raise ActionError(f"attempt {ctx.attempt} fails on purpose", retryable=True)
+    return {"lines": lines}

@@ -1,10 +1,12 @@
 """What an action sees of the step it runs in."""
 
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.platform.capture import STEP_LOGGER
 from service.platform.errors import StepCancelled
 from service.platform.settings import Settings
 
@@ -25,6 +27,9 @@ class StepContext:
     params: Mapping[str, Any]
     settings: Settings
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger(STEP_LOGGER))
+    """Lines logged here (and any other ``logging`` call or ``print`` while the action runs)
+    are kept with the attempt: ``GET /v1/jobs/{id}/steps/{step_id}/logs``."""
     idempotency_key: str | None = None
     """Set for a compensation: the same on every attempt, so the action can do its undoing
     once even when a killed worker makes it run twice."""

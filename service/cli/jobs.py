@@ -147,6 +147,43 @@ def jobs_watch(job: JobArgument, timeout_s: float = 3600.0) -> None:
     raise typer.Exit(code=0 if status == "succeeded" else 1)
 
 
+@jobs_cli.command("logs")
+def jobs_logs(
+    job: JobArgument,
+    step: Annotated[
+        str | None,
+        typer.Argument(metavar="STEP", help="one step's lines; default: every step's"),
+    ] = None,
+    attempt: Annotated[int | None, typer.Option(min=1, help="only this attempt's lines")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="then print new lines until the job ends")
+    ] = False,
+    timeout_s: float = 3600.0,
+    as_json: JsonOption = False,
+) -> None:
+    """What the job's steps logged and printed, oldest first: time (UTC), level, step (with
+    its item, attempt and round), message. With ``--json --follow``, one JSON object a line,
+    printed as each line comes."""
+    from service.engine.watch import log_lines
+
+    settings = load_settings()
+    job_id = resolve_job(settings, job)
+    lines = log_lines(settings, job_id, step, attempt=attempt, follow=follow, timeout_s=timeout_s)
+    if as_json and not follow:
+        emit_json({"lines": [line.public() for line in lines]})
+        return
+    for line in lines:
+        if as_json:
+            typer.echo(json.dumps(line.public()))
+            continue
+        where = line.step_id + ("" if line.shard is None else f"[{line.shard}]")
+        where += f" #{line.attempt}" + (f" r{line.round}" if line.round > 1 else "")
+        stamp = line.ts.strftime("%H:%M:%S.%f")[:-3]
+        console.print(
+            f"{stamp} {line.level:<7} {where} {line.message}", highlight=False, markup=False
+        )
+
+
 @jobs_cli.command("cancel")
 def jobs_cancel(job: JobArgument) -> None:
     """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does."""

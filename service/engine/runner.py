@@ -33,6 +33,7 @@ from service.engine.loops import complete_round
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job, sink_settles_job
 from service.engine.shards import FannedOut, fan_out, finish_fanout
+from service.engine.steplogs import keep_lines
 from service.engine.steps import (
     Claimed,
     Completion,
@@ -49,7 +50,7 @@ from service.language import verify
 from service.language.plan import JobPlan
 from service.language.snapshots import step_facts
 from service.language.specs import RetryPolicy
-from service.platform import logs, metrics
+from service.platform import capture, logs, metrics
 from service.platform.clock import utcnow
 from service.platform.constants import LANE_SLICE_S, SHARD_NONE
 from service.platform.db import unit_of_work
@@ -330,9 +331,14 @@ def _attempt(
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None,
 ) -> Any:
-    """The attempt's outcome, timed by action."""
+    """The attempt's outcome, timed by action, and what it logged kept whatever the outcome."""
     started = time.monotonic()
-    outcome = _call_action(rt, claim, timeout_errors, inline)
+    captured = capture.Capture(rt.settings.step_log_max_bytes)
+    try:
+        with capture.capturing(captured):
+            outcome = _call_action(rt, claim, timeout_errors, inline)
+    finally:
+        keep_lines(rt.claims, claim.key, claim.lease.attempt, captured.lines())
     result = "error" if isinstance(outcome, _Failure) else "ok"
     metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
     return outcome

@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.engine.events import Event, events_after, job_settled
 from service.engine.jobs import get_job, job_view
-from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENT_PAGE_ROWS
+from service.engine.steplogs import LogLine, read_lines, step_lines
+from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENT_PAGE_ROWS, STEP_LOG_PAGE_ROWS
 from service.platform.db import make_engine, make_session_factory, unit_of_work
 from service.platform.listener import EventListener
 from service.platform.settings import Settings
@@ -134,3 +135,60 @@ def follow(settings: Settings, job_id: uuid.UUID, timeout_s: float, console: Con
                     return get_job(session, job_id).status
             news.wait(min(EVENT_LISTEN_RETRY_S, max(0.0, deadline - time.monotonic())))
     return "timeout"
+
+
+def log_lines(
+    settings: Settings,
+    job_id: uuid.UUID,
+    step_id: str | None,
+    *,
+    attempt: int | None = None,
+    follow: bool = False,
+    timeout_s: float = 3600.0,
+) -> Iterator[LogLine]:
+    """A job's log lines (one step's, one attempt's), oldest first; with ``follow``, then the
+    lines written after, until the job is settled or ``timeout_s`` has passed. Woken as the
+    event streams are: each attempt's write notifies the job's channel."""
+    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    deadline = time.monotonic() + timeout_s
+    after = 0
+
+    def page() -> tuple[bool, list[LogLine]]:
+        with unit_of_work(sessions) as session:
+            settled = job_settled(session, job_id)
+            if step_id is None:
+                get_job(session, job_id)
+                lines = read_lines(
+                    session, job_id, attempt=attempt, after=after, limit=STEP_LOG_PAGE_ROWS
+                )
+            else:
+                lines = step_lines(
+                    session,
+                    job_id,
+                    step_id,
+                    owner=None,
+                    attempt=attempt,
+                    after=after,
+                    limit=STEP_LOG_PAGE_ROWS,
+                )
+            return settled, lines
+
+    if not follow:
+        while True:
+            _, lines = page()
+            yield from lines
+            if len(lines) < STEP_LOG_PAGE_ROWS:
+                return
+            after = lines[-1].id
+    with _woken_on_news(settings, job_id) as news:
+        while time.monotonic() < deadline:
+            news.clear()
+            settled, lines = page()
+            yield from lines
+            if lines:
+                after = lines[-1].id
+            if len(lines) == STEP_LOG_PAGE_ROWS:
+                continue
+            if settled:
+                return
+            news.wait(min(EVENT_LISTEN_RETRY_S, max(0.0, deadline - time.monotonic())))

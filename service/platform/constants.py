@@ -84,6 +84,12 @@ SHIPPED_DIR: Final = Path(str(resources.files("profiles")))
 EVENTS_CHANNEL: Final = "flowbeat_events"
 """Notified with a job id by the event-log triggers of migration 0011 when a change commits."""
 EVENT_PAGE_ROWS: Final = 500
+STEP_LOG_PAGE_ROWS: Final = 500
+"""Lines a page of a step's log holds unless the reader asks for fewer or more."""
+STEP_LOG_PAGE_MAX_ROWS: Final = 5000
+STEP_LOGS_LOCK_SPACE: Final = 30_001
+"""The first key of the two-key advisory locks that order one job's step log writes (the
+second is the job id's hash); two-key locks never meet the one-key locks used elsewhere."""
 EVENT_KEEPALIVE_S: Final = 15.0
 """An open stream writes a comment this often when nothing happens, so proxies keep it open."""
 EVENT_LISTEN_RETRY_S: Final = 1.0

@@ -59,6 +59,12 @@ class UnknownStep(FlowbeatError):
     code = "unknown_step"
 
 
+class StepNotFound(FlowbeatError):
+    """A step id the job's pipeline does not have, in a path that names one of its steps."""
+
+    code = "step_not_found"
+
+
 class RerunInvalid(FlowbeatError):
     """A rerun request that cannot apply to this job, e.g. ``only_failed_items`` on a step
     that does not fan out."""

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     result_expires_s: int = 3600
 
     max_body_bytes: int = 1_000_000
+    step_log_max_bytes: int = Field(default=1_000_000, ge=1)
+    """What one step attempt's log keeps of what it logged and printed (message text, UTF-8);
+    past it the log is cut, and its last line says so."""
     auth_cache_s: float = 5.0
     api_db_pool_size: int = Field(default=20, ge=1)
     """Connections an API process keeps open; requests beyond it open and close their own, which

@@ -73,6 +73,7 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     ("post", "/v1/jobs/{job_id}/cancel"): {200, 400, 404, 409} | KEYED,
     ("post", "/v1/jobs/{job_id}/rerun"): {202, 400, 404, 409} | PARSED_BODY | KEYED,
     ("get", "/v1/jobs/{job_id}/events"): {200, 400, 404, 410} | KEYED,
+    ("get", "/v1/jobs/{job_id}/steps/{step_id}/logs"): {200, 400, 404, 410} | KEYED,
     ("get", "/v1/events"): {200, 400} | KEYED,
     ("post", "/v1/jobs/{job_id}/steps/{step_id}/approve"): {200, 400, 404, 409}
     | PARSED_BODY

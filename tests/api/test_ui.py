@@ -13,6 +13,7 @@ from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.platform.db import unit_of_work
+from service.platform.errors import RetryLater
 from service.platform.models import PipelineRow, PipelineVersionRow
 from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
@@ -303,3 +304,73 @@ def test_logging_out_forgets_the_key(ui: TestClient, make_key: KeyFactory) -> No
 def test_the_dashboard_is_not_part_of_the_api_document(ui: TestClient) -> None:
     paths = ui.get("/openapi.json").json()["paths"]
     assert not [path for path in paths if path.startswith("/ui")]
+
+
+def _chatty_job(ui: TestClient, runtime: Runtime, key: str, **with_: object) -> str:
+    profile = {
+        "name": "chatty-ui",
+        "steps": [
+            {
+                "id": "talk",
+                "action": "drill.chatter",
+                "with": with_,
+                "retry": {"attempts": 2, "backoff_s": 0, "jitter": 0},
+            }
+        ],
+    }
+    answer = ui.post(
+        "/v1/jobs", json={"pipeline": profile}, headers={"Authorization": f"Bearer {key}"}
+    )
+    job_id: str = answer.json()["job"]["id"]
+    for _ in range(1 + int(str(with_.get("fail_attempts", 0)))):
+        try:
+            run_step(runtime, StepKey(uuid.UUID(job_id), "talk"), task_id=uuid.uuid4().hex)
+        except RetryLater:
+            continue
+    return job_id
+
+
+def test_a_step_shows_the_tail_of_its_log_and_links_its_whole_log(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    key = make_key("read", "write")
+    job_id = _chatty_job(ui, runtime, key, lines=30)
+    _login(ui, key)
+
+    panel = ui.get(f"/ui/jobs/{job_id}/panel").text
+    whole = ui.get(f"/ui/jobs/{job_id}/steps/talk/logs").text
+
+    assert "log: 90 lines, the last 50" in panel
+    shown = re.findall(r'<span class="line (\w+)" data-attempt="1">([^<]*)</span>', panel)
+    assert len(shown) == 50
+    assert shown[-1][1].endswith("#1 printed line 30")
+    assert shown[-2][0] == "warning" and shown[-2][1].endswith("logger line 30")
+    assert f'href="/ui/jobs/{job_id}/steps/talk/logs"' in panel
+    assert len(re.findall(r'<span class="line', whole)) == 90
+
+
+def test_a_failed_attempt_s_lines_show_escaped_and_one_attempt_on_request(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    key = make_key("read", "write")
+    job_id = _chatty_job(ui, runtime, key, fail_attempts=1, say="<script>alert(1)</script>")
+    _login(ui, key)
+
+    panel = ui.get(f"/ui/jobs/{job_id}/panel").text
+    second = ui.get(f"/ui/jobs/{job_id}/steps/talk/logs?attempt=2").text
+
+    assert "<script>alert(1)</script>" not in panel
+    assert "#1 &lt;script&gt;alert(1)&lt;/script&gt;" in panel
+    assert "#2 &lt;script&gt;alert(1)&lt;/script&gt;" in panel
+    assert set(re.findall(r'data-attempt="(\d+)"', second)) == {"2"}
+
+
+def test_another_owner_s_step_log_is_not_found(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    job_id = _chatty_job(ui, runtime, make_key("read", "write"))
+    _login(ui, make_key("read"))
+
+    answer = ui.get(f"/ui/jobs/{job_id}/steps/talk/logs")
+
+    assert answer.status_code == 404 and "job_not_found" in answer.text

@@ -33,6 +33,7 @@ TOOLS = {
     "run_pipeline",
     "get_job",
     "get_diff",
+    "get_logs",
 }
 PROFILE = """\
 name: {name}

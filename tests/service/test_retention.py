@@ -13,12 +13,15 @@ from service.catalogue.diffs import DiffCounts, DiffKind, diff_counts, diff_page
 from service.catalogue.retention import RetentionPolicy, prune_all, prune_tombstones
 from service.engine.jobs import get_job
 from service.engine.runtime import Runtime
+from service.engine.steplogs import write_lines
+from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
+from service.platform.capture import Line
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import JobExpired, JobNotFound
 from service.platform.migrate import upgrade
-from service.platform.models import JobEventRow, JobRow, PrunedJobRow, StepRunRow
+from service.platform.models import JobEventRow, JobRow, PrunedJobRow, StepLogRow, StepRunRow
 from service.platform.settings import Settings
 from service.platform.states import JOB_FINAL
 from tests.conftest import Stack
@@ -123,17 +126,21 @@ def test_open_jobs_are_never_pruned_and_do_not_count_as_kept_runs(runtime: Runti
     assert _left(runtime, ids) == [ids[0], ids[2], ids[3]]
 
 
-def test_a_pruned_job_takes_its_steps_and_event_log_along_and_leaves_a_tombstone(
+def test_a_pruned_job_takes_its_steps_event_log_and_step_logs_along_and_leaves_a_tombstone(
     runtime: Runtime,
 ) -> None:
     owner = f"gone-{uuid.uuid4().hex[:6]}"
     old, new = _jobs(runtime, owner, "kept", ["failed", "succeeded"])
+    said = [Line(1, "INFO", "stdout", NOW.timestamp(), "what the step said")]
+    with runtime.checkpoints.connect() as conn:
+        write_lines(conn, StepKey(old, "a"), 1, said)
 
     _prune(runtime, RetentionPolicy(keep=1, min_age_s=0))
 
     with unit_of_work(runtime.sessions) as session:
         steps = session.scalar(select(func.count()).where(StepRunRow.job_id == old))
         events = session.scalar(select(func.count()).where(JobEventRow.job_id == old))
+        lines = session.scalar(select(func.count()).where(StepLogRow.job_id == old))
         kept = session.scalar(select(func.count()).where(JobEventRow.job_id == new))
         tombstone = session.get(PrunedJobRow, old)
         assert tombstone is not None
@@ -145,7 +152,7 @@ def test_a_pruned_job_takes_its_steps_and_event_log_along_and_leaves_a_tombstone
         with pytest.raises(JobNotFound):
             get_job(session, old, owner="someone-else")
 
-    assert (steps, events) == (0, 0)
+    assert (steps, events, lines) == (0, 0, 0)
     assert kept
     assert expired.value.details["pruned_at"] == NOW.isoformat()
     assert expired.value.details["finished_at"] == (T0 + timedelta(minutes=1)).isoformat()

@@ -24,6 +24,7 @@ from service.platform.models.engine import (
     JobRow,
     PrunedJobRow,
     ResultItemRow,
+    StepLogRow,
     StepRoundRow,
     StepRunRow,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "ResultItemRow",
     "ScheduleFireRow",
     "ScheduleRow",
+    "StepLogRow",
     "StepRoundRow",
     "StepRunRow",
 ]

@@ -245,6 +245,29 @@ class StepRoundRow(Base):
     output: Mapped[Any] = mapped_column(JSONB, nullable=True)
 
 
+class StepLogRow(Base):
+    """One line a step attempt logged or printed. An attempt's lines are written together in
+    one statement once it has run (``service.engine.steplogs``); ``id`` orders them across
+    attempts and shards and is the cursor a reader pages and follows by."""
+
+    __tablename__ = "step_logs"
+    __table_args__ = (Index(None, "job_id", "step_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE")
+    )
+    step_id: Mapped[str] = mapped_column(String(64))
+    shard: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    round: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    level: Mapped[str] = mapped_column(String(16))
+    logger: Mapped[str] = mapped_column(Text)
+    ts: Mapped[datetime]
+    message: Mapped[str] = mapped_column(Text)
+
+
 class CompensationRow(Base):
     """The undoing of one succeeded step of a failed or cancelled job. ``seq`` orders them by
     reverse completion; only the first unfinished one may run, so they run one at a time."""

@@ -1,14 +1,14 @@
 """a job's concurrency key and limit, what it waits for, and a wake-up when a slot may free
 
 Revision ID: 0025
-Revises: 0021
+Revises: 0022
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0025"
-down_revision = "0021"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,186 @@
+"""What a step attempt said while it ran: its ``ctx.log`` lines, every ``logging`` call and every
+``print`` made on the thread that runs it, kept in memory until the attempt is over.
+
+Workers run attempts side by side in one process (threads in the embedded default, and a
+prefork pool process runs one at a time but its stdout is still the process's), so nothing is
+attached per attempt: one handler on the root logger and one proxy in front of ``sys.stdout``
+and ``sys.stderr`` each look up the attempt of the calling context in a context variable and
+hand the line to its ``Capture``, or do nothing. Lines also go where they went before (the
+worker's own log), so an operator tailing a worker loses nothing. A thread the action starts
+itself has a context of its own, so its lines are captured only if it runs in a copy of the
+attempt's context (``contextvars.copy_context``, as ``asyncio.to_thread`` does). With the
+handler on the root logger, a process that configured no logging of its own no longer gets
+logging's last-resort lines on stderr; every flowbeat process configures its own
+(``service.platform.logs``).
+"""
+
+import contextlib
+import contextvars
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+STEP_LOGGER = "flowbeat.step"
+"""The logger an action gets as ``ctx.log``; at INFO whatever the worker's own level."""
+_HANDLER_NAME = "flowbeat-step-capture"
+_PRINT_LEVELS = {"stdout": "INFO", "stderr": "WARNING"}
+
+_CURRENT: contextvars.ContextVar["Capture | None"] = contextvars.ContextVar(
+    "step_capture", default=None
+)
+_FORWARDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "step_capture_forwarding", default=False
+)
+"""Set while a captured print goes on to the stream it was meant for: under Celery that
+stream logs what it is given, and the handler must not capture the same line twice."""
+_install_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Line:
+    seq: int
+    level: str
+    logger: str
+    ts: float
+    message: str
+
+
+class Capture:
+    """One attempt's lines, at most ``max_bytes`` of message text (UTF-8); the line that
+    crosses the cap is cut there, and a last line says so and how many lines were dropped.
+    What UTF-8 cannot hold (a lone surrogate, as a file name decoded with ``surrogateescape``
+    brings) is kept as ``?``, so printing it neither fails the action nor the write."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lines: list[Line] = []
+        self._used = 0
+        self._dropped = 0
+        self._cut = False
+        self._partial: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, level: str, logger: str, message: str, ts: float) -> None:
+        with self._lock:
+            self._add(level, logger, message, ts)
+
+    def _add(self, level: str, logger: str, message: str, ts: float) -> None:
+        if self._cut:
+            self._dropped += 1
+            return
+        encoded = message.encode(errors="replace")
+        room = self.max_bytes - self._used
+        if len(encoded) > room:
+            self._cut = True
+            encoded = encoded[:room].decode(errors="ignore").encode()
+            if not encoded:
+                self._dropped += 1
+                return
+        message = encoded.decode()
+        self._used += len(encoded)
+        self._lines.append(Line(len(self._lines) + 1, level, logger, ts, message))
+
+    def write(self, stream: str, text: str) -> None:
+        """Printed text, kept a line at a time; a line without its newline yet waits for it."""
+        with self._lock:
+            pending = self._partial.get(stream, "") + text
+            *whole, rest = pending.split("\n")
+            self._partial[stream] = rest
+            now = time.time()
+            for line in whole:
+                self._add(_PRINT_LEVELS[stream], stream, line, now)
+
+    def lines(self) -> list[Line]:
+        """Every line kept, the unfinished printed ones and the cut notice included."""
+        with self._lock:
+            for stream, rest in sorted(self._partial.items()):
+                if rest:
+                    self._add(_PRINT_LEVELS[stream], stream, rest, time.time())
+            self._partial.clear()
+            kept = list(self._lines)
+            if self._cut:
+                notice = f"log cut at {self.max_bytes} bytes (FLOWBEAT_STEP_LOG_MAX_BYTES)"
+                if self._dropped:
+                    notice += f"; {self._dropped} more lines not kept"
+                kept.append(Line(len(kept) + 1, "WARNING", "flowbeat", time.time(), notice))
+            return kept
+
+
+class _Handler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        capture = _CURRENT.get()
+        if capture is None or _FORWARDING.get():
+            return
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
+        except Exception:
+            self.handleError(record)
+            return
+        capture.add(record.levelname, record.name, message, record.created)
+
+
+class _Routed:
+    """Stands in for ``sys.stdout`` or ``sys.stderr``: a write from an attempt is kept for it,
+    and every write goes on to the stream it was meant for."""
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self._stream = stream
+        self._name = name
+
+    def write(self, text: str) -> int:
+        capture = _CURRENT.get()
+        if capture is None or _FORWARDING.get():
+            return self._stream.write(text)
+        capture.write(self._name, text)
+        token = _FORWARDING.set(True)
+        try:
+            return self._stream.write(text)
+        finally:
+            _FORWARDING.reset(token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+_HANDLER = _Handler()
+_HANDLER.set_name(_HANDLER_NAME)
+
+
+def _install() -> None:
+    """Put the handler and the proxies in place, again if someone (Celery's redirection of a
+    pool process's output, a test runner, a logging setup) replaced them since. Every attempt
+    checks, so the check that finds them in place takes no lock."""
+    root = logging.getLogger()
+    if (
+        isinstance(sys.stdout, _Routed)
+        and isinstance(sys.stderr, _Routed)
+        and _HANDLER in root.handlers
+    ):
+        return
+    with _install_lock:
+        if _HANDLER not in root.handlers:
+            root.addHandler(_HANDLER)
+        step_logger = logging.getLogger(STEP_LOGGER)
+        if step_logger.level == logging.NOTSET:
+            step_logger.setLevel(logging.INFO)
+        if not isinstance(sys.stdout, _Routed):
+            sys.stdout = _Routed(sys.stdout, "stdout")
+        if not isinstance(sys.stderr, _Routed):
+            sys.stderr = _Routed(sys.stderr, "stderr")
+
+
+@contextlib.contextmanager
+def capturing(capture: Capture) -> Iterator[Capture]:
+    """Lines logged or printed inside, on this context, go into ``capture``."""
+    _install()
+    token = _CURRENT.set(capture)
+    try:
+        yield capture
+    finally:
+        _CURRENT.reset(token)
