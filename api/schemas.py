@@ -122,7 +122,10 @@ class JobPublic(BaseModel):
     trigger: str
     priority: int
     waiting_for: str | None = Field(
-        description="what a queued job waits for before it is sent: concurrency (a free slot)"
+        description=(
+            "what a queued job waits for before it is sent: concurrency (a free slot of its "
+            "key) or turn (its owner's turn, with fair share on)"
+        )
     )
     concurrency_key: str | None = Field(
         description="owner/pipeline/value of its pipeline's concurrency key, when it has one"

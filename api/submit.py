@@ -101,6 +101,7 @@ def accept_job(
         profiles_dir=settings.profiles_dir,
         known_actions=known_actions,
         open_jobs_limit=settings.max_open_jobs_per_owner,
+        fair_share_ahead=settings.fair_share_ahead,
     )
     session.commit()
     with logs.bound(job_id=str(job.id)):
@@ -111,7 +112,7 @@ def accept_job(
         if send_new_job(celery_app, runtime, job):
             log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
         else:
-            log.info("job %s waits for a slot of %s", job.id, job.concurrency_key)
+            log.info("job %s waits for %s", job.id, job.waiting_for)
     return JobPublic.of(new_job_view(job, profile)), 202
 
 
@@ -197,7 +198,7 @@ async def accept_job_on_loop(
     taken, a request ``submit_job`` refuses, no free connection): ``accept_job`` then decides,
     and answers exactly as it always has."""
     name = body.pipeline
-    if not isinstance(name, str) or body.notify_url is not None:
+    if not isinstance(name, str) or body.notify_url is not None or settings.fair_share_ahead:
         return None
     if not re.fullmatch(NAME_PATTERN, name):
         return None

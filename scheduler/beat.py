@@ -26,7 +26,7 @@ from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.catalogue.retention import RetentionPolicy, prune_runs
 from service.engine.approvals import expire_due
-from service.engine.concurrency import let_in_all
+from service.engine.concurrency import let_in_all, take_turns, waiting_turns
 from service.engine.runtime import Runtime
 from service.language.plan import JobPlan
 from service.platform.clock import utcnow
@@ -49,6 +49,8 @@ from tasks.dispatch import dispatch_job, publish_or_defer, send_new_job
 log = logging.getLogger(__name__)
 
 MIN_SLEEP_S = 0.05
+TURN_POLL_S = 0.2
+"""How soon the leader looks again while jobs wait their turn (fair share)."""
 
 
 class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
@@ -122,13 +124,14 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.compensate(overdue.compensate)
         self.expire_approvals(now)
         self.fire_dependents()
-        self.let_in_waiting(now)
+        turns_waiting = self.let_in_waiting(now)
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session, held=held.keys())
         wakes = [w for w in (wake, *held.values()) if w is not None]
         if not wakes:
-            return self.tick_s
-        return max(0.0, (min(wakes) - utcnow()).total_seconds())
+            return TURN_POLL_S if turns_waiting else self.tick_s
+        until = max(0.0, (min(wakes) - utcnow()).total_seconds())
+        return min(until, TURN_POLL_S) if turns_waiting else until
 
     def send(self, result: TickResult) -> None:
         """After the commit: publish new jobs, revoke cancelled tasks, send the compensations
@@ -168,16 +171,23 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                 "beat: job %s of %s started by job %s", job.id, job.pipeline, job.parent_job_id
             )
 
-    def let_in_waiting(self, now: datetime) -> None:
-        """Jobs waiting for a slot of their concurrency key that has one free now: a keyed job
-        that ended, or a waiting one stored, woke this leader (migration 0025)."""
+    def let_in_waiting(self, now: datetime) -> bool:
+        """Jobs waiting for a slot of their concurrency key that has one free now (a keyed job
+        that ended, or a waiting one stored, woke this leader: migration 0025), then those whose
+        turn came (fair share); whether any still wait their turn, for the leader to look again
+        soon: a job taken by a worker makes room for the next without waking it."""
+        ahead = self.settings.fair_share_ahead
         with unit_of_work(self.runtime.sessions) as session:
             admitted = let_in_all(session, now)
+            if ahead:
+                admitted += take_turns(session, ahead, sent_at=now)
+            waiting = bool(ahead) and waiting_turns(session)
         for job_id in admitted:
             try:
                 dispatch_job(self.app, self.runtime, job_id)
             except BrokerUnavailable:
                 log.warning("beat: job %s let in; the sweeper sends it later", job_id)
+        return waiting
 
     def expire_approvals(self, now: datetime) -> None:
         """Approvals past due get their timeout action here, on the elected replica, rather

@@ -13,7 +13,7 @@ from service.catalogue.retention import (
     prune_tombstones,
 )
 from service.engine import sweeper
-from service.engine.concurrency import let_in_all
+from service.engine.concurrency import let_in_all, take_turns
 from service.engine.runtime import Runtime
 from service.engine.submission import mark_dispatched
 from service.language.plan import JobPlan
@@ -91,10 +91,13 @@ def _resend_compensations(rt: Runtime, job_ids: list[uuid.UUID]) -> int:
 
 
 def _let_in_waiting(rt: Runtime) -> int:
-    """Jobs waiting for a slot of their concurrency key that has one free: the beat leader
-    lets them in as soon as a slot frees; this pass is for a leader that could not listen."""
+    """Jobs waiting for a slot of their concurrency key that has one free, or their turn: the
+    beat leader lets them in as soon as it comes; this pass is for a leader that could not."""
+    ahead = rt.settings.fair_share_ahead
     with unit_of_work(rt.sessions) as session:
         admitted = let_in_all(session, utcnow())
+        if ahead:
+            admitted += take_turns(session, ahead, sent_at=utcnow())
     for job_id in admitted:
         dispatch_job(app, rt, job_id)
     if admitted:

@@ -1,4 +1,6 @@
-"""Concurrency keys: at most ``limit`` open jobs of one pipeline share a key's value at once.
+"""What a job waits for before any of it is sent: a slot of its concurrency key, or its turn.
+
+Concurrency keys: at most ``limit`` open jobs of one pipeline share a key's value at once.
 
 A job over its key's limit is stored queued and ``waiting_for`` a slot, and nothing of it is
 sent, so it holds neither a worker nor a message; a job that waits is never claimed (the claim
@@ -9,6 +11,11 @@ schedules channel, see migration 0025), and the sweeper at every pass. Each of t
 lets in under a transaction-scoped advisory lock on the key, so two API processes or a beat
 and a sweeper never both take the last slot. A slot is held while the job is open: a worker
 killed under it does not end the job, which the sweeper sends again, so no slot leaks.
+
+Fair share (``FLOWBEAT_FAIR_SHARE_AHEAD``): jobs submitted through the API wait their turn
+while that many jobs are sent and not started; the beat leader lets them in owner by owner as
+workers take the ones ahead, so the broker's queue stays short and no owner's backlog sits in
+it ahead of everyone else's.
 """
 
 import uuid
@@ -23,10 +30,18 @@ from service.language.profiles import Profile
 from service.platform.states import JobStatus
 
 WAITING_FOR_SLOT = "concurrency"
+WAITING_FOR_TURN = "turn"
 
 _LET_IN = text("SELECT * FROM flowbeat_let_in(:key, :limit, :only, :sent_at)")
 """One statement in a function of migration 0025: it takes the key's advisory lock, then
 counts and lets in with a snapshot taken after the lock, so it is safe in autocommit too."""
+_TAKE_TURNS = text("SELECT * FROM flowbeat_take_turns(:ahead, :only, :sent_at)")
+"""Migration 0027's function: under one advisory lock, as many jobs as ``ahead`` leaves room
+for beside those sent and not started, each owner's oldest first, owner by owner."""
+_ANY_TURN = text(
+    f"""SELECT 1 FROM jobs
+         WHERE status = '{JobStatus.QUEUED}' AND waiting_for = '{WAITING_FOR_TURN}' LIMIT 1"""
+)
 _WAITING_KEYS = text(
     f"""
     SELECT DISTINCT ON (concurrency_key) concurrency_key, concurrency_limit FROM jobs
@@ -62,6 +77,20 @@ def let_in(
     values = {"key": key, "limit": limit, "only": only, "sent_at": sent_at}
     rows = session.execute(_LET_IN, values)
     return [row[0] for row in rows]
+
+
+def take_turns(
+    session: Session, ahead: int, *, sent_at: datetime | None, only: uuid.UUID | None = None
+) -> list[uuid.UUID]:
+    """Fair share: let in jobs waiting their turn while fewer than ``ahead`` jobs are sent and
+    not started, round-robin by owner, so one owner's burst delays another's job by a turn,
+    not by the burst. With ``only``, that job if its turn has come; the ids, to send."""
+    rows = session.execute(_TAKE_TURNS, {"ahead": ahead, "only": only, "sent_at": sent_at})
+    return [row[0] for row in rows]
+
+
+def waiting_turns(session: Session) -> bool:
+    return session.execute(_ANY_TURN).first() is not None
 
 
 def slot_values(profile: Profile, owner: str, params: dict[str, Any]) -> dict[str, Any]:

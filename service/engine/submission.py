@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from service.catalogue.notices import validate_notify_url
 from service.catalogue.pipelines import own_or_shared
 from service.catalogue.resolution import ResolvedPipeline, resolve_pipeline
-from service.engine.concurrency import let_in, slot_values
+from service.engine.concurrency import WAITING_FOR_TURN, let_in, slot_values, take_turns
 from service.language.checks import validate_profile
 from service.language.params import resolve_params
 from service.language.profiles import Profile
@@ -116,6 +116,7 @@ def submit_job(
     known_actions: Collection[str],
     publish_now: bool = True,
     open_jobs_limit: int = 0,
+    fair_share_ahead: int = 0,
 ) -> tuple[JobRow, bool]:
     """Store a queued job and its steps. Returns the job and whether it is new.
 
@@ -125,11 +126,14 @@ def submit_job(
 
     The same idempotency key with the same request returns the first job; with a different
     request it is refused, so a client retrying a timeout cannot start a second run.
+    With ``fair_share_ahead``, a job without a concurrency key waits its turn
+    (``concurrency.take_turns``) unless it comes now.
     A new job counts against the owner's ``open_jobs_limit`` (``check_open_jobs``, 0: none); a
     replay of a key does not, as it starts nothing, so it gets its job at the limit too.
 
     Everything it reads is read-only and its one write is a single statement, so a caller may
-    run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none.
+    run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none;
+    a job stored waiting then lets itself in, in one more statement, or is let in by the beat.
     """
     resolved = resolve_request(
         session,
@@ -149,8 +153,11 @@ def submit_job(
             return _same_request(existing, request_hash), False
     check_open_jobs(session, owner, open_jobs_limit)
     job = _job_values(request, resolved, params, request_hash, owner, publish_now)
+    if fair_share_ahead and job["waiting_for"] is None:
+        job.update(waiting_for=WAITING_FOR_TURN, dispatched_at=None)
     if insert_job(session, job, step_rows(profile)):
-        return JobRow(**take_slot(session, job, publish_now)), True
+        job = take_slot(session, job, publish_now)
+        return JobRow(**take_turn(session, job, fair_share_ahead, publish_now)), True
     raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
     if raced is None:
         raise IdempotencyConflict(
@@ -396,6 +403,18 @@ def take_slot(session: Session, job: dict[str, Any], publish_now: bool) -> dict[
     if key is None or not let_in(
         session, key, job["concurrency_limit"], sent_at=sent_at, only=job["id"]
     ):
+        return job
+    return {**job, "waiting_for": None, "dispatched_at": sent_at}
+
+
+def take_turn(
+    session: Session, job: dict[str, Any], ahead: int, publish_now: bool
+) -> dict[str, Any]:
+    """A job stored waiting its turn takes it now if it has come."""
+    if job["waiting_for"] != WAITING_FOR_TURN:
+        return job
+    sent_at = utcnow() if publish_now else None
+    if not take_turns(session, ahead, sent_at=sent_at, only=job["id"]):
         return job
     return {**job, "waiting_for": None, "dispatched_at": sent_at}
 

@@ -156,6 +156,10 @@ class Settings(BaseSettings):
     """Celery task events, for Flower: each step then costs its worker three more publishes
     (about 9% of a no-op chain's throughput), and has a message of its own, so that Flower
     shows it under its own name (``tasks.inline``); they are on only where Flower runs."""
+    fair_share_ahead: int = Field(default=0, ge=0)
+    """Fair share between owners: at most this many jobs submitted through the API are sent
+    and not started at once; the others wait their turn in PostgreSQL and the beat leader
+    sends them round-robin by owner. 0 sends every job at once, in arrival order."""
     worker_queues: Annotated[
         list[Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)]], NoDecode
     ] = Field(default_factory=lambda: [DEFAULT_QUEUE], min_length=1)

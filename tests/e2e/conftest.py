@@ -190,9 +190,16 @@ class Client:
         return self.submit_at(None, pipeline, **params)
 
     def submit_at(
-        self, priority: int | None, pipeline: str | Mapping[str, Any], **params: Any
+        self,
+        priority: int | None,
+        pipeline: str | Mapping[str, Any],
+        *,
+        owner: str = "tests",
+        fair_share_ahead: int = 0,
+        **params: Any,
     ) -> uuid.UUID:
-        """``submit`` with a priority (``None``: the profile's)."""
+        """``submit`` with a priority (``None``: the profile's), as ``owner``, taking turns
+        with other owners' jobs as the API does with fair share on."""
         from service.engine.submission import JobRequest, submit_job
         from service.language.plan import load_plan
         from service.platform.db import unit_of_work
@@ -202,9 +209,10 @@ class Client:
             job, _ = submit_job(
                 session,
                 JobRequest(pipeline=pipeline, params=params, priority=priority),
-                owner="tests",
+                owner=owner,
                 profiles_dir=self.settings.profiles_dir,
                 known_actions=self.rt.registry.names(),
+                fair_share_ahead=fair_share_ahead,
             )
         if job.waiting_for is not None:
             return job.id

@@ -2,6 +2,7 @@
 wait queued, unsent and unclaimable, and are let in oldest first as slots free."""
 
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from service.engine.claims import fast_claim
-from service.engine.concurrency import let_in_all
+from service.engine.concurrency import let_in_all, take_turns
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
@@ -141,3 +142,61 @@ def test_a_key_reads_only_params_and_one_it_cannot_resolve_is_refused(
     assert "region" in refused.value.message
     with unit_of_work(runtime.sessions) as session:
         assert session.scalar(select(JobRow.id).where(JobRow.owner == owner)) is None
+
+
+PLAIN = {"name": "plain-turns", "steps": [{"id": "call", "action": "noop"}]}
+
+
+def _submit_turn(rt: Runtime, owner: str, ahead: int = 2) -> JobRow:
+    with unit_of_work(rt.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline=PLAIN, params={}),
+            owner=owner,
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+            fair_share_ahead=ahead,
+        )
+    return job
+
+
+def _start(rt: Runtime, job_id: uuid.UUID) -> None:
+    with unit_of_work(rt.sessions) as session:
+        walk(session, JobRow, JobRow.id == job_id, to=JobStatus.RUNNING)
+
+
+@pytest.fixture
+def no_other_turns(runtime: Runtime) -> Iterator[None]:
+    """Fair share counts every job sent and not started: these tests start from none."""
+    with unit_of_work(runtime.sessions) as session:
+        walk(session, JobRow, JobRow.status == JobStatus.QUEUED, to=JobStatus.CANCELLED)
+    yield
+    with unit_of_work(runtime.sessions) as session:
+        walk(session, JobRow, JobRow.status.in_(["queued", "running"]), to=JobStatus.CANCELLED)
+
+
+@pytest.mark.usefixtures("no_other_turns")
+def test_a_burst_waits_its_turn_and_another_owners_job_goes_next(runtime: Runtime) -> None:
+    big, small = f"big-{uuid.uuid4().hex[:6]}", f"small-{uuid.uuid4().hex[:6]}"
+    burst = [_submit_turn(runtime, big) for _ in range(10)]
+    late = _submit_turn(runtime, small)
+
+    assert [job.waiting_for for job in burst[:3]] == [None, None, "turn"]
+    assert late.waiting_for == "turn", "two are sent ahead already"
+
+    for job in burst[:2]:
+        _start(runtime, job.id)
+    with unit_of_work(runtime.sessions) as session:
+        turns = take_turns(session, 2, sent_at=utcnow())
+
+    assert set(turns) == {burst[2].id, late.id}, "each owner's oldest, owner by owner"
+    with unit_of_work(runtime.sessions) as session:
+        assert take_turns(session, 2, sent_at=utcnow()) == [], "two are sent ahead again"
+
+
+@pytest.mark.usefixtures("no_other_turns")
+def test_a_job_takes_its_turn_at_once_while_room_is_left(runtime: Runtime) -> None:
+    owner = f"o-{uuid.uuid4().hex[:6]}"
+    job = _submit_turn(runtime, owner, ahead=5)
+
+    assert job.waiting_for is None and job.dispatched_at is not None

@@ -56,6 +56,19 @@ class JobRow(Base):
             postgresql_where=text(f"status IN {JOB_OPEN_SQL}"),
         ),
         Index(
+            "ix_jobs_sent_unstarted",
+            "created_at",
+            postgresql_where=text(
+                "status = 'queued' AND waiting_for IS NULL AND dispatched_at IS NOT NULL"
+            ),
+        ),
+        Index(
+            "ix_jobs_waiting_turn",
+            "owner",
+            "created_at",
+            postgresql_where=text("status = 'queued' AND waiting_for = 'turn'"),
+        ),
+        Index(
             "ix_jobs_open_by_concurrency_key",
             "concurrency_key",
             "created_at",
@@ -85,7 +98,8 @@ class JobRow(Base):
     """Its pipeline's ``concurrency`` key, resolved from its params, with owner and pipeline."""
     concurrency_limit: Mapped[int | None]
     waiting_for: Mapped[str | None] = mapped_column(String(24))
-    """What a queued job waits for before any of it is sent: ``concurrency``, a free slot."""
+    """What a queued job waits for before any of it is sent: ``concurrency``, a free slot of
+    its key, or ``turn``, its owner's turn while enough jobs are sent ahead (fair share)."""
     result: Mapped[Any] = mapped_column(JSONB, nullable=True)
     error: Mapped[dict[str, Any] | None]
     item_count: Mapped[int | None] = mapped_column(Integer)
