@@ -28,6 +28,7 @@ from service.catalogue.retention import RetentionPolicy, prune_runs
 from service.engine.approvals import expire_due
 from service.engine.concurrency import let_in_all, take_turns, waiting_turns
 from service.engine.runtime import Runtime
+from service.engine.slots import let_in_steps, steps_waiting
 from service.language.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
@@ -173,15 +174,20 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
 
     def let_in_waiting(self, now: datetime) -> bool:
         """Jobs waiting for a slot of their concurrency key that has one free now (a keyed job
-        that ended, or a waiting one stored, woke this leader: migration 0025), then those whose
-        turn came (fair share); whether any still wait their turn, for the leader to look again
-        soon: a job taken by a worker makes room for the next without waking it."""
+        that ended, or a waiting one stored, woke this leader: migration 0025), those whose
+        turn came (fair share), and steps whose key has a slot free (a step of the key that
+        stopped running woke it: migration 0028); whether any still wait for a turn or a
+        step slot, for the leader to look again soon, since a job taken by a worker makes room
+        for the next and a killed worker's lease lapses without waking anyone."""
         ahead = self.settings.fair_share_ahead
         with unit_of_work(self.runtime.sessions) as session:
             admitted = let_in_all(session, now)
             if ahead:
                 admitted += take_turns(session, ahead, sent_at=now)
-            waiting = bool(ahead) and waiting_turns(session)
+            steps = let_in_steps(session, now)
+            waiting = (bool(ahead) and waiting_turns(session)) or steps_waiting(session)
+        for plan in steps:
+            publish_or_defer(self.app, self.runtime, plan)
         for job_id in admitted:
             try:
                 dispatch_job(self.app, self.runtime, job_id)

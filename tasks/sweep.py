@@ -15,6 +15,7 @@ from service.catalogue.retention import (
 from service.engine import sweeper
 from service.engine.concurrency import let_in_all, take_turns
 from service.engine.runtime import Runtime
+from service.engine.slots import let_in_steps
 from service.engine.submission import mark_dispatched
 from service.language.plan import JobPlan
 from service.platform.clock import utcnow
@@ -98,11 +99,14 @@ def _let_in_waiting(rt: Runtime) -> int:
         admitted = let_in_all(session, utcnow())
         if ahead:
             admitted += take_turns(session, ahead, sent_at=utcnow())
+        steps = let_in_steps(session, utcnow())
     for job_id in admitted:
         dispatch_job(app, rt, job_id)
-    if admitted:
-        SWEEPER_REPUBLISHED.labels("slot_free").inc(len(admitted))
-    return len(admitted)
+    for plan in steps:
+        publish_or_defer(app, rt, plan)
+    if admitted or steps:
+        SWEEPER_REPUBLISHED.labels("slot_free").inc(len(admitted) + len(steps))
+    return len(admitted) + len(steps)
 
 
 def _republish(rt: Runtime, broker: BrokerState) -> tuple[sweeper.SweepReport, int]:

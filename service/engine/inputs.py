@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from service.engine.completion import skip_step, unresolvable
 from service.engine.gates import approved
 from service.engine.leases import held_step, live_job, lock_step
+from service.engine.slots import take_step_slot
 from service.engine.steps import (
     Claimed,
     FanOutDue,
@@ -86,8 +87,8 @@ def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
 def use_fast_claim(
     session: Session, key: StepKey, claim: FastClaim, now: datetime
 ) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
-    """Turn a fast claim into work: pass its gate, resolve inputs, or hold a for_each step to
-    fan out."""
+    """Turn a fast claim into work: pass its gate and its ``when``, take a slot of its
+    concurrency key, resolve inputs, or hold a for_each step to fan out."""
     held = Held.of(key, claim)
     spec = held.spec
     if spec.approval is not None:
@@ -97,6 +98,8 @@ def use_fast_claim(
     unless = _unless_condition(session, held, now)
     if unless is not None:
         return unless
+    if not take_step_slot(session, key, spec, held.params, now):
+        return None
     if spec.for_each is not None:
         locked = _still_held(session, held)
         return None if locked is None else FanOutDue(*locked, spec)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import exists, func, or_, select
+from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.engine.compensations import lost as lost_compensations
@@ -184,11 +184,14 @@ def _idle(
     session: Session, now: datetime, before: datetime, statuses: list[str]
 ) -> dict[uuid.UUID, datetime]:
     """Jobs sent, with no live lease, and nothing started, finished or sent since ``before``,
-    with when they last did any of that."""
+    with when they last did any of that. A step waiting for a slot of its concurrency key is
+    the beat's to send: its job is not idle."""
     live_lease = exists().where(
         StepRunRow.job_id == JobRow.id,
-        StepRunRow.status == StepStatus.RUNNING,
-        StepRunRow.lease_until >= now,
+        or_(
+            and_(StepRunRow.status == StepStatus.RUNNING, StepRunRow.lease_until >= now),
+            StepRunRow.status == StepStatus.AWAITING_SLOT,
+        ),
     )
     last_activity = (
         select(func.max(func.greatest(StepRunRow.started_at, StepRunRow.finished_at)))

@@ -82,7 +82,7 @@ def plan_remaining(
         for row in rows
         if row.shard == SHARD_NONE
         and row.status not in STEP_FINAL
-        and row.status != StepStatus.AWAITING_APPROVAL
+        and row.status not in (StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SLOT)
         and row.waiting_on == 0
     }
     return JobPlan(

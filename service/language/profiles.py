@@ -27,8 +27,14 @@ from pydantic_core import PydanticCustomError
 from service.language import dag
 from service.language.conditions import Condition, parse_condition
 from service.language.cron import ScheduleSpec
-from service.language.expressions import CONCURRENCY_ROOTS, parse_refs
-from service.language.specs import NAME_PATTERN, UNTIL_ROOTS, ParamSpec, ResultSpec, StepSpec
+from service.language.specs import (
+    NAME_PATTERN,
+    UNTIL_ROOTS,
+    ConcurrencySpec,
+    ParamSpec,
+    ResultSpec,
+    StepSpec,
+)
 from service.platform.constants import (
     DEFAULT_QUEUE,
     MAX_PRIORITY,
@@ -108,25 +114,6 @@ class LoopSpec(BaseModel):
         if self._condition is None:
             self._condition = parse_condition(self.until, roots=UNTIL_ROOTS)
         return self._condition
-
-
-class ConcurrencySpec(BaseModel):
-    """At most ``limit`` jobs of the pipeline with the same ``key`` open at once; the others
-    wait queued, first come first served, holding no worker and no message."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    key: str = Field(min_length=1, max_length=200)
-    limit: int = Field(ge=1, le=10_000)
-
-    @field_validator("key")
-    @classmethod
-    def _key_reads_params_only(cls, value: str) -> str:
-        try:
-            parse_refs(value, roots=CONCURRENCY_ROOTS)
-        except ExpressionError as exc:
-            raise PydanticCustomError(exc.code, exc.message) from None
-        return value
 
 
 class Profile(BaseModel):

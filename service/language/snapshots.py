@@ -74,7 +74,12 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
         decided = frozenset(ref.name for ref in refs if ref.root == "approval" and ref.name)
         reads_loop = any(ref.root == "loop" for ref in refs)
         reads_trigger = any(ref.root == "trigger" for ref in [*refs, *verify_refs])
-        gated = spec.for_each is not None or spec.approval is not None or spec.when is not None
+        gated = (
+            spec.for_each is not None
+            or spec.approval is not None
+            or spec.when is not None
+            or spec.concurrency is not None
+        )
         facts = _FACTS[cache_key] = StepFacts(
             frozenset(ref.name for ref in refs if ref.root == "steps" and ref.name),
             children,

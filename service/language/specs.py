@@ -20,7 +20,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from service.language.conditions import Condition, parse_condition
-from service.language.expressions import Ref, parse_path, whole_ref
+from service.language.expressions import (
+    CONCURRENCY_ROOTS,
+    Ref,
+    parse_path,
+    parse_refs,
+    whole_ref,
+)
 from service.platform.constants import QUEUE_PATTERN
 from service.platform.errors import (
     ExpressionError,
@@ -274,6 +280,26 @@ class CompensateSpec(BaseModel):
     timeout_s: int = Field(default=300, ge=1, le=86400)
 
 
+class ConcurrencySpec(BaseModel):
+    """On a profile: at most ``limit`` of its jobs with the same ``key`` open at once; on a
+    step: at most ``limit`` steps with the same ``key`` running at once, across every job.
+    The others wait, first come first served, holding no worker and no message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=200)
+    limit: int = Field(ge=1, le=10_000)
+
+    @field_validator("key")
+    @classmethod
+    def _key_reads_params_only(cls, value: str) -> str:
+        try:
+            parse_refs(value, roots=CONCURRENCY_ROOTS)
+        except ExpressionError as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+
 class StepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
     _condition: Condition | None = PrivateAttr(default=None)
@@ -293,6 +319,7 @@ class StepSpec(BaseModel):
         default_factory=list, max_length=MAX_VERIFY_RULES, exclude_if=lambda rules: not rules
     )
     queue: str | None = Field(default=None, pattern=QUEUE_PATTERN, exclude_if=_never_null)
+    concurrency: ConcurrencySpec | None = Field(default=None, exclude_if=_never_null)
     """The worker pool that runs this step (``flowbeat worker --queues``); else the profile's."""
     description: str = ""
 
@@ -305,6 +332,16 @@ class StepSpec(BaseModel):
             except ExpressionError as exc:
                 raise PydanticCustomError(exc.code, exc.message) from None
         return value
+
+    @model_validator(mode="after")
+    def _one_slot_per_step(self) -> "StepSpec":
+        if self.concurrency is not None and self.for_each is not None:
+            raise PydanticCustomError(
+                "concurrency_with_for_each",
+                "a for_each step has no concurrency of its own; bound its items with "
+                "for_each.max_parallel",
+            )
+        return self
 
     @property
     def condition(self) -> Condition | None:

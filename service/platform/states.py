@@ -34,6 +34,9 @@ class StepStatus(StrEnum):
     REUSED = "reused"
     AWAITING_APPROVAL = "awaiting_approval"
     REJECTED = "rejected"
+    AWAITING_SLOT = "awaiting_slot"
+    """Its concurrency key had no slot free: it holds no lease and no message until the beat
+    lets it in (``service.engine.slots``)."""
 
 
 class CompensationStatus(StrEnum):
@@ -96,6 +99,7 @@ class Transition:
 
 _P, _RUN, _RETRY = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
 _WAIT, _REJECT = StepStatus.AWAITING_APPROVAL, StepStatus.REJECTED
+_SLOT = StepStatus.AWAITING_SLOT
 _OK, _FAIL, _SKIP, _CANCEL = (
     StepStatus.SUCCEEDED,
     StepStatus.FAILED,
@@ -146,6 +150,9 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_P, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RUN, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RETRY, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RUN, _SLOT, "service.engine.slots.take_step_slot", "its key has no slot free"),
+    Transition(_SLOT, _P, "service.engine.slots.let_in_steps", "a slot of its key freed"),
+    Transition(_SLOT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
 )
 
 _Q, _JRUN, _JWAIT = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL

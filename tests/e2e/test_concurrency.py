@@ -79,3 +79,30 @@ def test_a_worker_killed_holding_a_slot_leaks_it_not(client: Client, cluster: Cl
     spans = _spans(client, jobs)
     assert _most_at_once(spans) == 1, "the slot went to a second job while the first held it"
     assert client.count(jobs[1], "call") == 1 and client.count(jobs[2], "call") == 1
+
+
+def test_a_step_key_never_has_more_steps_running_than_its_limit_across_jobs(
+    client: Client, cluster: Cluster
+) -> None:
+    cluster.worker(concurrency=3)
+    cluster.worker(concurrency=3)
+    cluster.beat()
+    profile = {
+        "name": f"shared-{uuid.uuid4().hex[:6]}",
+        "steps": [
+            {"id": "prep", "action": "drill.count", "with": {"name": "prep"}},
+            {
+                "id": "call",
+                "action": "drill.count",
+                "with": {"name": "call", "hold_s": 0.5},
+                "depends_on": ["prep"],
+                "concurrency": {"key": f"svc-{uuid.uuid4().hex[:6]}", "limit": 1},
+            },
+        ],
+    }
+    jobs = [client.submit(profile) for _ in range(5)]
+    for job in jobs:
+        assert client.wait_final(job, timeout_s=60).job.status == "succeeded"
+
+    assert _most_at_once(_spans(client, jobs)) == 1
+    assert all(client.count(job, "call") == 1 for job in jobs)

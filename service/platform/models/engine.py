@@ -161,6 +161,14 @@ class StepRunRow(Base):
             "shard",
             postgresql_where=text(OPEN_SHARD_PREDICATE),
         ),
+        Index(
+            "ix_step_runs_slots",
+            "slot_key",
+            "status",
+            postgresql_where=text(
+                "slot_key IS NOT NULL AND status IN ('running', 'pending', 'awaiting_slot')"
+            ),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
@@ -182,6 +190,12 @@ class StepRunRow(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     error: Mapped[dict[str, Any] | None]
+    slot_key: Mapped[str | None] = mapped_column(Text)
+    """A step with a concurrency key: the key's value, once it asked for a slot."""
+    slot_limit: Mapped[int | None]
+    slot_asked_at: Mapped[datetime | None]
+    slot_reserved: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Let in by the beat: its next claim takes the slot kept for it."""
 
 
 class CheckpointRow(Base):
