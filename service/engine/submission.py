@@ -7,7 +7,7 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ class JobRequest:
     notify_url: str | None = None
     priority: int | None = None
     """``None`` takes the profile's."""
+    timeout_s: int | None = None
+    """The job's deadline from its submission (a schedule's); ``None`` takes the profile's."""
 
 
 def resolve_request(
@@ -169,6 +171,7 @@ def _job_values(
 ) -> dict[str, Any]:
     profile = resolved.profile
     now = utcnow()
+    timeout_s = profile.timeout_s if request.timeout_s is None else request.timeout_s
     return {
         "id": uuid.uuid4(),
         "owner": owner,
@@ -190,13 +193,19 @@ def _job_values(
         "pipeline_version": resolved.version,
         "schedule_id": request.schedule_id,
         "scheduled_for": request.scheduled_for,
+        "deadline_at": deadline(now, timeout_s),
     }
+
+
+def deadline(start: datetime, timeout_s: int | None) -> datetime | None:
+    return None if timeout_s is None else start + timedelta(seconds=timeout_s)
 
 
 _JOB_COLUMNS = (
     "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
     "priority", "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
+    "deadline_at",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
                     waiting_on int, finished_at timestamptz"""
@@ -231,7 +240,7 @@ _JOB_TYPES = {
     "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid", "priority": "int",
     "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
     "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
-    "scheduled_for": "timestamptz",
+    "scheduled_for": "timestamptz", "deadline_at": "timestamptz",
 }  # fmt: skip
 _BATCH_COLUMNS = ", ".join(
     [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in _JOB_COLUMNS]

@@ -30,6 +30,7 @@ from service.language.cron import ScheduleSpec
 from service.language.specs import NAME_PATTERN, UNTIL_ROOTS, ParamSpec, ResultSpec, StepSpec
 from service.platform.constants import (
     DEFAULT_QUEUE,
+    MAX_JOB_TIMEOUT_S,
     MAX_PRIORITY,
     QUEUE_PATTERN,
     SHIPPED_DIR,
@@ -133,6 +134,12 @@ class Profile(BaseModel):
     """The queue of every step that names none."""
     priority: int = Field(default=0, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p == 0)
     """A job's priority when its submission gives none: higher runs first within a queue."""
+    timeout_s: int | None = Field(
+        default=None, ge=1, le=MAX_JOB_TIMEOUT_S, exclude_if=lambda t: t is None
+    )
+    """The job's deadline, counted from its submission: past it the elected beat replica fails
+    the job as ``job_timeout``. Left out of the stored form when unset, so the hashes of the
+    profiles saved before it stay what they were."""
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:
