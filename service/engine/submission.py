@@ -193,12 +193,8 @@ def _job_values(
         "pipeline_version": resolved.version,
         "schedule_id": request.schedule_id,
         "scheduled_for": request.scheduled_for,
-        "deadline_at": deadline(now, timeout_s),
+        "deadline_at": None if timeout_s is None else now + timedelta(seconds=timeout_s),
     }
-
-
-def deadline(start: datetime, timeout_s: int | None) -> datetime | None:
-    return None if timeout_s is None else start + timedelta(seconds=timeout_s)
 
 
 _JOB_COLUMNS = (
