@@ -8,6 +8,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service.engine.runtime import Runtime
+from service.platform.settings import Settings
+from tests.api.conftest import KeyFactory
+from tests.support.apps import api_client
+
 Headers = dict[str, str]
 
 
@@ -27,6 +32,21 @@ def test_a_job_shows_the_deadline_its_profile_gives_it(client: TestClient, write
     assert datetime.fromisoformat(job["deadline_at"]) == created + timedelta(seconds=90)
     got = client.get(f"/v1/jobs/{job['id']}", headers=writer).json()["job"]
     assert got["deadline_at"] == job["deadline_at"]
+
+
+def test_the_dashboard_shows_an_open_job_s_deadline(
+    settings: Settings, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    key = make_key("read", "write")
+    with api_client(settings, runtime) as ui:
+        ui.follow_redirects = False
+        submitted = ui.post(
+            "/v1/jobs", json={"pipeline": _timed(90)}, headers={"Authorization": f"Bearer {key}"}
+        )
+        assert ui.post("/ui/login", data={"key": key}).status_code == 303
+        panel = ui.get(f"/ui/jobs/{submitted.json()['job']['id']}/panel")
+
+    assert panel.status_code == 200 and "· deadline " in panel.text
 
 
 def test_a_job_without_a_timeout_has_no_deadline(client: TestClient, writer: Headers) -> None:
