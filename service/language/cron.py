@@ -57,10 +57,14 @@ class ScheduleSpec(BaseModel):
     diff_mode: bool = False
     notify_url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://\S+$")
     timeout_s: int | None = Field(
-        default=None, ge=1, le=MAX_JOB_TIMEOUT_S, exclude_if=lambda t: t is None
+        default=None,
+        ge=1,
+        le=MAX_JOB_TIMEOUT_S,
+        exclude_if=lambda t: t is None,
+        description="the deadline of the jobs it fires, in place of the profile's timeout_s",
     )
-    """The deadline of the jobs it fires, in place of the profile's ``timeout_s``; left out of
-    the stored form when unset so the hash of a profile with a schedule stays what it was."""
+    """Left out of the stored form when unset, so the hash of a profile with a ``schedule:``
+    block stays what it was."""
 
 
 @dataclass(frozen=True)
