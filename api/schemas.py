@@ -137,6 +137,10 @@ class JobPublic(BaseModel):
     created_at: UtcDatetime
     started_at: UtcDatetime | None
     finished_at: UtcDatetime | None
+    deadline_at: UtcDatetime | None = Field(
+        description="past it, a job still open is failed as job_timeout (profile or schedule "
+        "timeout_s); null when it has none"
+    )
     result: Any
     error: dict[str, Any] | None
     diff_mode: bool
@@ -168,6 +172,7 @@ class JobPublic(BaseModel):
             created_at=job.created_at,
             started_at=job.started_at,
             finished_at=job.finished_at,
+            deadline_at=job.deadline_at,
             result=job.result,
             error=job.error,
             diff_mode=bool(job.diff_mode),

@@ -28,6 +28,7 @@ class Job(TypedDict):
     created_at: str
     started_at: str | None
     finished_at: str | None
+    deadline_at: str | None
     result: Any
     error: dict[str, Any] | None
     diff_mode: bool

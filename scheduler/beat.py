@@ -2,11 +2,11 @@
 
 Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
 static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
-scheduled runs past their timeout and prunes old runs. Schedules are read on every tick, and
-the leader spends the time between ticks listening for saved schedules
-(``scheduler.wakeups``), so a change through the API applies at once, without a restart. The
-lock only keeps standbys idle: exactly-once per fire comes from the ``schedule_fires`` fence
-in PostgreSQL.
+scheduled runs past their timeout, fails jobs past their deadline (waking for the next one as
+for the next fire) and prunes old runs. Schedules are read on every tick, and the leader
+spends the time between ticks listening for saved schedules (``scheduler.wakeups``), so a
+change through the API applies at once, without a restart. The lock only keeps standbys idle:
+exactly-once per fire comes from the ``schedule_fires`` fence in PostgreSQL.
 """
 
 import logging
@@ -27,6 +27,7 @@ from scheduler.wakeups import ScheduleWakeups
 from service.catalogue.retention import RetentionPolicy, prune_runs
 from service.engine.approvals import expire_due
 from service.engine.concurrency import let_in_all, take_turns, waiting_turns
+from service.engine.deadlines import EXPIRE_BATCH, expire_deadlines, next_deadline
 from service.engine.runtime import Runtime
 from service.engine.slots import let_in_steps, steps_waiting
 from service.language.plan import JobPlan
@@ -124,11 +125,13 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.revoke(overdue.revoke)
         self.compensate(overdue.compensate)
         self.expire_approvals(now)
+        self.expire_deadlines(now)
         self.fire_dependents()
         turns_waiting = self.let_in_waiting(now)
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session, held=held.keys())
-        wakes = [w for w in (wake, *held.values()) if w is not None]
+            deadline = next_deadline(session)
+        wakes = [w for w in (wake, deadline, *held.values()) if w is not None]
         if not wakes:
             return TURN_POLL_S if turns_waiting else self.tick_s
         until = max(0.0, (min(wakes) - utcnow()).total_seconds())
@@ -209,6 +212,19 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                 log.warning(
                     "beat: could not queue the escalation of %s/%s: %s", job_id, step_id, exc
                 )
+
+    def expire_deadlines(self, now: datetime) -> None:
+        """Fail the jobs past their deadline, a batch per transaction until none is left, then
+        revoke their running tasks and send their compensations after each commit."""
+        while True:
+            with unit_of_work(self.runtime.sessions) as session:
+                expired = expire_deadlines(session, now)
+            for job_id in expired.failed:
+                log.info("beat: job %s failed: past its deadline", job_id)
+            self.revoke(expired.revoke)
+            self.compensate(expired.compensate)
+            if len(expired.failed) < EXPIRE_BATCH:
+                return
 
     def compensate(self, job_ids: Iterable[uuid.UUID]) -> None:
         """With the broker away, the sweeper sends them once it is back."""

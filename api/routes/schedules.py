@@ -45,6 +45,7 @@ class SchedulePublic(BaseModel):
     jitter_s: int
     diff_mode: bool
     notify_url: str | None
+    timeout_s: int | None
     next_fire_at: UtcDatetime | None
     last_fire_at: UtcDatetime | None
     last_job_id: uuid.UUID | None
@@ -71,6 +72,7 @@ class SchedulePublic(BaseModel):
             jitter_s=row.jitter_s,
             diff_mode=row.diff_mode,
             notify_url=row.notify_url,
+            timeout_s=row.timeout_s,
             next_fire_at=row.next_fire_at,
             last_fire_at=row.last_fire_at,
             last_job_id=row.last_job_id,

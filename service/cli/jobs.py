@@ -45,6 +45,7 @@ def job_document(job: JobRow) -> dict[str, Any]:
         "created_at": job.created_at.isoformat(),
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        "deadline_at": job.deadline_at.isoformat() if job.deadline_at else None,
         "error": job.error,
     }
 

@@ -205,22 +205,46 @@ def cancel_job(
         raise JobConflict(
             f"job {job_id} already {job.status}", {"job_id": str(job_id), "status": job.status}
         )
+    profile = job_profile(job)
+    running = end_job(
+        session,
+        job,
+        JobStatus.CANCELLED,
+        {"code": "cancelled", "message": "cancelled on request", "details": {}},
+        compensate=profile.on_cancel == "compensate",
+        now=now,
+    )
+    return job, running
+
+
+def end_job(
+    session: Session,
+    job: JobRow,
+    status: JobStatus,
+    error: dict[str, Any],
+    *,
+    compensate: bool,
+    now: datetime,
+) -> list[str]:
+    """End an open job, locked by the caller, before its steps settle it: a cancel or a
+    deadline. Its open steps close at once, so a waiting step is never claimed and a running
+    one's checkpoint finds no lease to write under; returns the task ids of the steps that were
+    running, which the caller revokes after its commit."""
     running = session.scalars(
         select(StepRunRow.task_id).where(
-            StepRunRow.job_id == job_id,
+            StepRunRow.job_id == job.id,
             StepRunRow.status == StepStatus.RUNNING,
             StepRunRow.task_id.is_not(None),
         )
     ).all()
-    job.status = JobStatus.CANCELLED
+    job.status = status
     job.finished_at = now
-    job.error = {"code": "cancelled", "message": "cancelled on request", "details": {}}
+    job.error = error
     metrics.job_finished(session, job.pipeline, job.trigger, job.status)
-    close_open_steps(session, job_id, StepStatus.CANCELLED, now)
-    profile = job_profile(job)
-    if profile.on_cancel == "compensate":
-        record_compensations(session, job, profile, now)
-    return job, [task_id for task_id in running if task_id]
+    close_open_steps(session, job.id, StepStatus.CANCELLED, now)
+    if compensate:
+        record_compensations(session, job, job_profile(job), now)
+    return [task_id for task_id in running if task_id]
 
 
 def rounds_of(session: Session, job_id: uuid.UUID) -> dict[str, list[StepRoundRow]]:

@@ -74,6 +74,7 @@ def rerun_job(
     job = _job_of(parent, profile, params, request.priority)
     job["created_at"] = job["dispatched_at"] = now
     job.update(slot_values(profile, parent.owner, params))
+    job["deadline_at"] = _deadline_of_rerun(parent, now)
     insert_job(session, job, step_rows(profile, reused, now))
     take_slot(session, job, publish_now=True)
     _copy_reused(session, parent.id, job["id"], reused, fan_out_kept, now)
@@ -160,6 +161,14 @@ def _job_of(
         "schedule_id": None,
         "scheduled_for": None,
     }
+
+
+def _deadline_of_rerun(parent: JobRow, now: datetime) -> datetime | None:
+    """A rerun has the time its parent had, from its own start: the parent's deadline may
+    have come from its schedule rather than its profile, and a rerun keeps what it ran under."""
+    if parent.deadline_at is None:
+        return None
+    return now + (parent.deadline_at - parent.created_at)
 
 
 _COPY_SUCCEEDED_ITEMS = f"""

@@ -7,7 +7,7 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ class JobRequest:
     notify_url: str | None = None
     priority: int | None = None
     """``None`` takes the profile's."""
+    timeout_s: int | None = None
+    """The job's deadline from its submission (a schedule's); ``None`` takes the profile's."""
 
 
 def resolve_request(
@@ -177,6 +179,7 @@ def _job_values(
 ) -> dict[str, Any]:
     profile = resolved.profile
     now = utcnow()
+    timeout_s = profile.timeout_s if request.timeout_s is None else request.timeout_s
     return {
         "id": uuid.uuid4(),
         "owner": owner,
@@ -199,6 +202,7 @@ def _job_values(
         "schedule_id": request.schedule_id,
         "scheduled_for": request.scheduled_for,
         **slot_values(profile, owner, params),
+        "deadline_at": None if timeout_s is None else now + timedelta(seconds=timeout_s),
     }
 
 
@@ -207,6 +211,7 @@ _JOB_COLUMNS = (
     "priority", "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
     "concurrency_key", "concurrency_limit", "waiting_for",
+    "deadline_at",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
                     waiting_on int, finished_at timestamptz"""
@@ -241,7 +246,7 @@ _JOB_TYPES = {
     "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid", "priority": "int",
     "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
     "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
-    "scheduled_for": "timestamptz", "concurrency_limit": "integer",
+    "scheduled_for": "timestamptz", "concurrency_limit": "integer", "deadline_at": "timestamptz",
 }  # fmt: skip
 _BATCH_COLUMNS = ", ".join(
     [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in _JOB_COLUMNS]

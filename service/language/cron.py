@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.platform.constants import MAX_JOB_TIMEOUT_S
 from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
 
 Overlap = Literal["skip", "allow", "buffer_one", "cancel_previous"]
@@ -55,6 +56,15 @@ class ScheduleSpec(BaseModel):
     jitter: str | int = 0
     diff_mode: bool = False
     notify_url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://\S+$")
+    timeout_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_JOB_TIMEOUT_S,
+        exclude_if=lambda t: t is None,
+        description="the deadline of the jobs it fires, in place of the profile's timeout_s",
+    )
+    """Left out of the stored form when unset, so the hash of a profile with a ``schedule:``
+    block stays what it was."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class NormalizedSchedule:
     jitter_s: int
     diff_mode: bool
     notify_url: str | None
+    timeout_s: int | None
 
 
 def parse_duration(value: str | int, *, field: str) -> int:
@@ -135,6 +146,7 @@ def normalize(spec: ScheduleSpec) -> NormalizedSchedule:
         jitter_s=parse_duration(spec.jitter, field="jitter"),
         diff_mode=spec.diff_mode,
         notify_url=spec.notify_url,
+        timeout_s=spec.timeout_s,
     )
 
 

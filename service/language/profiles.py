@@ -37,6 +37,7 @@ from service.language.specs import (
 )
 from service.platform.constants import (
     DEFAULT_QUEUE,
+    MAX_JOB_TIMEOUT_S,
     MAX_PRIORITY,
     QUEUE_PATTERN,
     SHIPPED_DIR,
@@ -141,6 +142,16 @@ class Profile(BaseModel):
     priority: int = Field(default=0, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p == 0)
     concurrency: ConcurrencySpec | None = Field(default=None, exclude_if=lambda c: c is None)
     """A job's priority when its submission gives none: higher runs first within a queue."""
+    timeout_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_JOB_TIMEOUT_S,
+        exclude_if=lambda t: t is None,
+        description="the job's deadline, in seconds from its submission: a job still open "
+        "then is failed as job_timeout",
+    )
+    """Enforced by the elected beat replica (``engine.deadlines``). Left out of the stored form
+    when unset, so the hashes of the profiles saved before it stay what they were."""
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:

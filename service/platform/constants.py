@@ -13,6 +13,8 @@ QUEUE_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,39}$"
 """A queue's name: a worker pool's, chosen by whoever runs the pool, so any name is allowed
 (a pool may start later) if it is short and plain enough to be part of a Redis key."""
 MAX_PRIORITY: Final = 9
+MAX_JOB_TIMEOUT_S: Final = 90 * 86400
+"""The longest a job's ``timeout_s`` may be: as long as an approval may wait."""
 """Job priorities run from 0, the default, to this; higher is taken first."""
 """The sweeper's own queue, which every worker also consumes: a sweep queued behind a backlog of
 steps would recover lost work only once that backlog had drained."""

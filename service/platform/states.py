@@ -192,6 +192,15 @@ JOB_TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         _JRUN, JobStatus.CANCELLED, "service.triggers.schedules.cancel_overdue", "a run timed out"
     ),
+    Transition(
+        _Q, JobStatus.FAILED, "service.engine.deadlines.expire_deadlines", "its deadline passed"
+    ),
+    Transition(
+        _JRUN, JobStatus.FAILED, "service.engine.deadlines.expire_deadlines", "its deadline passed"
+    ),
+    Transition(
+        _JWAIT, JobStatus.FAILED, "service.engine.deadlines.expire_deadlines", "its deadline passed"
+    ),
 )
 
 _CP, _CRUN = CompensationStatus.PENDING, CompensationStatus.RUNNING

@@ -129,6 +129,7 @@ def put_schedule(
     row.jitter_s = schedule.jitter_s
     row.diff_mode = schedule.diff_mode
     row.notify_url = schedule.notify_url
+    row.timeout_s = schedule.timeout_s
     row.updated_at = now
     if not keep_next:
         row.next_fire_at = next_fire(schedule.timing, now) if schedule.enabled else None
@@ -277,6 +278,7 @@ def _start(
         scheduled_for=fire,
         diff_mode=row.diff_mode,
         notify_url=row.notify_url,
+        timeout_s=row.timeout_s,
     )
     try:
         with session.begin_nested():

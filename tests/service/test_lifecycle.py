@@ -58,10 +58,12 @@ def test_a_move_the_table_does_not_have_is_refused_and_nothing_is_written(
     with pytest.raises(IntegrityError, match="step:pending>succeeded"):
         _set(runtime, job_id, "a", StepStatus.SUCCEEDED)
     with (
-        pytest.raises(IntegrityError, match="job:queued>failed"),
+        pytest.raises(IntegrityError, match="job:queued>awaiting_approval"),
         unit_of_work(runtime.sessions) as session,
     ):
-        session.execute(update(JobRow).where(JobRow.id == job_id).values(status=JobStatus.FAILED))
+        session.execute(
+            update(JobRow).where(JobRow.id == job_id).values(status=JobStatus.AWAITING_APPROVAL)
+        )
     with unit_of_work(runtime.sessions) as session:
         job = session.get(JobRow, job_id)
         assert job is not None and job.status == JobStatus.QUEUED

@@ -82,6 +82,8 @@ class ScheduleRow(Base):
     jitter_s: Mapped[int] = mapped_column(Integer)
     diff_mode: Mapped[bool] = mapped_column(Boolean)
     notify_url: Mapped[str | None] = mapped_column(Text)
+    timeout_s: Mapped[int | None] = mapped_column(Integer)
+    """The deadline of the jobs it fires; ``None`` leaves the profile's."""
     next_fire_at: Mapped[datetime | None]
     buffered_fire_at: Mapped[datetime | None]
     last_fire_at: Mapped[datetime | None]

@@ -27,6 +27,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 from service.platform.models.base import Base
 from service.platform.states import JOB_OPEN_SQL, StepStatus, sql_in
 
+OPEN_DEADLINE = f"deadline_at IS NOT NULL AND status IN {JOB_OPEN_SQL}"
+"""The jobs a deadline may still end: ``ix_jobs_open_deadline`` holds only these, so the
+beat's check reads the few open jobs with a deadline, not every job ever run."""
+
 
 class JobRow(Base):
     __tablename__ = "jobs"
@@ -74,6 +78,7 @@ class JobRow(Base):
             "created_at",
             postgresql_where=text(f"concurrency_key IS NOT NULL AND status IN {JOB_OPEN_SQL}"),
         ),
+        Index("ix_jobs_open_deadline", "deadline_at", postgresql_where=text(OPEN_DEADLINE)),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
@@ -120,6 +125,9 @@ class JobRow(Base):
     scheduled_for: Mapped[datetime | None]
     trigger_data: Mapped[dict[str, Any] | None]
     """For a job a dependency trigger started: the upstream ``job_id`` and ``result``."""
+    deadline_at: Mapped[datetime | None]
+    """When the beat leader fails the job as ``job_timeout`` if it is still open: its
+    submission plus the ``timeout_s`` of its schedule or, failing that, of its profile."""
 
 
 class PrunedJobRow(Base):

@@ -1,14 +1,14 @@
 """a job's concurrency key and limit, what it waits for, and a wake-up when a slot may free
 
 Revision ID: 0025
-Revises: 0022
+Revises: 0024
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0025"
-down_revision = "0022"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 
