@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep
 from api.errors import status_for
 from api.routes import approvals, events, jobs, pipelines, runs, schedules
+from api.routes.queues import QueuePublic, read_queues
 from api.schemas import DecisionCreate, JobPublic, RerunCreate
 from api.throttle import check_rate
 from service.catalogue.diffs import DiffKind
@@ -37,6 +38,7 @@ from service.engine.steplogs import step_lines, tail_lines
 from service.language.dag import topological_layers
 from service.language.snapshots import job_profile
 from service.platform.auth import KeyCache, Principal
+from service.platform.clock import utcnow
 from service.platform.errors import CsrfInvalid, FlowbeatError, Forbidden, Unauthorized
 from service.platform.states import JOB_FINAL
 
@@ -380,6 +382,14 @@ def pipeline_page(
 def schedule_list(request: Request, viewer: Viewer, session: SessionDep) -> Response:
     found = schedules.all_schedules(viewer, session)
     return _page(request, "schedules.html", schedules=found.schedules)
+
+
+@router.get("/queues", response_class=HTMLResponse)
+def queue_list(request: Request, viewer: Viewer) -> Response:
+    """Every queue, as ``GET /v1/queues`` lists it: a deployment's, not an owner's."""
+    now = utcnow()
+    states = read_queues(request.app.state.settings)
+    return _page(request, "queues.html", queues=[QueuePublic.of(state, now) for state in states])
 
 
 @router.get("/jobs/{job_id}/diff", response_class=HTMLResponse)

@@ -374,3 +374,26 @@ def test_another_owner_s_step_log_is_not_found(
     answer = ui.get(f"/ui/jobs/{job_id}/steps/talk/logs")
 
     assert answer.status_code == 404 and "job_not_found" in answer.text
+
+
+def test_the_queues_page_shows_what_waits_in_each_queue_and_a_job_its_priority(
+    ui: TestClient, make_key: KeyFactory
+) -> None:
+    key = make_key("write")
+    queue = f"pool{uuid.uuid4().hex[:6]}"
+    profile = {"name": "pooled", "queue": queue, "steps": [{"id": "only", "action": "noop"}]}
+    answer = ui.post(
+        "/v1/jobs",
+        json={"pipeline": profile, "priority": 7},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    job_id = answer.json()["job"]["id"]
+    _login(ui, key)
+
+    page = ui.get("/ui/queues")
+    panel = ui.get(f"/ui/jobs/{job_id}/panel")
+
+    assert page.status_code == 200
+    row = page.text.split(f"<code>{queue}</code>", 1)[1].split("</tr>", 1)[0]
+    assert "<td>1</td>" in row and "none" in row, "one message, no worker of its pool"
+    assert "priority 7" in panel.text

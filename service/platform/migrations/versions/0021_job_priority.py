@@ -17,9 +17,9 @@ def upgrade() -> None:
     op.add_column(
         "jobs", sa.Column("priority", sa.SmallInteger(), server_default="0", nullable=False)
     )
-    op.create_check_constraint("ck_jobs_priority", "jobs", "priority BETWEEN 0 AND 9")
+    op.create_check_constraint(op.f("ck_jobs_priority"), "jobs", "priority BETWEEN 0 AND 9")
 
 
 def downgrade() -> None:
-    op.drop_constraint("ck_jobs_priority", "jobs")
+    op.drop_constraint(op.f("ck_jobs_priority"), "jobs")
     op.drop_column("jobs", "priority")
