@@ -42,6 +42,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "schedule_too_frequent": 422,
     "schedule_limit_reached": 409,
     "schedule_not_found": 404,
+    "schedule_ambiguous": 409,
+    "schedule_name_taken": 409,
     "invalid_cursor": 400,
     "invalid_query": 400,
     "bad_request": 400,

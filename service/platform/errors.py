@@ -311,6 +311,19 @@ class ScheduleNotFound(FlowbeatError):
     code = "schedule_not_found"
 
 
+class ScheduleAmbiguous(FlowbeatError):
+    """A pipeline's one-schedule route or command was used while it has several: which one is
+    meant is not guessed, the details list their ids and names to choose from."""
+
+    code = "schedule_ambiguous"
+
+
+class ScheduleNameTaken(FlowbeatError):
+    """Another schedule of the same owner and pipeline already has this name."""
+
+    code = "schedule_name_taken"
+
+
 class FlowerAuthRequired(FlowbeatError):
     """Flower would answer anyone: no credentials, and not an unauthenticated loopback."""
 
