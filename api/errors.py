@@ -44,6 +44,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "schedule_not_found": 404,
     "schedule_ambiguous": 409,
     "schedule_name_taken": 409,
+    "schedule_name_mismatch": 422,
     "invalid_cursor": 400,
     "invalid_query": 400,
     "bad_request": 400,

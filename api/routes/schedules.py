@@ -29,8 +29,8 @@ from service.triggers.schedules import (
     get_schedule,
     list_schedules,
     put_schedule,
+    set_schedule,
     summarize,
-    update_schedule,
 )
 
 router = APIRouter(prefix="/v1", tags=["schedules"])
@@ -240,27 +240,32 @@ def read_one_schedule(
 @router.put(
     "/pipelines/{name}/schedules/{schedule}",
     response_model=ScheduleEnvelope,
-    responses=errors(
-        {
-            404: "pipeline_not_found, schedule_not_found",
-            409: "schedule_limit_reached, schedule_name_taken",
-            422: _REFUSED_SPEC,
-        }
-    ),
+    responses={
+        201: {"model": ScheduleEnvelope, "description": "a schedule of that name was created"},
+        **errors(
+            {
+                404: "pipeline_not_found, schedule_not_found",
+                409: "schedule_limit_reached, schedule_name_taken",
+                422: f"{_REFUSED_SPEC}, schedule_name_mismatch",
+            }
+        ),
+    },
 )
 def replace_schedule(
     name: str,
     schedule: str,
+    response: Response,
     principal: Writer,
     session: SessionDep,
     settings: SettingsDep,
     runtime: RuntimeDep,
     body: Annotated[ScheduleSpec | None, Body()] = None,
 ) -> ScheduleEnvelope:
-    """Replace an existing schedule, by id or name (``POST .../schedules`` creates one). A
-    body without ``name`` keeps the schedule's name; one with a name renames it."""
+    """Replace a schedule by id or name, or create it (201) under a name the pipeline has no
+    schedule of yet, so a named schedule can be declared twice alike. A body without ``name``
+    keeps the schedule's name; one with another name renames it (refused on creation)."""
     profile, spec = _profile_and_spec(name, body, principal, session, settings, runtime)
-    row = update_schedule(
+    row, created = set_schedule(
         session,
         owner=principal.owner,
         profile=profile,
@@ -271,6 +276,8 @@ def replace_schedule(
     )
     envelope = _envelope(session, row)
     session.commit()
+    if created:
+        response.status_code = 201
     return envelope
 
 

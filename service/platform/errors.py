@@ -318,6 +318,12 @@ class ScheduleAmbiguous(FlowbeatError):
     code = "schedule_ambiguous"
 
 
+class ScheduleNameMismatch(FlowbeatError):
+    """A schedule created under one name (the path's) was given another in its body."""
+
+    code = "schedule_name_mismatch"
+
+
 class ScheduleNameTaken(FlowbeatError):
     """Another schedule of the same owner and pipeline already has this name."""
 

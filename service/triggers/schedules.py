@@ -13,7 +13,7 @@ row is the fence: a scheduler that lost its lock without noticing can only fail 
 import logging
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import cast
@@ -45,6 +45,7 @@ from service.platform.errors import (
     FlowbeatError,
     ScheduleAmbiguous,
     ScheduleLimitReached,
+    ScheduleNameMismatch,
     ScheduleNameTaken,
     ScheduleNotFound,
     ScheduleTooFrequent,
@@ -76,6 +77,10 @@ class TickResult:
     compensate``)."""
     fired: list[datetime] = field(default_factory=list)
     held_until: datetime | None = None
+
+
+PIPELINE_ORDER = (ScheduleRow.name.asc().nulls_first(), ScheduleRow.created_at, ScheduleRow.id)
+"""A pipeline's schedules as every surface lists them: unnamed first, then by name."""
 
 
 def timing_of(row: ScheduleRow) -> Timing:
@@ -115,7 +120,7 @@ def find_schedule(
         )
     if for_update:
         query = query.with_for_update()
-    rows = list(session.scalars(query.order_by(ScheduleRow.created_at, ScheduleRow.id)))
+    rows = list(session.scalars(query.order_by(*PIPELINE_ORDER)))
     if not rows:
         details = {"pipeline": pipeline, "schedule": schedule}
         if schedule is None:
@@ -127,8 +132,9 @@ def find_schedule(
 
 
 def _ambiguous(pipeline: str, rows: Collection[ScheduleRow]) -> ScheduleAmbiguous:
+    listed = ", ".join(f"{r.id} ({r.name})" if r.name else str(r.id) for r in rows)
     return ScheduleAmbiguous(
-        f"pipeline {pipeline!r} has {len(rows)} schedules; name one by its id or name",
+        f"pipeline {pipeline!r} has {len(rows)} schedules; name one by its id or name: {listed}",
         {"pipeline": pipeline, "schedules": [{"id": str(r.id), "name": r.name} for r in rows]},
     )
 
@@ -257,26 +263,43 @@ def create_schedule(
     )
 
 
-def update_schedule(
+def set_schedule(
     session: Session,
     *,
     owner: str,
     profile: Profile,
-    schedule: str | None,
+    schedule: str,
     spec: ScheduleSpec,
     settings: Settings,
     now: datetime,
-) -> ScheduleRow:
-    """Replace the schedule ``schedule`` (an id or a name; ``None``: the pipeline's only one),
-    which must exist; refuses before writing anything."""
+) -> tuple[ScheduleRow, bool]:
+    """Replace the schedule ``schedule`` (an id or a name), or create it when it is a name the
+    pipeline has no schedule of yet, so a named schedule can be declared the same way twice;
+    True when created. Creating under a name, the spec may repeat that name but not give
+    another; an id must exist."""
     checked = _checked(profile, spec, settings, now)
     _lock_owner(session, owner)
-    row = find_schedule(
-        session, owner=owner, pipeline=profile.name, schedule=schedule, for_update=True
-    )
-    return _store(
+    try:
+        row = find_schedule(
+            session, owner=owner, pipeline=profile.name, schedule=schedule, for_update=True
+        )
+    except ScheduleNotFound:
+        if _as_id(schedule) is not None:
+            raise
+        if checked.name not in (None, schedule):
+            raise ScheduleNameMismatch(
+                f"schedule {schedule!r} does not exist to be renamed {checked.name!r}",
+                {"schedule": schedule, "name": checked.name},
+            ) from None
+        named = replace(checked, name=schedule)
+        created = _store(
+            session, None, named, owner=owner, pipeline=profile.name, settings=settings, now=now
+        )
+        return created, True
+    stored = _store(
         session, row, checked, owner=owner, pipeline=profile.name, settings=settings, now=now
     )
+    return stored, False
 
 
 def put_schedule(
@@ -296,7 +319,7 @@ def put_schedule(
         session.scalars(
             select(ScheduleRow)
             .where(ScheduleRow.owner == owner, ScheduleRow.pipeline == profile.name)
-            .order_by(ScheduleRow.created_at, ScheduleRow.id)
+            .order_by(*PIPELINE_ORDER)
             .with_for_update()
         )
     )
@@ -344,10 +367,13 @@ def get_schedule(
 
 def delete_schedule(
     session: Session, *, owner: str, pipeline: str, schedule: str | None = None
-) -> None:
-    """Jobs it created stay, with ``schedule_id`` cleared; its fire records go with it."""
-    session.delete(get_schedule(session, owner=owner, pipeline=pipeline, schedule=schedule))
+) -> ScheduleRow:
+    """Jobs it created stay, with ``schedule_id`` cleared; its fire records go with it. The
+    deleted row is returned for the caller to say which it was."""
+    row = get_schedule(session, owner=owner, pipeline=pipeline, schedule=schedule)
+    session.delete(row)
     session.flush()
+    return row
 
 
 def summarize(session: Session, rows: Collection[ScheduleRow]) -> list[ScheduleSummary]:
@@ -371,13 +397,7 @@ def summarize(session: Session, rows: Collection[ScheduleRow]) -> list[ScheduleS
 def list_schedules(
     session: Session, *, owner: str | None, pipeline: str | None = None
 ) -> list[ScheduleSummary]:
-    query = select(ScheduleRow).order_by(
-        ScheduleRow.owner,
-        ScheduleRow.pipeline,
-        ScheduleRow.name.asc().nulls_first(),
-        ScheduleRow.created_at,
-        ScheduleRow.id,
-    )
+    query = select(ScheduleRow).order_by(ScheduleRow.owner, ScheduleRow.pipeline, *PIPELINE_ORDER)
     if owner is not None:
         query = query.where(ScheduleRow.owner == owner)
     if pipeline is not None:

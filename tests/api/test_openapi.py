@@ -97,7 +97,7 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     ("post", "/v1/pipelines/{name}/schedules"): {201, 400, 404, 409} | PARSED_BODY | KEYED,
     ("get", "/v1/pipelines/{name}/schedules"): {200, 400} | KEYED,
     ("get", "/v1/pipelines/{name}/schedules/{schedule}"): {200, 400, 404} | KEYED,
-    ("put", "/v1/pipelines/{name}/schedules/{schedule}"): {200, 400, 404, 409}
+    ("put", "/v1/pipelines/{name}/schedules/{schedule}"): {200, 201, 400, 404, 409}
     | PARSED_BODY
     | KEYED,
     ("delete", "/v1/pipelines/{name}/schedules/{schedule}"): {204, 400, 404} | KEYED,

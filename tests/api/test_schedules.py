@@ -296,6 +296,11 @@ def test_schedule_names_are_unique_per_pipeline_and_refusals_store_nothing(
         404,
         "schedule_not_found",
     )
+    _error(
+        client.put(f"{_schedules()}/hourly", json=body, headers=writer),
+        422,
+        "schedule_name_mismatch",
+    )
     _error(client.post(_schedules("nowhere"), json=body, headers=writer), 404, "pipeline_not_found")
 
 
@@ -332,3 +337,17 @@ def test_a_schedules_fire_submits_at_its_own_priority(
 
     shown = client.get(f"/v1/jobs/{job.id}", headers=writer).json()["job"]
     assert (shown["schedule_id"], shown["priority"]) == (str(schedule_id), 9)
+
+
+def test_putting_a_schedule_under_a_new_name_creates_it_then_replaces_it(
+    client: TestClient, writer: Headers
+) -> None:
+    created = client.put(f"{_schedules()}/weekly", json={"cron": "0 8 * * 1"}, headers=writer)
+    assert created.status_code == 201, created.text
+    again = client.put(f"{_schedules()}/weekly", json={"cron": "0 9 * * 1"}, headers=writer)
+    assert again.status_code == 200, again.text
+    assert again.json()["schedule"]["id"] == created.json()["schedule"]["id"]
+    assert (again.json()["schedule"]["name"], again.json()["schedule"]["cron"]) == (
+        "weekly",
+        "0 9 * * 1",
+    )

@@ -19,6 +19,7 @@ from service.platform.errors import (
     ParamsInvalid,
     ScheduleAmbiguous,
     ScheduleLimitReached,
+    ScheduleNameMismatch,
     ScheduleNameTaken,
     ScheduleNotFound,
     ScheduleTooFrequent,
@@ -34,9 +35,9 @@ from service.triggers.schedules import (
     get_schedule,
     list_schedules,
     put_schedule,
+    set_schedule,
     set_schedule_enabled,
     summarize,
-    update_schedule,
 )
 from tests.support.arrange import walk
 
@@ -406,7 +407,7 @@ def test_renaming_to_a_taken_name_is_refused_and_leaving_the_name_out_keeps_it(
 
     def update(**spec: Any) -> ScheduleRow:
         body = ScheduleSpec.model_validate({"every": "2h", "enabled": False, **spec})
-        return update_schedule(
+        row, created = set_schedule(
             session,
             owner=owner,
             profile=profile,
@@ -415,6 +416,8 @@ def test_renaming_to_a_taken_name_is_refused_and_leaving_the_name_out_keeps_it(
             settings=settings,
             now=T0,
         )
+        assert not created
+        return row
 
     with pytest.raises(ScheduleNameTaken):
         update(name="daily")
@@ -473,3 +476,30 @@ def test_the_one_schedule_functions_mean_the_only_schedule_and_refuse_several(
     assert [s.schedule.name for s in list_schedules(session, owner=owner, pipeline="slow")] == [
         "nightly"
     ]
+
+
+def test_setting_a_schedule_by_a_new_name_creates_it_and_by_an_unknown_id_is_refused(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    profile = find_profile(settings.profiles_dir, "slow")
+
+    def put(schedule: str, **spec: Any) -> tuple[ScheduleRow, bool]:
+        body = ScheduleSpec.model_validate({"every": "1d", "enabled": False, **spec})
+        return set_schedule(
+            session,
+            owner=owner,
+            profile=profile,
+            schedule=schedule,
+            spec=body,
+            settings=settings,
+            now=T0,
+        )
+
+    monthly, created = put("monthly")
+    again, created_again = put("monthly", every="2d")
+    assert (created, created_again, again.id, again.every_s) == (True, False, monthly.id, 172800)
+    with pytest.raises(ScheduleNameMismatch):
+        put("weekly", name="daily")
+    with pytest.raises(ScheduleNotFound):
+        put(str(uuid.uuid4()))
+    assert schedules_of(session, owner) == 1
