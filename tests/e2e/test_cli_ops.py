@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
-from service.triggers.schedules import put_schedule
+from service.triggers.schedules import create_schedule, put_schedule
 from tests.conftest import Stack
 from tests.e2e.conftest import Client, Cluster, Proc, wait_for
 
@@ -149,6 +150,60 @@ def test_schedules_are_listed_paused_resumed_and_deleted(flowbeat: Cli, client: 
     gone = flowbeat("schedules", "show", "watchlist")
     assert gone.returncode == 2
     assert "schedule_not_found" in gone.stdout
+
+
+def test_schedule_commands_take_one_of_several_schedules_by_name_or_id(
+    flowbeat: Cli, client: Client
+) -> None:
+    owner = f"ops-{uuid.uuid4().hex[:8]}"
+    with unit_of_work(client.rt.sessions) as session:
+        profile = resolve_request(
+            session,
+            "watchlist",
+            owner=owner,
+            profiles_dir=client.settings.profiles_dir,
+            known_actions=client.rt.registry.names(),
+        ).profile
+        for spec in (
+            ScheduleSpec(name="daily", cron="0 6 * * *", priority=7),
+            ScheduleSpec(name="monthly", cron="0 6 1 * *"),
+        ):
+            create_schedule(
+                session,
+                owner=owner,
+                profile=profile,
+                spec=spec,
+                settings=client.settings,
+                now=_now(),
+            )
+    mine = ("--owner", owner)
+
+    listed = _json(flowbeat("schedules", "list", "--pipeline", "watchlist", *mine, "--json"))
+    daily, monthly = listed["schedules"]
+    assert [(s["name"], s["priority"]) for s in (daily, monthly)] == [
+        ("daily", 7),
+        ("monthly", None),
+    ]
+    table = flowbeat("schedules", "list", *mine).stdout
+    assert "daily" in table and "monthly" in table
+
+    ambiguous = flowbeat("schedules", "show", "watchlist", *mine)
+    assert ambiguous.returncode == 2
+    assert "schedule_ambiguous" in ambiguous.stdout and daily["id"] in ambiguous.stdout
+
+    paused = flowbeat("schedules", "pause", "watchlist", "--schedule", "monthly", *mine)
+    assert paused.returncode == 0 and "watchlist (monthly): paused" in paused.stdout
+    shown = flowbeat("schedules", "show", "watchlist", "--schedule", monthly["id"], *mine, "--json")
+    assert _json(shown)["schedule"]["enabled"] is False
+    assert _json(
+        flowbeat("schedules", "show", "watchlist", "--schedule", "daily", *mine, "--json")
+    )["schedule"]["enabled"]
+
+    deleted = flowbeat("schedules", "delete", "watchlist", "--schedule", "daily", *mine)
+    assert "watchlist (daily): schedule deleted" in deleted.stdout
+    only = _json(flowbeat("schedules", "show", "watchlist", *mine, "--json"))["schedule"]
+    assert only["id"] == monthly["id"]
+    assert flowbeat("schedules", "delete", "watchlist", *mine).returncode == 0
 
 
 def _now() -> Any:
