@@ -1,5 +1,5 @@
-"""``flowbeat schedules``: list, show, pause, resume and delete, as the schedule routes do; the
-elected scheduler is woken by each change when it commits.
+"""``flowbeat schedules``: list, show, set, pause, resume and delete, as the schedule routes do;
+the elected scheduler is woken by each change when it commits.
 
 A pipeline may have several schedules: ``--schedule`` names one by its name or id. Without it
 a command means the pipeline's only schedule and is refused (``schedule_ambiguous``, listing
@@ -8,6 +8,7 @@ the ids and names) when it has several, as the one-schedule routes are."""
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 
 from service.cli.app import (
@@ -19,8 +20,12 @@ from service.cli.app import (
     load_settings,
     schedules_cli,
 )
+from service.cli.follow import parse_params
 from service.cli.tables import narrow_table
+from service.language.cron import ScheduleSpec
+from service.platform.constants import MAX_PRIORITY
 from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import ScheduleNotFound
 from service.platform.models import ScheduleRow
 from service.triggers.schedules import ScheduleSummary
 
@@ -148,6 +153,111 @@ def schedules_show(
         highlight=False,
         markup=False,
     )
+
+
+@schedules_cli.command("set")
+def schedules_set(
+    name: str,
+    schedule: ScheduleOption = None,
+    add: Annotated[
+        bool, typer.Option("--add", help="a new schedule beside those the pipeline has")
+    ] = False,
+    rename: Annotated[str | None, typer.Option("--name", help="the schedule's name")] = None,
+    cron: Annotated[str | None, typer.Option(help="five fields, on --timezone's clock")] = None,
+    every: Annotated[str | None, typer.Option(help="an interval: 30m, 6h, 1d")] = None,
+    timezone: Annotated[str | None, typer.Option(help="an IANA zone")] = None,
+    param: Annotated[
+        list[str], typer.Option("-p", "--param", help="key=value; replaces the params")
+    ] = [],  # noqa: B006
+    priority: Annotated[
+        int | None, typer.Option(min=0, max=MAX_PRIORITY, help="of the jobs it starts")
+    ] = None,
+    overlap: Annotated[
+        str | None, typer.Option(help="skip, allow, buffer_one or cancel_previous")
+    ] = None,
+    owner: OwnerOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create or change a schedule. What the options leave out is kept from the schedule or,
+    for a new one, taken from the profile's ``schedule:`` block; a --schedule name the
+    pipeline has no schedule of yet creates it."""
+    from service.engine.runtime import Runtime
+    from service.engine.submission import resolve_request
+    from service.platform.clock import utcnow
+    from service.triggers.schedules import (
+        create_schedule,
+        find_schedule,
+        put_schedule,
+        set_schedule,
+        spec_of,
+        summarize,
+    )
+
+    settings = load_settings()
+    acting = acting_owner(settings, owner)
+    rt = Runtime.start(settings)
+    try:
+        with unit_of_work(rt.sessions) as session:
+            profile = resolve_request(
+                session,
+                name,
+                owner=acting,
+                profiles_dir=settings.profiles_dir,
+                known_actions=rt.registry.names(),
+            ).profile
+            current = None
+            if not add:
+                try:
+                    current = find_schedule(session, owner=acting, pipeline=name, schedule=schedule)
+                except ScheduleNotFound:
+                    current = None
+            base = spec_of(current) if current is not None else profile.schedule
+            fields = base.model_dump(exclude_unset=True) if base is not None else {}
+            changes: dict[str, Any] = {
+                key: value
+                for key, value in {
+                    "name": rename,
+                    "timezone": timezone,
+                    "priority": priority,
+                    "overlap": overlap,
+                }.items()
+                if value is not None
+            }
+            if cron is not None or every is not None:
+                changes |= {"cron": cron, "every": every}
+            if param:
+                changes["params"] = parse_params(param)
+            try:
+                spec = ScheduleSpec.model_validate({**fields, **changes})
+            except ValidationError as exc:
+                raise typer.BadParameter(str(exc)) from None
+            now = utcnow()
+            if add:
+                row = create_schedule(
+                    session, owner=acting, profile=profile, spec=spec, settings=settings, now=now
+                )
+            elif schedule is None:
+                row = put_schedule(
+                    session, owner=acting, profile=profile, spec=spec, settings=settings, now=now
+                )
+            else:
+                row, _ = set_schedule(
+                    session,
+                    owner=acting,
+                    profile=profile,
+                    schedule=schedule,
+                    spec=spec,
+                    settings=settings,
+                    now=now,
+                )
+            document = schedule_document(summarize(session, [row])[0])
+    finally:
+        rt.sessions.kw["bind"].dispose()
+    if as_json:
+        emit_json({"schedule": document})
+        return
+    _print([document])
+    console.print(f"id {document['id']}", highlight=False, markup=False)
 
 
 def _label(name: str, row: ScheduleRow) -> str:

@@ -263,6 +263,28 @@ def create_schedule(
     )
 
 
+def spec_of(row: ScheduleRow) -> ScheduleSpec:
+    """A stored schedule as the spec that saves it again unchanged, for a change to a field or
+    two (``flowbeat schedules set``) that keeps all the others."""
+    return ScheduleSpec.model_validate(
+        {
+            "name": row.name,
+            "cron": row.cron,
+            "every": row.every_s,
+            "timezone": row.timezone,
+            "params": row.params,
+            "enabled": row.enabled,
+            "overlap": row.overlap,
+            "catchup": row.catchup,
+            "catchup_window": row.catchup_window_s,
+            "jitter": row.jitter_s,
+            "diff_mode": row.diff_mode,
+            "notify_url": row.notify_url,
+            "priority": row.priority,
+        }
+    )
+
+
 def set_schedule(
     session: Session,
     *,

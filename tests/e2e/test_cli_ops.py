@@ -18,7 +18,7 @@ from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
-from service.triggers.schedules import create_schedule, put_schedule
+from service.triggers.schedules import put_schedule
 from tests.conftest import Stack
 from tests.e2e.conftest import Client, Cluster, Proc, wait_for
 
@@ -152,52 +152,43 @@ def test_schedules_are_listed_paused_resumed_and_deleted(flowbeat: Cli, client: 
     assert "schedule_not_found" in gone.stdout
 
 
-def test_schedule_commands_take_one_of_several_schedules_by_name_or_id(
-    flowbeat: Cli, client: Client
+def test_schedule_commands_set_and_take_one_of_several_schedules_by_name_or_id(
+    flowbeat: Cli,
 ) -> None:
-    owner = f"ops-{uuid.uuid4().hex[:8]}"
-    with unit_of_work(client.rt.sessions) as session:
-        profile = resolve_request(
-            session,
-            "watchlist",
-            owner=owner,
-            profiles_dir=client.settings.profiles_dir,
-            known_actions=client.rt.registry.names(),
-        ).profile
-        for spec in (
-            ScheduleSpec(name="daily", cron="0 6 * * *", priority=7),
-            ScheduleSpec(name="monthly", cron="0 6 1 * *"),
-        ):
-            create_schedule(
-                session,
-                owner=owner,
-                profile=profile,
-                spec=spec,
-                settings=client.settings,
-                now=_now(),
-            )
-    mine = ("--owner", owner)
+    mine = ("--owner", f"ops-{uuid.uuid4().hex[:8]}")
+    set_daily = ("schedules", "set", "watchlist", "--schedule", "daily")
+    daily = _json(flowbeat(*set_daily, "--cron", "0 6 * * *", "--priority", "7", *mine, "--json"))
+    monthly = _json(
+        flowbeat(
+            *("schedules", "set", "watchlist", "--add", "--name", "monthly"),
+            *("--cron", "0 6 1 * *", "-p", 'papers=[{"pmid": "1"}]', *mine, "--json"),
+        )
+    )
+    daily, monthly = daily["schedule"], monthly["schedule"]
+    assert (daily["name"], daily["cron"], daily["priority"]) == ("daily", "0 6 * * *", 7)
+    assert (monthly["name"], monthly["params"]) == ("monthly", {"papers": [{"pmid": "1"}]})
+    changed = _json(flowbeat(*set_daily, "--priority", "3", *mine, "--json"))["schedule"]
+    assert (changed["id"], changed["cron"], changed["priority"]) == (daily["id"], "0 6 * * *", 3)
 
     listed = _json(flowbeat("schedules", "list", "--pipeline", "watchlist", *mine, "--json"))
-    daily, monthly = listed["schedules"]
-    assert [(s["name"], s["priority"]) for s in (daily, monthly)] == [
-        ("daily", 7),
-        ("monthly", None),
+    assert [(s["id"], s["name"]) for s in listed["schedules"]] == [
+        (daily["id"], "daily"),
+        (monthly["id"], "monthly"),
     ]
     table = flowbeat("schedules", "list", *mine).stdout
     assert "daily" in table and "monthly" in table
 
-    ambiguous = flowbeat("schedules", "show", "watchlist", *mine)
-    assert ambiguous.returncode == 2
-    assert "schedule_ambiguous" in ambiguous.stdout and daily["id"] in ambiguous.stdout
+    for refused in (
+        flowbeat("schedules", "show", "watchlist", *mine),
+        flowbeat("schedules", "set", "watchlist", "--every", "2d", *mine),
+    ):
+        assert refused.returncode == 2
+        assert "schedule_ambiguous" in refused.stdout and daily["id"] in refused.stdout
 
     paused = flowbeat("schedules", "pause", "watchlist", "--schedule", "monthly", *mine)
     assert paused.returncode == 0 and "watchlist (monthly): paused" in paused.stdout
     shown = flowbeat("schedules", "show", "watchlist", "--schedule", monthly["id"], *mine, "--json")
     assert _json(shown)["schedule"]["enabled"] is False
-    assert _json(
-        flowbeat("schedules", "show", "watchlist", "--schedule", "daily", *mine, "--json")
-    )["schedule"]["enabled"]
 
     deleted = flowbeat("schedules", "delete", "watchlist", "--schedule", "daily", *mine)
     assert "watchlist (daily): schedule deleted" in deleted.stdout

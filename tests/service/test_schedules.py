@@ -37,6 +37,7 @@ from service.triggers.schedules import (
     put_schedule,
     set_schedule,
     set_schedule_enabled,
+    spec_of,
     summarize,
 )
 from tests.support.arrange import walk
@@ -503,3 +504,40 @@ def test_setting_a_schedule_by_a_new_name_creates_it_and_by_an_unknown_id_is_ref
     with pytest.raises(ScheduleNotFound):
         put(str(uuid.uuid4()))
     assert schedules_of(session, owner) == 1
+
+
+def test_a_schedule_saved_again_from_its_own_spec_is_unchanged(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    row = add(
+        session,
+        settings,
+        owner,
+        name="nightly",
+        every=None,
+        cron="30 2 * * *",
+        timezone="Europe/Paris",
+        params={"hold_s": 1},
+        overlap="buffer_one",
+        catchup="all",
+        catchup_window="6h",
+        jitter="2m",
+        diff_mode=True,
+        priority=4,
+    )
+    columns = [column.key for column in ScheduleRow.__table__.columns]
+    before = {column: getattr(row, column) for column in columns}
+
+    put_schedule(
+        session,
+        owner=owner,
+        profile=find_profile(settings.profiles_dir, "slow"),
+        spec=spec_of(row),
+        settings=settings,
+        now=T0 + timedelta(minutes=5),
+    )
+
+    after = {column: getattr(row, column) for column in columns}
+    assert {k: v for k, v in after.items() if before[k] != v} == {
+        "updated_at": T0 + timedelta(minutes=5)
+    }
