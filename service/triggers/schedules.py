@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import cast
 
-from sqlalchemy import func, insert, or_, select, true
+from sqlalchemy import func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -159,14 +159,12 @@ def _checked(
 def _check_name_free(
     session: Session, owner: str, pipeline: str, name: str, keep: uuid.UUID | None
 ) -> None:
-    taken = session.scalar(
-        select(ScheduleRow.id).where(
-            ScheduleRow.owner == owner,
-            ScheduleRow.pipeline == pipeline,
-            ScheduleRow.name == name,
-            ScheduleRow.id != keep if keep is not None else true(),
-        )
+    query = select(ScheduleRow.id).where(
+        ScheduleRow.owner == owner, ScheduleRow.pipeline == pipeline, ScheduleRow.name == name
     )
+    if keep is not None:
+        query = query.where(ScheduleRow.id != keep)
+    taken = session.scalar(query)
     if taken is not None:
         raise ScheduleNameTaken(
             f"pipeline {pipeline!r} already has a schedule named {name!r}",
