@@ -49,7 +49,13 @@ from service.platform.constants import (
 from service.platform.errors import FlowbeatError, JobNotFound, Unauthorized
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
-from service.triggers.schedules import delete_schedule, put_schedule, summarize
+from service.triggers.schedules import (
+    delete_schedule,
+    list_schedules,
+    put_schedule,
+    set_schedule,
+    summarize,
+)
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -59,7 +65,8 @@ T = TypeVar("T")
 INSTRUCTIONS = (
     "flowbeat runs YAML pipelines on workers. save_pipeline stores one (a new version when it "
     "changes), run_pipeline starts a job, get_job follows it, get_diff shows what a run found "
-    "that the run before it did not, schedule_pipeline runs it on a cron."
+    "that the run before it did not, schedule_pipeline runs it on a cron (several schedules per "
+    "pipeline by name), list_schedules shows them."
 )
 
 
@@ -186,12 +193,14 @@ def _schedule(
     session: Session,
     principal: Principal,
     name: str,
+    schedule: str | None,
     spec: ScheduleSpec | None,
 ) -> dict[str, Any]:
+    """``schedule`` None is the pipeline's only schedule, as on the one-schedule routes."""
     if spec is None:
-        delete_schedule(session, owner=principal.owner, pipeline=name)
+        row = delete_schedule(session, owner=principal.owner, pipeline=name, schedule=schedule)
         session.commit()
-        return {"pipeline": name, "removed": True}
+        return {"pipeline": name, "schedule_id": str(row.id), "removed": True}
     profile = resolve_request(
         session,
         name,
@@ -199,14 +208,26 @@ def _schedule(
         profiles_dir=deps.settings.profiles_dir,
         known_actions=deps.runtime.registry.names(),
     ).profile
-    row = put_schedule(
-        session,
-        owner=principal.owner,
-        profile=profile,
-        spec=spec,
-        settings=deps.settings,
-        now=utcnow(),
-    )
+    now = utcnow()
+    if schedule is None:
+        row = put_schedule(
+            session,
+            owner=principal.owner,
+            profile=profile,
+            spec=spec,
+            settings=deps.settings,
+            now=now,
+        )
+    else:
+        row, _ = set_schedule(
+            session,
+            owner=principal.owner,
+            profile=profile,
+            schedule=schedule,
+            spec=spec,
+            settings=deps.settings,
+            now=now,
+        )
     public = SchedulePublic.of(summarize(session, [row])[0]).model_dump(mode="json")
     session.commit()
     return {"pipeline": name, "schedule": public}
@@ -322,19 +343,52 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
         timezone: str = "UTC",
         diff_mode: bool = True,
         notify_url: str = "",
+        schedule: str = "",
+        params: dict[str, Any] | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any]:
         """Run a saved pipeline on a 5-field cron (in ``timezone``); an empty cron removes
-        its schedule. ``notify_url`` receives a signed POST when a run finds new items."""
+        the schedule. A pipeline may have several schedules (a daily and a monthly run):
+        ``schedule`` picks one by name or id, and a new name adds one; without it the
+        pipeline's only schedule is meant. ``params`` and ``priority`` (0-9, default: the
+        profile's) are what its runs start with. ``notify_url`` receives a signed POST when
+        a run finds new items."""
         spec = (
             ScheduleSpec(
-                cron=cron, timezone=timezone, diff_mode=diff_mode, notify_url=notify_url or None
+                cron=cron,
+                timezone=timezone,
+                params=params or {},
+                priority=priority,
+                diff_mode=diff_mode,
+                notify_url=notify_url or None,
             )
             if cron.strip()
             else None
         )
+        chosen = schedule.strip() or None
         return await _call(
-            deps, ctx, "write", lambda session, who: _schedule(deps, session, who, name, spec)
+            deps,
+            ctx,
+            "write",
+            lambda session, who: _schedule(deps, session, who, name, chosen, spec),
         )
+
+    @server.tool(name="list_schedules")
+    async def list_schedules_tool(ctx: Context, pipeline: str = "") -> dict[str, Any]:
+        """The caller's schedules (of ``pipeline`` only, when given) with their ids, names,
+        params, priority, next and last fire and the last run's status."""
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            summaries = list_schedules(
+                session, owner=principal.owner, pipeline=pipeline.strip() or None
+            )
+            return {
+                "schedules": [
+                    SchedulePublic.of(summary).model_dump(mode="json") for summary in summaries
+                ]
+            }
+
+        return await _call(deps, ctx, "read", work)
 
 
 def _job_tools(server: MCPServer, deps: McpDeps) -> None:

@@ -365,6 +365,7 @@ def pipeline_page(
         pipelines.versions(name, viewer, session).versions if detail.version is not None else []
     )
     history = runs.pipeline_runs(name, viewer, session, limit=PAGE_SIZE).runs
+    planned = schedules.pipeline_schedules(name, viewer, session).schedules
     return _page(
         request,
         "pipeline.html",
@@ -375,6 +376,7 @@ def pipeline_page(
         versions=versions,
         runs=history,
         chart=run_chart(history),
+        schedules=planned,
     )
 
 

@@ -170,21 +170,40 @@ class Pipelines(_Section):
         return purged
 
 
+def _schedule_path(pipeline: str, schedule: str | None) -> str:
+    """A pipeline may have several schedules; ``schedule`` (a name or id) picks one, and
+    without it the routes mean the pipeline's only one (``schedule_ambiguous`` when several)."""
+    if schedule is None:
+        return f"/v1/pipelines/{pipeline}/schedule"
+    return f"/v1/pipelines/{pipeline}/schedules/{schedule}"
+
+
 class Schedules(_Section):
-    def list(self) -> list[Schedule]:
-        return cast(list[Schedule], self._call("GET", "/v1/schedules")["schedules"])
+    def list(self, pipeline: str | None = None) -> list[Schedule]:
+        """The key owner's schedules, or only ``pipeline``'s."""
+        path = "/v1/schedules" if pipeline is None else f"/v1/pipelines/{pipeline}/schedules"
+        return cast(list[Schedule], self._call("GET", path)["schedules"])
 
-    def get(self, pipeline: str) -> Schedule:
-        return cast(Schedule, self._call("GET", f"/v1/pipelines/{pipeline}/schedule")["schedule"])
+    def get(self, pipeline: str, schedule: str | None = None) -> Schedule:
+        path = _schedule_path(pipeline, schedule)
+        return cast(Schedule, self._call("GET", path)["schedule"])
 
-    def put(self, pipeline: str, spec: dict[str, Any] | None = None) -> Schedule:
-        """``spec`` as in the API (``cron``, ``timezone``, ``params``, …); none: the profile's
-        own ``schedule:`` block."""
-        path = f"/v1/pipelines/{pipeline}/schedule"
+    def put(
+        self, pipeline: str, spec: dict[str, Any] | None = None, *, schedule: str | None = None
+    ) -> Schedule:
+        """``spec`` as in the API (``cron``, ``timezone``, ``params``, ``priority``, …); none:
+        the profile's own ``schedule:`` block. A ``schedule`` name the pipeline has no
+        schedule of yet creates one."""
+        path = _schedule_path(pipeline, schedule)
         return cast(Schedule, self._call("PUT", path, json=spec)["schedule"])
 
-    def delete(self, pipeline: str) -> None:
-        self._call("DELETE", f"/v1/pipelines/{pipeline}/schedule")
+    def add(self, pipeline: str, spec: dict[str, Any] | None = None) -> Schedule:
+        """One more schedule of ``pipeline``, beside those it has."""
+        path = f"/v1/pipelines/{pipeline}/schedules"
+        return cast(Schedule, self._call("POST", path, json=spec)["schedule"])
+
+    def delete(self, pipeline: str, schedule: str | None = None) -> None:
+        self._call("DELETE", _schedule_path(pipeline, schedule))
 
 
 class Runs(_Section):

@@ -64,8 +64,10 @@ class PipelineDetail(Pipeline):
 
 class Schedule(TypedDict):
     id: str
+    name: str | None
     pipeline: str
     owner: str
+    priority: int | None
     cron: str | None
     every_s: int | None
     timezone: str

@@ -1,6 +1,10 @@
 """Schedule routes. A saved schedule wakes the elected scheduler when its transaction commits
-(``put_schedule`` notifies it through PostgreSQL), so nothing is sent from here and no
-scheduler restarts."""
+(the service notifies it through PostgreSQL), so nothing is sent from here and no scheduler
+restarts.
+
+A pipeline may have several schedules, managed under ``/schedules/{schedule}`` by id or name.
+The older ``/schedule`` routes stay for a pipeline with at most one and answer ``409
+schedule_ambiguous`` when it has several, rather than act on one of them at random."""
 
 import uuid
 from typing import Annotated, Any
@@ -14,26 +18,37 @@ from api.openapi import errors
 from api.schemas import UtcDatetime
 from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
+from service.language.profiles import Profile
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
+from service.platform.models import ScheduleRow
 from service.triggers.schedules import (
     ScheduleSummary,
+    create_schedule,
     delete_schedule,
     get_schedule,
     list_schedules,
     put_schedule,
+    set_schedule,
     summarize,
 )
 
 router = APIRouter(prefix="/v1", tags=["schedules"])
 
 _NOT_FOUND = errors({404: "schedule_not_found"})
+_ONE_SCHEDULE = errors({404: "schedule_not_found", 409: "schedule_ambiguous"})
+_REFUSED_SPEC = (
+    "validation_error, cron_invalid, interval_invalid, timezone_unknown, "
+    "schedule_too_frequent, params_invalid, profile_invalid"
+)
 
 
 class SchedulePublic(BaseModel):
     id: uuid.UUID
+    name: str | None
     pipeline: str
     owner: str
+    priority: int | None
     cron: str | None
     every_s: int | None
     timezone: str
@@ -59,8 +74,10 @@ class SchedulePublic(BaseModel):
         row = summary.schedule
         return cls(
             id=row.id,
+            name=row.name,
             pipeline=row.pipeline,
             owner=row.owner,
+            priority=row.priority,
             cron=row.cron,
             every_s=row.every_s,
             timezone=row.timezone,
@@ -95,27 +112,16 @@ def _visible_to(principal: Principal) -> str | None:
     return None if principal.has("admin") else principal.owner
 
 
-@router.put(
-    "/pipelines/{name}/schedule",
-    response_model=ScheduleEnvelope,
-    responses=errors(
-        {
-            404: "pipeline_not_found",
-            409: "schedule_limit_reached",
-            422: "validation_error, cron_invalid, interval_invalid, timezone_unknown, "
-            "schedule_too_frequent, params_invalid, profile_invalid",
-        }
-    ),
-)
-def save_schedule(
+def _profile_and_spec(
     name: str,
-    principal: Writer,
+    body: ScheduleSpec | None,
+    principal: Principal,
     session: SessionDep,
     settings: SettingsDep,
     runtime: RuntimeDep,
-    body: Annotated[ScheduleSpec | None, Body()] = None,
-) -> ScheduleEnvelope:
-    """An empty body takes the ``schedule:`` block of the pipeline's profile."""
+) -> tuple[Profile, ScheduleSpec]:
+    """The pipeline and what to save; an empty body takes the ``schedule:`` block of its
+    profile."""
     profile = resolve_request(
         session,
         name,
@@ -130,23 +136,159 @@ def save_schedule(
             f"no schedule given and pipeline {name!r} has no schedule block",
             {"pipeline": name},
         )
+    return profile, spec
+
+
+def _envelope(session: SessionDep, row: ScheduleRow) -> ScheduleEnvelope:
+    return ScheduleEnvelope(schedule=SchedulePublic.of(summarize(session, [row])[0]))
+
+
+@router.put(
+    "/pipelines/{name}/schedule",
+    response_model=ScheduleEnvelope,
+    responses=errors(
+        {
+            404: "pipeline_not_found",
+            409: "schedule_limit_reached, schedule_ambiguous",
+            422: _REFUSED_SPEC,
+        }
+    ),
+)
+def save_schedule(
+    name: str,
+    principal: Writer,
+    session: SessionDep,
+    settings: SettingsDep,
+    runtime: RuntimeDep,
+    body: Annotated[ScheduleSpec | None, Body()] = None,
+) -> ScheduleEnvelope:
+    """The pipeline's only schedule, created or replaced; an empty body takes the
+    ``schedule:`` block of its profile."""
+    profile, spec = _profile_and_spec(name, body, principal, session, settings, runtime)
     row = put_schedule(
         session, owner=principal.owner, profile=profile, spec=spec, settings=settings, now=utcnow()
     )
-    envelope = ScheduleEnvelope(schedule=SchedulePublic.of(summarize(session, [row])[0]))
+    envelope = _envelope(session, row)
     session.commit()
     return envelope
 
 
-@router.get("/pipelines/{name}/schedule", response_model=ScheduleEnvelope, responses=_NOT_FOUND)
+@router.get("/pipelines/{name}/schedule", response_model=ScheduleEnvelope, responses=_ONE_SCHEDULE)
 def read_schedule(name: str, principal: Reader, session: SessionDep) -> ScheduleEnvelope:
-    row = get_schedule(session, owner=principal.owner, pipeline=name)
-    return ScheduleEnvelope(schedule=SchedulePublic.of(summarize(session, [row])[0]))
+    """The pipeline's only schedule."""
+    return _envelope(session, get_schedule(session, owner=principal.owner, pipeline=name))
 
 
-@router.delete("/pipelines/{name}/schedule", status_code=204, responses=_NOT_FOUND)
+@router.delete("/pipelines/{name}/schedule", status_code=204, responses=_ONE_SCHEDULE)
 def remove_schedule(name: str, principal: Writer, session: SessionDep) -> Response:
+    """The pipeline's only schedule."""
     delete_schedule(session, owner=principal.owner, pipeline=name)
+    session.commit()
+    return Response(status_code=204)
+
+
+@router.post(
+    "/pipelines/{name}/schedules",
+    status_code=201,
+    response_model=ScheduleEnvelope,
+    responses=errors(
+        {
+            404: "pipeline_not_found",
+            409: "schedule_limit_reached, schedule_name_taken",
+            422: _REFUSED_SPEC,
+        }
+    ),
+)
+def add_schedule(
+    name: str,
+    principal: Writer,
+    session: SessionDep,
+    settings: SettingsDep,
+    runtime: RuntimeDep,
+    body: Annotated[ScheduleSpec | None, Body()] = None,
+) -> ScheduleEnvelope:
+    """One more schedule of the pipeline, beside those it has; an empty body takes the
+    ``schedule:`` block of its profile."""
+    profile, spec = _profile_and_spec(name, body, principal, session, settings, runtime)
+    row = create_schedule(
+        session, owner=principal.owner, profile=profile, spec=spec, settings=settings, now=utcnow()
+    )
+    envelope = _envelope(session, row)
+    session.commit()
+    return envelope
+
+
+@router.get("/pipelines/{name}/schedules", response_model=ScheduleList)
+def pipeline_schedules(name: str, principal: Reader, session: SessionDep) -> ScheduleList:
+    """The key owner's schedules of the pipeline, unnamed first, then by name; empty when it
+    has none, as ``GET /v1/schedules`` is."""
+    summaries = list_schedules(session, owner=principal.owner, pipeline=name)
+    return ScheduleList(schedules=[SchedulePublic.of(summary) for summary in summaries])
+
+
+@router.get(
+    "/pipelines/{name}/schedules/{schedule}",
+    response_model=ScheduleEnvelope,
+    responses=_NOT_FOUND,
+)
+def read_one_schedule(
+    name: str, schedule: str, principal: Reader, session: SessionDep
+) -> ScheduleEnvelope:
+    """``schedule`` is the schedule's id or its name."""
+    row = get_schedule(session, owner=principal.owner, pipeline=name, schedule=schedule)
+    return _envelope(session, row)
+
+
+@router.put(
+    "/pipelines/{name}/schedules/{schedule}",
+    response_model=ScheduleEnvelope,
+    responses={
+        201: {"model": ScheduleEnvelope, "description": "a schedule of that name was created"},
+        **errors(
+            {
+                404: "pipeline_not_found, schedule_not_found",
+                409: "schedule_limit_reached, schedule_name_taken",
+                422: f"{_REFUSED_SPEC}, schedule_name_mismatch",
+            }
+        ),
+    },
+)
+def replace_schedule(
+    name: str,
+    schedule: str,
+    response: Response,
+    principal: Writer,
+    session: SessionDep,
+    settings: SettingsDep,
+    runtime: RuntimeDep,
+    body: Annotated[ScheduleSpec | None, Body()] = None,
+) -> ScheduleEnvelope:
+    """Replace a schedule by id or name, or create it (201) under a name the pipeline has no
+    schedule of yet, so a named schedule can be declared twice alike. A body without ``name``
+    keeps the schedule's name; one with another name renames it (refused on creation)."""
+    profile, spec = _profile_and_spec(name, body, principal, session, settings, runtime)
+    row, created = set_schedule(
+        session,
+        owner=principal.owner,
+        profile=profile,
+        schedule=schedule,
+        spec=spec,
+        settings=settings,
+        now=utcnow(),
+    )
+    envelope = _envelope(session, row)
+    session.commit()
+    if created:
+        response.status_code = 201
+    return envelope
+
+
+@router.delete("/pipelines/{name}/schedules/{schedule}", status_code=204, responses=_NOT_FOUND)
+def remove_one_schedule(
+    name: str, schedule: str, principal: Writer, session: SessionDep
+) -> Response:
+    """By id or name; the jobs it started stay."""
+    delete_schedule(session, owner=principal.owner, pipeline=name, schedule=schedule)
     session.commit()
     return Response(status_code=204)
 

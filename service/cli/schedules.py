@@ -1,9 +1,14 @@
-"""``flowbeat schedules``: list, show, pause, resume and delete, as the schedule routes do; the
-elected scheduler is woken by each change when it commits."""
+"""``flowbeat schedules``: list, show, set, pause, resume and delete, as the schedule routes do;
+the elected scheduler is woken by each change when it commits.
+
+A pipeline may have several schedules: ``--schedule`` names one by its name or id. Without it
+a command means the pipeline's only schedule and is refused (``schedule_ambiguous``, listing
+the ids and names) when it has several, as the one-schedule routes are."""
 
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 
 from service.cli.app import (
@@ -15,8 +20,13 @@ from service.cli.app import (
     load_settings,
     schedules_cli,
 )
+from service.cli.follow import parse_params
 from service.cli.tables import narrow_table
+from service.language.cron import ScheduleSpec
+from service.platform.constants import MAX_PRIORITY
 from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.errors import ScheduleNotFound
+from service.platform.models import ScheduleRow
 from service.triggers.schedules import ScheduleSummary
 
 
@@ -29,8 +39,10 @@ def schedule_document(summary: ScheduleSummary) -> dict[str, Any]:
     row = summary.schedule
     return {
         "id": str(row.id),
+        "name": row.name,
         "pipeline": row.pipeline,
         "owner": row.owner,
+        "priority": row.priority,
         "cron": row.cron,
         "every_s": row.every_s,
         "timezone": row.timezone,
@@ -53,7 +65,10 @@ def schedule_document(summary: ScheduleSummary) -> dict[str, Any]:
 
 
 def _timing(doc: dict[str, Any]) -> str:
-    return f"{doc['cron']} {doc['timezone']}" if doc["cron"] else f"every {doc['every_s']}s"
+    """When it fires, after its name when it has one: a column of its own would not leave an
+    80-column terminal room for the pipeline's name on one line."""
+    when = f"{doc['cron']} {doc['timezone']}" if doc["cron"] else f"every {doc['every_s']}s"
+    return f"{doc['name']}: {when}" if doc["name"] else when
 
 
 def _print(documents: list[dict[str, Any]]) -> None:
@@ -81,9 +96,19 @@ def _print(documents: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+ScheduleOption = Annotated[
+    str | None,
+    typer.Option(
+        "--schedule",
+        help="which of the pipeline's schedules, by name or id; needed when it has several",
+    ),
+]
+
+
 @schedules_cli.command("list")
 def schedules_list(
     owner: Annotated[str | None, typer.Option(help="only this owner's schedules")] = None,
+    pipeline: Annotated[str | None, typer.Option(help="only this pipeline's schedules")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Every schedule with its next and last fire, the last run's status and its run count."""
@@ -91,7 +116,9 @@ def schedules_list(
 
     sessions = make_session_factory(make_engine(load_settings().require_database_url()))
     with unit_of_work(sessions) as session:
-        documents = [schedule_document(s) for s in list_schedules(session, owner=owner)]
+        documents = [
+            schedule_document(s) for s in list_schedules(session, owner=owner, pipeline=pipeline)
+        ]
     if as_json:
         emit_json({"schedules": documents})
     else:
@@ -99,28 +126,145 @@ def schedules_list(
 
 
 @schedules_cli.command("show")
-def schedules_show(name: str, owner: OwnerOption = None, as_json: JsonOption = False) -> None:
-    """One pipeline's schedule."""
+def schedules_show(
+    name: str,
+    schedule: ScheduleOption = None,
+    owner: OwnerOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One of a pipeline's schedules, with its id, params and priority."""
     from service.triggers.schedules import get_schedule, summarize
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
-        row = get_schedule(session, owner=acting_owner(settings, owner), pipeline=name)
+        row = get_schedule(
+            session, owner=acting_owner(settings, owner), pipeline=name, schedule=schedule
+        )
         document = schedule_document(summarize(session, [row])[0])
     if as_json:
         emit_json({"schedule": document})
         return
     _print([document])
+    priority = "the profile's" if document["priority"] is None else document["priority"]
     console.print(
-        f"params {document['params']}, overlap {document['overlap']}, "
-        f"catch-up {document['catchup']}",
+        f"id {document['id']}, params {document['params']}, priority {priority}, "
+        f"overlap {document['overlap']}, catch-up {document['catchup']}",
         highlight=False,
         markup=False,
     )
 
 
-def _set_enabled(name: str, owner: str | None, enabled: bool) -> None:
+@schedules_cli.command("set")
+def schedules_set(
+    name: str,
+    schedule: ScheduleOption = None,
+    add: Annotated[
+        bool, typer.Option("--add", help="a new schedule beside those the pipeline has")
+    ] = False,
+    rename: Annotated[str | None, typer.Option("--name", help="the schedule's name")] = None,
+    cron: Annotated[str | None, typer.Option(help="five fields, on --timezone's clock")] = None,
+    every: Annotated[str | None, typer.Option(help="an interval: 30m, 6h, 1d")] = None,
+    timezone: Annotated[str | None, typer.Option(help="an IANA zone")] = None,
+    param: Annotated[
+        list[str], typer.Option("-p", "--param", help="key=value; replaces the params")
+    ] = [],  # noqa: B006
+    priority: Annotated[
+        int | None, typer.Option(min=0, max=MAX_PRIORITY, help="of the jobs it starts")
+    ] = None,
+    overlap: Annotated[
+        str | None, typer.Option(help="skip, allow, buffer_one or cancel_previous")
+    ] = None,
+    owner: OwnerOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create or change a schedule. What the options leave out is kept from the schedule or,
+    for a new one, taken from the profile's ``schedule:`` block; a --schedule name the
+    pipeline has no schedule of yet creates it."""
+    from service.engine.runtime import Runtime
+    from service.engine.submission import resolve_request
+    from service.platform.clock import utcnow
+    from service.triggers.schedules import (
+        create_schedule,
+        find_schedule,
+        put_schedule,
+        set_schedule,
+        spec_of,
+        summarize,
+    )
+
+    settings = load_settings()
+    acting = acting_owner(settings, owner)
+    rt = Runtime.start(settings)
+    try:
+        with unit_of_work(rt.sessions) as session:
+            profile = resolve_request(
+                session,
+                name,
+                owner=acting,
+                profiles_dir=settings.profiles_dir,
+                known_actions=rt.registry.names(),
+            ).profile
+            current = None
+            if not add:
+                try:
+                    current = find_schedule(session, owner=acting, pipeline=name, schedule=schedule)
+                except ScheduleNotFound:
+                    current = None
+            base = spec_of(current) if current is not None else profile.schedule
+            fields = base.model_dump(exclude_unset=True) if base is not None else {}
+            changes: dict[str, Any] = {
+                key: value
+                for key, value in {
+                    "name": rename,
+                    "timezone": timezone,
+                    "priority": priority,
+                    "overlap": overlap,
+                }.items()
+                if value is not None
+            }
+            if cron is not None or every is not None:
+                changes |= {"cron": cron, "every": every}
+            if param:
+                changes["params"] = parse_params(param)
+            try:
+                spec = ScheduleSpec.model_validate({**fields, **changes})
+            except ValidationError as exc:
+                raise typer.BadParameter(str(exc)) from None
+            now = utcnow()
+            if add:
+                row = create_schedule(
+                    session, owner=acting, profile=profile, spec=spec, settings=settings, now=now
+                )
+            elif schedule is None:
+                row = put_schedule(
+                    session, owner=acting, profile=profile, spec=spec, settings=settings, now=now
+                )
+            else:
+                row, _ = set_schedule(
+                    session,
+                    owner=acting,
+                    profile=profile,
+                    schedule=schedule,
+                    spec=spec,
+                    settings=settings,
+                    now=now,
+                )
+            document = schedule_document(summarize(session, [row])[0])
+    finally:
+        rt.sessions.kw["bind"].dispose()
+    if as_json:
+        emit_json({"schedule": document})
+        return
+    _print([document])
+    console.print(f"id {document['id']}", highlight=False, markup=False)
+
+
+def _label(name: str, row: ScheduleRow) -> str:
+    return f"{name} ({row.name})" if row.name else name
+
+
+def _set_enabled(name: str, schedule: str | None, owner: str | None, enabled: bool) -> None:
     from service.platform.clock import utcnow
     from service.triggers.schedules import set_schedule_enabled
 
@@ -134,33 +278,38 @@ def _set_enabled(name: str, owner: str | None, enabled: bool) -> None:
             enabled=enabled,
             settings=settings,
             now=utcnow(),
+            schedule=schedule,
         )
         next_fire = _iso(row.next_fire_at)
+        label = _label(name, row)
     if enabled:
-        console.print(f"{name}: active, next fire {next_fire} UTC", markup=False)
+        console.print(f"{label}: active, next fire {next_fire} UTC", markup=False)
     else:
-        console.print(f"{name}: paused", markup=False)
+        console.print(f"{label}: paused", markup=False)
 
 
 @schedules_cli.command("pause")
-def schedules_pause(name: str, owner: OwnerOption = None) -> None:
+def schedules_pause(name: str, schedule: ScheduleOption = None, owner: OwnerOption = None) -> None:
     """Stop firing; the schedule and its history stay."""
-    _set_enabled(name, owner, False)
+    _set_enabled(name, schedule, owner, False)
 
 
 @schedules_cli.command("resume")
-def schedules_resume(name: str, owner: OwnerOption = None) -> None:
+def schedules_resume(name: str, schedule: ScheduleOption = None, owner: OwnerOption = None) -> None:
     """Fire again from now on (fires missed while paused are not caught up)."""
-    _set_enabled(name, owner, True)
+    _set_enabled(name, schedule, owner, True)
 
 
 @schedules_cli.command("delete")
-def schedules_delete(name: str, owner: OwnerOption = None) -> None:
+def schedules_delete(name: str, schedule: ScheduleOption = None, owner: OwnerOption = None) -> None:
     """Delete a schedule; the jobs it created stay."""
     from service.triggers.schedules import delete_schedule
 
     settings = load_settings()
     sessions = make_session_factory(make_engine(settings.require_database_url()))
     with unit_of_work(sessions) as session:
-        delete_schedule(session, owner=acting_owner(settings, owner), pipeline=name)
-    console.print(f"{name}: schedule deleted", markup=False)
+        row = delete_schedule(
+            session, owner=acting_owner(settings, owner), pipeline=name, schedule=schedule
+        )
+        label = _label(name, row)
+    console.print(f"{label}: schedule deleted", markup=False)

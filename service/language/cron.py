@@ -11,6 +11,7 @@ fire times without sharing state.
 import hashlib
 import itertools
 import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,9 +19,10 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.platform.constants import MAX_JOB_TIMEOUT_S
+from service.language.specs import NAME_PATTERN
+from service.platform.constants import MAX_JOB_TIMEOUT_S, MAX_PRIORITY
 from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
 
 Overlap = Literal["skip", "allow", "buffer_one", "cancel_previous"]
@@ -45,6 +47,10 @@ class ScheduleSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    name: str | None = Field(default=None, pattern=NAME_PATTERN, exclude_if=lambda n: n is None)
+    """Tells a pipeline's schedules apart (``daily``, ``monthly``); unique per owner and
+    pipeline. Routes and commands take a schedule by name or id, so a name never reads as
+    a uuid."""
     cron: str | None = Field(default=None, max_length=200)
     every: str | int | None = None
     timezone: str = Field(default="UTC", max_length=64)
@@ -65,6 +71,25 @@ class ScheduleSpec(BaseModel):
     )
     """Left out of the stored form when unset, so the hash of a profile with a ``schedule:``
     block stays what it was."""
+    priority: int | None = Field(
+        default=None, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p is None
+    )
+    """The priority of the jobs it starts; ``None`` takes the profile's default."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_not_an_id(cls, value: str | None) -> str | None:
+        if value is not None and _is_uuid(value):
+            raise ValueError("a schedule's name must not be a uuid: ids and names share a path")
+        return value
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,7 @@ class Timing:
 
 @dataclass(frozen=True)
 class NormalizedSchedule:
+    name: str | None
     timing: Timing
     params: dict[str, Any]
     enabled: bool
@@ -88,6 +114,7 @@ class NormalizedSchedule:
     diff_mode: bool
     notify_url: str | None
     timeout_s: int | None
+    priority: int | None
 
 
 def parse_duration(value: str | int, *, field: str) -> int:
@@ -137,6 +164,7 @@ def normalize(spec: ScheduleSpec) -> NormalizedSchedule:
             raise IntervalInvalid("every must be longer than 0s", {"field": "every"})
     cron = parse_cron(spec.cron) if spec.cron is not None else None
     return NormalizedSchedule(
+        name=spec.name,
         timing=Timing(cron=cron, every_s=every_s, timezone=spec.timezone),
         params=dict(spec.params),
         enabled=spec.enabled,
@@ -147,6 +175,7 @@ def normalize(spec: ScheduleSpec) -> NormalizedSchedule:
         diff_mode=spec.diff_mode,
         notify_url=spec.notify_url,
         timeout_s=spec.timeout_s,
+        priority=spec.priority,
     )
 
 

@@ -317,6 +317,25 @@ class ScheduleNotFound(FlowbeatError):
     code = "schedule_not_found"
 
 
+class ScheduleAmbiguous(FlowbeatError):
+    """A pipeline's one-schedule route or command was used while it has several: which one is
+    meant is not guessed, the details list their ids and names to choose from."""
+
+    code = "schedule_ambiguous"
+
+
+class ScheduleNameMismatch(FlowbeatError):
+    """A schedule created under one name (the path's) was given another in its body."""
+
+    code = "schedule_name_mismatch"
+
+
+class ScheduleNameTaken(FlowbeatError):
+    """Another schedule of the same owner and pipeline already has this name."""
+
+    code = "schedule_name_taken"
+
+
 class FlowerAuthRequired(FlowbeatError):
     """Flower would answer anyone: no credentials, and not an unauthenticated loopback."""
 

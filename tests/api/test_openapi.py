@@ -93,8 +93,15 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     ("put", "/v1/pipelines/{name}/shares/{grantee}"): {200, 400, 404, 409, 422} | KEYED,
     ("delete", "/v1/pipelines/{name}/shares/{grantee}"): {200, 400, 404, 409, 422} | KEYED,
     ("put", "/v1/pipelines/{name}/schedule"): {200, 400, 404, 409} | PARSED_BODY | KEYED,
-    ("get", "/v1/pipelines/{name}/schedule"): {200, 400, 404} | KEYED,
-    ("delete", "/v1/pipelines/{name}/schedule"): {204, 400, 404} | KEYED,
+    ("get", "/v1/pipelines/{name}/schedule"): {200, 400, 404, 409} | KEYED,
+    ("delete", "/v1/pipelines/{name}/schedule"): {204, 400, 404, 409} | KEYED,
+    ("post", "/v1/pipelines/{name}/schedules"): {201, 400, 404, 409} | PARSED_BODY | KEYED,
+    ("get", "/v1/pipelines/{name}/schedules"): {200, 400} | KEYED,
+    ("get", "/v1/pipelines/{name}/schedules/{schedule}"): {200, 400, 404} | KEYED,
+    ("put", "/v1/pipelines/{name}/schedules/{schedule}"): {200, 201, 400, 404, 409}
+    | PARSED_BODY
+    | KEYED,
+    ("delete", "/v1/pipelines/{name}/schedules/{schedule}"): {204, 400, 404} | KEYED,
     ("get", "/v1/schedules"): {200} | KEYED,
     ("put", "/v1/hooks/{name}"): {200, 201, 400, 404} | PARSED_BODY | KEYED,
     ("get", "/v1/hooks"): {200} | KEYED,

@@ -1,4 +1,5 @@
-"""Schedule routes: one per owner and pipeline; each refusal has its own code, nothing is stored."""
+"""Schedule routes: several per pipeline by id or name, the one-schedule routes for a pipeline with
+one; each refusal has its own code, nothing is stored."""
 
 import uuid
 from datetime import datetime, timedelta
@@ -191,3 +192,162 @@ def test_a_job_made_by_a_fire_shows_its_schedule_and_fire_time(
     assert shown["trigger"] == "schedule"
     assert shown["schedule_id"] == str(schedule_id)
     assert datetime.fromisoformat(shown["scheduled_for"]) == fire_at
+
+
+def _schedules(name: str = "sched-a") -> str:
+    return f"/v1/pipelines/{name}/schedules"
+
+
+def test_a_pipeline_has_several_schedules_each_with_its_own_id_name_params_and_priority(
+    client: TestClient, writer: Headers
+) -> None:
+    daily = client.post(
+        _schedules(),
+        json={"name": "daily", "cron": "0 6 * * *", "params": {"since": 2025}, "priority": 8},
+        headers=writer,
+    )
+    monthly = client.post(
+        _schedules(),
+        json={"name": "monthly", "cron": "0 6 1 * *", "overlap": "allow"},
+        headers=writer,
+    )
+    assert (daily.status_code, monthly.status_code) == (201, 201), monthly.text
+    first, second = daily.json()["schedule"], monthly.json()["schedule"]
+    assert (first["name"], first["params"], first["priority"]) == ("daily", {"since": 2025}, 8)
+    assert (second["name"], second["params"], second["priority"]) == ("monthly", {}, None)
+    assert (first["overlap"], second["overlap"]) == ("skip", "allow")
+
+    listed = client.get(_schedules(), headers=writer).json()["schedules"]
+    assert [(s["id"], s["name"]) for s in listed] == [
+        (first["id"], "daily"),
+        (second["id"], "monthly"),
+    ]
+    everything = client.get("/v1/schedules", headers=writer).json()["schedules"]
+    assert {s["id"] for s in everything} == {first["id"], second["id"]}
+    by_name = client.get(f"{_schedules()}/monthly", headers=writer).json()["schedule"]
+    by_id = client.get(f"{_schedules()}/{second['id']}", headers=writer).json()["schedule"]
+    assert by_name == by_id == second
+
+    replaced = client.put(
+        f"{_schedules()}/daily", json={"cron": "0 5 * * *", "priority": 2}, headers=writer
+    )
+    assert replaced.status_code == 200, replaced.text
+    assert (replaced.json()["schedule"]["id"], replaced.json()["schedule"]["name"]) == (
+        first["id"],
+        "daily",
+    )
+    assert (replaced.json()["schedule"]["cron"], replaced.json()["schedule"]["priority"]) == (
+        "0 5 * * *",
+        2,
+    )
+
+    assert client.delete(f"{_schedules()}/{first['id']}", headers=writer).status_code == 204
+    remaining = client.get(_schedules(), headers=writer).json()["schedules"]
+    assert [s["name"] for s in remaining] == ["monthly"]
+    _error(client.get(f"{_schedules()}/daily", headers=writer), 404, "schedule_not_found")
+
+
+def test_the_one_schedule_routes_work_with_one_schedule_and_refuse_several(
+    client: TestClient, writer: Headers
+) -> None:
+    one = _put(client, writer, every="2h").json()["schedule"]
+    assert _put(client, writer, every="3h").json()["schedule"]["id"] == one["id"]
+    extra = client.post(_schedules(), json={"name": "nightly", "every": "1d"}, headers=writer)
+    assert extra.status_code == 201, extra.text
+
+    for answer in (
+        client.get("/v1/pipelines/sched-a/schedule", headers=writer),
+        _put(client, writer, every="4h"),
+        client.delete("/v1/pipelines/sched-a/schedule", headers=writer),
+    ):
+        error = _error(answer, 409, "schedule_ambiguous")
+        assert [s["id"] for s in error["details"]["schedules"]] == [
+            one["id"],
+            extra.json()["schedule"]["id"],
+        ]
+
+    assert client.delete(f"{_schedules()}/nightly", headers=writer).status_code == 204
+    kept = client.get("/v1/pipelines/sched-a/schedule", headers=writer).json()["schedule"]
+    assert (kept["id"], kept["every_s"]) == (one["id"], 10800)
+
+
+def test_schedule_names_are_unique_per_pipeline_and_refusals_store_nothing(
+    client: TestClient, writer: Headers
+) -> None:
+    body = {"name": "daily", "every": "1d"}
+    assert client.post(_schedules(), json=body, headers=writer).status_code == 201
+    _error(client.post(_schedules(), json=body, headers=writer), 409, "schedule_name_taken")
+    assert client.post(_schedules("sched-b"), json=body, headers=writer).status_code == 201
+    other = client.post(_schedules(), json={"name": "weekly", "every": "7d"}, headers=writer)
+    renamed = client.put(
+        f"{_schedules()}/{other.json()['schedule']['id']}", json=body, headers=writer
+    )
+    _error(renamed, 409, "schedule_name_taken")
+    for refused in (
+        {"name": str(uuid.uuid4()), "every": "1d"},
+        {"name": "Daily Run", "every": "1d"},
+        {"name": "hourly", "every": "1d", "priority": 10},
+    ):
+        _error(client.post(_schedules(), json=refused, headers=writer), 422, "validation_error")
+    names = [s["name"] for s in client.get(_schedules(), headers=writer).json()["schedules"]]
+    assert names == ["daily", "weekly"]
+    _error(
+        client.put(f"{_schedules()}/{uuid.uuid4()}", json=body, headers=writer),
+        404,
+        "schedule_not_found",
+    )
+    _error(
+        client.put(f"{_schedules()}/hourly", json=body, headers=writer),
+        422,
+        "schedule_name_mismatch",
+    )
+    _error(client.post(_schedules("nowhere"), json=body, headers=writer), 404, "pipeline_not_found")
+
+
+def test_an_empty_body_creates_a_schedule_from_the_profiles_block(
+    client: TestClient, writer: Headers
+) -> None:
+    created = client.post(_schedules("sched-b"), headers=writer)
+    assert created.status_code == 201, created.text
+    assert (created.json()["schedule"]["cron"], created.json()["schedule"]["name"]) == (
+        "0 7 * * 1",
+        None,
+    )
+
+
+def test_a_schedules_fire_submits_at_its_own_priority(
+    client: TestClient, writer: Headers, runtime: Runtime, settings: Settings
+) -> None:
+    saved = client.post(
+        _schedules("sched-f"), json={"name": "urgent", "every": "1h", "priority": 9}, headers=writer
+    )
+    assert saved.status_code == 201, saved.text
+    schedule_id = uuid.UUID(saved.json()["schedule"]["id"])
+    with unit_of_work(runtime.sessions) as session:
+        row = session.get(ScheduleRow, schedule_id)
+        assert row is not None and row.next_fire_at is not None
+        (job,) = fire_schedule(
+            session,
+            schedule_id,
+            now=row.next_fire_at + timedelta(seconds=1),
+            grace_s=60,
+            profiles_dir=settings.profiles_dir,
+            known_actions=runtime.registry.names(),
+        ).jobs
+
+    shown = client.get(f"/v1/jobs/{job.id}", headers=writer).json()["job"]
+    assert (shown["schedule_id"], shown["priority"]) == (str(schedule_id), 9)
+
+
+def test_putting_a_schedule_under_a_new_name_creates_it_then_replaces_it(
+    client: TestClient, writer: Headers
+) -> None:
+    created = client.put(f"{_schedules()}/weekly", json={"cron": "0 8 * * 1"}, headers=writer)
+    assert created.status_code == 201, created.text
+    again = client.put(f"{_schedules()}/weekly", json={"cron": "0 9 * * 1"}, headers=writer)
+    assert again.status_code == 200, again.text
+    assert again.json()["schedule"]["id"] == created.json()["schedule"]["id"]
+    assert (again.json()["schedule"]["name"], again.json()["schedule"]["cron"]) == (
+        "weekly",
+        "0 9 * * 1",
+    )

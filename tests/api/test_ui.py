@@ -119,6 +119,28 @@ def test_pages_show_jobs_steps_pipelines_and_schedules(
     assert ui.get("/ui/schedules").status_code == 200
 
 
+def test_a_pipelines_page_lists_each_of_its_schedules(ui: TestClient, make_key: KeyFactory) -> None:
+    key = make_key("write")
+    headers = {"Authorization": f"Bearer {key}"}
+    ids = []
+    for body in (
+        {"name": "daily", "every": "1d", "priority": 8, "params": {"who": "ada"}},
+        {"name": "monthly", "cron": "0 6 1 * *", "params": {"who": "bob"}},
+    ):
+        answer = ui.post("/v1/pipelines/greet/schedules", json=body, headers=headers)
+        assert answer.status_code == 201, answer.text
+        ids.append(answer.json()["schedule"]["id"])
+    _login(ui, key)
+
+    page = ui.get("/ui/pipelines/greet").text
+    listing = ui.get("/ui/schedules").text
+
+    for text in (page, listing):
+        assert "daily" in text and "monthly" in text and "0 6 1 * *" in text
+        assert all(schedule_id in text for schedule_id in ids)
+    assert "<td>8</td>" in page
+
+
 def test_a_saved_pipeline_shows_the_text_it_was_saved_from(
     ui: TestClient, runtime: Runtime, make_key: KeyFactory
 ) -> None:

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,51 @@ def test_schedules_are_listed_paused_resumed_and_deleted(flowbeat: Cli, client: 
     gone = flowbeat("schedules", "show", "watchlist")
     assert gone.returncode == 2
     assert "schedule_not_found" in gone.stdout
+
+
+def test_schedule_commands_set_and_take_one_of_several_schedules_by_name_or_id(
+    flowbeat: Cli,
+) -> None:
+    mine = ("--owner", f"ops-{uuid.uuid4().hex[:8]}")
+    set_daily = ("schedules", "set", "watchlist", "--schedule", "daily")
+    daily = _json(flowbeat(*set_daily, "--cron", "0 6 * * *", "--priority", "7", *mine, "--json"))
+    monthly = _json(
+        flowbeat(
+            *("schedules", "set", "watchlist", "--add", "--name", "monthly"),
+            *("--cron", "0 6 1 * *", "-p", 'papers=[{"pmid": "1"}]', *mine, "--json"),
+        )
+    )
+    daily, monthly = daily["schedule"], monthly["schedule"]
+    assert (daily["name"], daily["cron"], daily["priority"]) == ("daily", "0 6 * * *", 7)
+    assert (monthly["name"], monthly["params"]) == ("monthly", {"papers": [{"pmid": "1"}]})
+    changed = _json(flowbeat(*set_daily, "--priority", "3", *mine, "--json"))["schedule"]
+    assert (changed["id"], changed["cron"], changed["priority"]) == (daily["id"], "0 6 * * *", 3)
+
+    listed = _json(flowbeat("schedules", "list", "--pipeline", "watchlist", *mine, "--json"))
+    assert [(s["id"], s["name"]) for s in listed["schedules"]] == [
+        (daily["id"], "daily"),
+        (monthly["id"], "monthly"),
+    ]
+    table = flowbeat("schedules", "list", *mine).stdout
+    assert "daily" in table and "monthly" in table
+
+    for refused in (
+        flowbeat("schedules", "show", "watchlist", *mine),
+        flowbeat("schedules", "set", "watchlist", "--every", "2d", *mine),
+    ):
+        assert refused.returncode == 2
+        assert "schedule_ambiguous" in refused.stdout and daily["id"] in refused.stdout
+
+    paused = flowbeat("schedules", "pause", "watchlist", "--schedule", "monthly", *mine)
+    assert paused.returncode == 0 and "watchlist (monthly): paused" in paused.stdout
+    shown = flowbeat("schedules", "show", "watchlist", "--schedule", monthly["id"], *mine, "--json")
+    assert _json(shown)["schedule"]["enabled"] is False
+
+    deleted = flowbeat("schedules", "delete", "watchlist", "--schedule", "daily", *mine)
+    assert "watchlist (daily): schedule deleted" in deleted.stdout
+    only = _json(flowbeat("schedules", "show", "watchlist", *mine, "--json"))["schedule"]
+    assert only["id"] == monthly["id"]
+    assert flowbeat("schedules", "delete", "watchlist", *mine).returncode == 0
 
 
 def _now() -> Any:

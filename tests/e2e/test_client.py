@@ -64,6 +64,18 @@ def test_a_script_saves_runs_waits_diffs_and_reruns(fb: Client, shared_worker: P
         assert (schedule["cron"], schedule["enabled"]) == ("0 6 * * 1", True)
         assert fb.schedules.get("client-check")["id"] == schedule["id"]
         assert [s["pipeline"] for s in fb.schedules.list()] == ["client-check"]
+        monthly = fb.schedules.put(
+            "client-check", {"cron": "0 6 1 * *", "priority": 8}, schedule="monthly"
+        )
+        assert (monthly["name"], monthly["priority"]) == ("monthly", 8)
+        daily = fb.schedules.add("client-check", {"name": "daily", "cron": "0 6 * * *"})
+        assert [s["name"] for s in fb.schedules.list("client-check")] == [None, "daily", "monthly"]
+        with pytest.raises(FlowbeatApiError) as ambiguous:
+            fb.schedules.get("client-check")
+        assert (ambiguous.value.status, ambiguous.value.code) == (409, "schedule_ambiguous")
+        assert fb.schedules.get("client-check", daily["id"])["name"] == "daily"
+        fb.schedules.delete("client-check", "daily")
+        fb.schedules.delete("client-check", "monthly")
         fb.schedules.delete("client-check")
         assert fb.pipelines.delete("client-check", purge_history=True) == 3
 

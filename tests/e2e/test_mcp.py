@@ -30,6 +30,7 @@ TOOLS = {
     "delete_pipeline",
     "get_pipeline_history",
     "schedule_pipeline",
+    "list_schedules",
     "run_pipeline",
     "get_job",
     "get_diff",
@@ -139,6 +140,29 @@ def test_an_agent_saves_runs_diffs_schedules_and_deletes_over_http(
             assert scheduled["schedule"]["cron"] == "0 9 * * 1"
             assert scheduled["schedule"]["next_fire_at"] is not None
             assert (await _call(mcp, "schedule_pipeline", name=name, cron=""))["removed"]
+
+            await _call(
+                mcp, "schedule_pipeline", name=name, cron="0 6 * * *", schedule="daily", priority=7
+            )
+            monthly = await _call(
+                mcp,
+                "schedule_pipeline",
+                name=name,
+                cron="0 6 1 * *",
+                schedule="monthly",
+                params={"papers": [{"pmid": "3"}]},
+            )
+            mine = (await _call(mcp, "list_schedules", pipeline=name))["schedules"]
+            assert [(s["name"], s["priority"], s["params"]) for s in mine] == [
+                ("daily", 7, {}),
+                ("monthly", None, {"papers": [{"pmid": "3"}]}),
+            ]
+            ambiguous = await _refusal(mcp, "schedule_pipeline", name=name, cron="0 7 * * *")
+            assert "schedule_ambiguous" in ambiguous and monthly["schedule"]["id"] in ambiguous
+            removed = await _call(
+                mcp, "schedule_pipeline", name=name, cron="", schedule=monthly["schedule"]["id"]
+            )
+            assert removed["schedule_id"] == monthly["schedule"]["id"]
             assert (await _call(mcp, "delete_pipeline", name=name))["name"] == name
             assert "pipeline_not_found" in await _refusal(mcp, "load_pipeline", source=name)
 

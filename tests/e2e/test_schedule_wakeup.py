@@ -1,4 +1,5 @@
-"""A schedule saved through the API reaches a sleeping beat leader at once, not at its next tick.
+"""A schedule saved through the API reaches a sleeping beat leader at once, not at its next tick;
+two schedules of one pipeline each fire once per fire time, with their own params and priority.
 
 The leader runs with the default lock TTL and a slow sweeper, so between timed ticks it would
 sleep ten seconds: any fire of a new schedule much later than its fire time came from that
@@ -7,13 +8,14 @@ sleep."""
 import re
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import Row, select
 
 from scheduler.lock import inspect
 from service.platform.auth import create_api_key
@@ -86,3 +88,43 @@ def test_a_schedule_saved_while_the_leader_sleeps_fires_on_time_and_its_lag_is_e
     exported = _exported(port)
     assert _value(exported, 'flowbeat_beat_leader_changes_total{change="gained"}') == 1
     assert _value(exported, "flowbeat_beat_fire_lag_seconds_count") >= FIRES
+
+
+@pytest.mark.timeout(60)
+def test_two_schedules_of_one_pipeline_each_fire_once_per_fire_time_across_two_beats(
+    client: Client, cluster: Cluster, api: TestClient
+) -> None:
+    cluster.beat(sweep_interval_s="60")
+    cluster.beat(sweep_interval_s="60")
+    wait_for(lambda: inspect(client.broker, BEAT_LOCK_KEY).holder, 10, "a leader")
+    owner = f"several-{uuid.uuid4().hex[:6]}"
+    with unit_of_work(client.rt.sessions) as session:
+        key, _ = create_api_key(session, owner=owner, scopes=["write"])
+    headers = {"Authorization": f"Bearer {key}"}
+    ids: dict[uuid.UUID, tuple[float, int]] = {}
+    for name, hold_s, priority in (("fast", 0, 9), ("gentle", 0.5, None)):
+        body = {"name": name, "every": "1s", "overlap": "allow", "params": {"hold_s": hold_s}}
+        saved = api.post(
+            "/v1/pipelines/slow/schedules", json={**body, "priority": priority}, headers=headers
+        )
+        assert saved.status_code == 201, saved.text
+        ids[uuid.UUID(saved.json()["schedule"]["id"])] = (hold_s, priority or 0)
+
+    def fired() -> Sequence[Row[Any]] | None:
+        with unit_of_work(client.rt.sessions) as session:
+            rows = session.execute(
+                select(
+                    JobRow.schedule_id, JobRow.scheduled_for, JobRow.params, JobRow.priority
+                ).where(JobRow.owner == owner)
+            ).all()
+        fewest = min(sum(1 for row in rows if row.schedule_id == each) for each in ids)
+        return rows if fewest >= FIRES else None
+
+    jobs = wait_for(fired, 20, "fires of both schedules")
+    for schedule_id in ids:
+        gone = api.delete(f"/v1/pipelines/slow/schedules/{schedule_id}", headers=headers)
+        assert gone.status_code == 204
+
+    assert all((job.params["hold_s"], job.priority) == ids[job.schedule_id] for job in jobs)
+    fires = [(job.schedule_id, job.scheduled_for) for job in jobs]
+    assert len(fires) == len(set(fires)), "a schedule fired twice for one fire time"

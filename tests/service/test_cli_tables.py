@@ -78,6 +78,7 @@ def wide(runtime: Runtime) -> Iterator[Wide]:
             ScheduleRow(
                 owner=data.owner,
                 pipeline=data.pipeline,
+                name="weekdays",
                 cron="*/15 9-17 * * mon-fri",
                 every_s=None,
                 timezone="America/Argentina/Buenos_Aires",
@@ -122,8 +123,8 @@ def test_schedules_list_and_show_fit_80_columns(flowbeat: Cli, wide: Wide) -> No
     columns = "pipeline owner when state next fire (UTC) last runs"
     listed = flowbeat("schedules", "list", "--owner", wide.owner)
     shown = flowbeat("schedules", "show", wide.pipeline, "--owner", wide.owner)
-    _fits(listed, wide.pipeline, columns=columns)
-    _fits(shown, wide.pipeline, columns=columns)
+    _fits(listed, wide.pipeline, "weekdays", columns=columns)
+    _fits(shown, wide.pipeline, "weekdays", columns=columns)
 
 
 def test_keys_list_fits_80_columns(flowbeat: Cli, wide: Wide) -> None:

@@ -15,15 +15,29 @@ from service.language.cron import ScheduleSpec
 from service.language.loading import find_profile
 from service.platform.constants import FIRE_RECORDS_KEPT_S
 from service.platform.db import unit_of_work
-from service.platform.errors import ParamsInvalid, ScheduleLimitReached, ScheduleTooFrequent
+from service.platform.errors import (
+    ParamsInvalid,
+    ScheduleAmbiguous,
+    ScheduleLimitReached,
+    ScheduleNameMismatch,
+    ScheduleNameTaken,
+    ScheduleNotFound,
+    ScheduleTooFrequent,
+)
 from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
 from service.platform.settings import Settings, get_settings
 from service.triggers.schedules import (
     TickResult,
     cancel_overdue,
+    create_schedule,
+    delete_schedule,
     fire_schedule,
+    get_schedule,
     list_schedules,
     put_schedule,
+    set_schedule,
+    set_schedule_enabled,
+    spec_of,
     summarize,
 )
 from tests.support.arrange import walk
@@ -55,6 +69,17 @@ def save(
     profile = find_profile(settings.profiles_dir, pipeline)
     body = ScheduleSpec.model_validate({"every": "1h", **spec})
     return put_schedule(session, owner=owner, profile=profile, spec=body, settings=settings, now=T0)
+
+
+def add(
+    session: Session, settings: Settings, owner: str, pipeline: str = "slow", **spec: Any
+) -> ScheduleRow:
+    """One more schedule of ``pipeline``, beside those it has."""
+    profile = find_profile(settings.profiles_dir, pipeline)
+    body = ScheduleSpec.model_validate({"every": "1h", **spec})
+    return create_schedule(
+        session, owner=owner, profile=profile, spec=body, settings=settings, now=T0
+    )
 
 
 def fire(session: Session, runtime: Runtime, row: ScheduleRow, now: datetime) -> TickResult:
@@ -325,3 +350,194 @@ def test_old_fire_records_are_pruned_and_the_run_count_stays(
     assert fires == [T0 + timedelta(hours=3)]
     [summary] = summarize(session, [row])
     assert summary.run_count == 3
+
+
+def test_two_schedules_of_one_pipeline_fire_independently_with_their_own_params_and_priority(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    hourly = add(
+        session, settings, owner, name="hourly", params={"hold_s": 1}, priority=7, overlap="allow"
+    )
+    daily = add(session, settings, owner, name="daily", every="1d", params={"hold_s": 2})
+    midnight = datetime(2026, 1, 2, tzinfo=UTC)
+    assert (hourly.next_fire_at, daily.next_fire_at) == (T0 + timedelta(hours=1), midnight)
+
+    (early,) = fire(session, runtime, hourly, T0 + timedelta(hours=1)).jobs
+    assert fire(session, runtime, daily, T0 + timedelta(hours=1)).jobs == []
+    hourly.next_fire_at = midnight
+    (at_midnight,) = fire(session, runtime, hourly, midnight).jobs
+    (from_daily,) = fire(session, runtime, daily, midnight).jobs
+
+    assert [(j.schedule_id, j.params["hold_s"], j.priority) for j in (at_midnight, from_daily)] == [
+        (hourly.id, 1, 7),
+        (daily.id, 2, 0),
+    ]
+    assert early.priority == 7
+    fences = session.execute(
+        select(ScheduleFireRow.schedule_id, ScheduleFireRow.job_id).where(
+            ScheduleFireRow.fire_at == midnight
+        )
+    )
+    assert set(fences) == {(hourly.id, at_midnight.id), (daily.id, from_daily.id)}
+    assert (hourly.run_count, daily.run_count) == (2, 1)
+
+
+def test_a_schedule_name_is_unique_per_owner_and_pipeline_and_never_reads_as_an_id(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    add(session, settings, owner, name="daily", enabled=False)
+    with pytest.raises(ScheduleNameTaken) as taken:
+        add(session, settings, owner, name="daily", enabled=False)
+    assert taken.value.details["name"] == "daily"
+    add(session, settings, owner, "dag", name="daily", enabled=False)
+    add(session, settings, f"{owner}-other", name="daily", enabled=False)
+    add(session, settings, owner, enabled=False)
+    add(session, settings, owner, enabled=False)
+    with pytest.raises(ValueError, match="uuid"):
+        ScheduleSpec(every="1h", name=str(uuid.uuid4()))
+
+    assert schedules_of(session, owner) == 4
+
+
+def test_renaming_to_a_taken_name_is_refused_and_leaving_the_name_out_keeps_it(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    add(session, settings, owner, name="daily", enabled=False)
+    monthly = add(session, settings, owner, name="monthly", enabled=False)
+    profile = find_profile(settings.profiles_dir, "slow")
+
+    def update(**spec: Any) -> ScheduleRow:
+        body = ScheduleSpec.model_validate({"every": "2h", "enabled": False, **spec})
+        row, created = set_schedule(
+            session,
+            owner=owner,
+            profile=profile,
+            schedule=str(monthly.id),
+            spec=body,
+            settings=settings,
+            now=T0,
+        )
+        assert not created
+        return row
+
+    with pytest.raises(ScheduleNameTaken):
+        update(name="daily")
+    assert (update().name, update().every_s) == ("monthly", 7200)
+    assert update(name="quarterly").name == "quarterly"
+
+
+def test_each_schedule_counts_against_the_owner_limit_of_enabled_schedules(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    add(session, settings, owner, name="one")
+    add(session, settings, owner, name="two")
+    with pytest.raises(ScheduleLimitReached):
+        add(session, settings, owner, name="three")
+    paused = add(session, settings, owner, name="three", enabled=False)
+    with pytest.raises(ScheduleLimitReached):
+        set_schedule_enabled(
+            session,
+            owner=owner,
+            pipeline="slow",
+            schedule="three",
+            enabled=True,
+            settings=settings,
+            now=T0,
+        )
+    assert paused.enabled is False
+
+
+def test_the_one_schedule_functions_mean_the_only_schedule_and_refuse_several(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    only = save(session, settings, owner, params={"hold_s": 1})
+    assert save(session, settings, owner, params={"hold_s": 2}).id == only.id
+    assert get_schedule(session, owner=owner, pipeline="slow").params == {"hold_s": 2}
+
+    second = add(session, settings, owner, name="nightly", every="1d")
+
+    with pytest.raises(ScheduleAmbiguous) as ambiguous:
+        get_schedule(session, owner=owner, pipeline="slow")
+    assert ambiguous.value.details["schedules"] == [
+        {"id": str(only.id), "name": None},
+        {"id": str(second.id), "name": "nightly"},
+    ]
+    with pytest.raises(ScheduleAmbiguous):
+        save(session, settings, owner, params={"hold_s": 3})
+    with pytest.raises(ScheduleAmbiguous):
+        delete_schedule(session, owner=owner, pipeline="slow")
+    assert get_schedule(session, owner=owner, pipeline="slow", schedule="nightly").id == second.id
+    assert get_schedule(session, owner=owner, pipeline="slow", schedule=str(only.id)) is only
+    with pytest.raises(ScheduleNotFound):
+        get_schedule(session, owner=owner, pipeline="slow", schedule="monthly")
+
+    delete_schedule(session, owner=owner, pipeline="slow", schedule=str(only.id))
+
+    assert get_schedule(session, owner=owner, pipeline="slow").id == second.id
+    assert [s.schedule.name for s in list_schedules(session, owner=owner, pipeline="slow")] == [
+        "nightly"
+    ]
+
+
+def test_setting_a_schedule_by_a_new_name_creates_it_and_by_an_unknown_id_is_refused(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    profile = find_profile(settings.profiles_dir, "slow")
+
+    def put(schedule: str, **spec: Any) -> tuple[ScheduleRow, bool]:
+        body = ScheduleSpec.model_validate({"every": "1d", "enabled": False, **spec})
+        return set_schedule(
+            session,
+            owner=owner,
+            profile=profile,
+            schedule=schedule,
+            spec=body,
+            settings=settings,
+            now=T0,
+        )
+
+    monthly, created = put("monthly")
+    again, created_again = put("monthly", every="2d")
+    assert (created, created_again, again.id, again.every_s) == (True, False, monthly.id, 172800)
+    with pytest.raises(ScheduleNameMismatch):
+        put("weekly", name="daily")
+    with pytest.raises(ScheduleNotFound):
+        put(str(uuid.uuid4()))
+    assert schedules_of(session, owner) == 1
+
+
+def test_a_schedule_saved_again_from_its_own_spec_is_unchanged(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    row = add(
+        session,
+        settings,
+        owner,
+        name="nightly",
+        every=None,
+        cron="30 2 * * *",
+        timezone="Europe/Paris",
+        params={"hold_s": 1},
+        overlap="buffer_one",
+        catchup="all",
+        catchup_window="6h",
+        jitter="2m",
+        diff_mode=True,
+        priority=4,
+    )
+    columns = [column.key for column in ScheduleRow.__table__.columns]
+    before = {column: getattr(row, column) for column in columns}
+
+    put_schedule(
+        session,
+        owner=owner,
+        profile=find_profile(settings.profiles_dir, "slow"),
+        spec=spec_of(row),
+        settings=settings,
+        now=T0 + timedelta(minutes=5),
+    )
+
+    after = {column: getattr(row, column) for column in columns}
+    assert {k: v for k, v in after.items() if before[k] != v} == {
+        "updated_at": T0 + timedelta(minutes=5)
+    }

@@ -9,9 +9,11 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -60,17 +62,26 @@ class PipelineVersionRow(Base):
 
 
 class ScheduleRow(Base):
-    """When a pipeline runs on its own. ``next_fire_at`` is the next nominal fire time."""
+    """When a pipeline runs on its own. ``next_fire_at`` is the next nominal fire time.
+
+    A pipeline may have several (a daily and a monthly run with their own params); ``name``
+    tells them apart for people and is unique per owner and pipeline when set, while unnamed
+    ones are told apart by ``id`` (PostgreSQL treats nulls as distinct in the constraint).
+    """
 
     __tablename__ = "schedules"
     __table_args__ = (
-        UniqueConstraint("owner", "pipeline"),
+        UniqueConstraint("owner", "pipeline", "name"),
+        CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
         Index(None, "enabled", "next_fire_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
     owner: Mapped[str] = mapped_column(String(128))
     pipeline: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(64))
+    priority: Mapped[int | None] = mapped_column(SmallInteger)
+    """The priority its jobs are submitted with; null takes the profile's default."""
     cron: Mapped[str | None] = mapped_column(String(200))
     every_s: Mapped[int | None] = mapped_column(Integer)
     timezone: Mapped[str] = mapped_column(String(64))

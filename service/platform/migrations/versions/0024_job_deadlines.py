@@ -1,14 +1,14 @@
 """job deadlines: when an open job is failed as job_timeout, and a schedule's own timeout_s
 
 Revision ID: 0024
-Revises: 0022
+Revises: 0023
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0024"
-down_revision = "0022"
+down_revision = "0023"
 branch_labels = None
 depends_on = None
 
