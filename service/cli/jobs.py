@@ -40,6 +40,8 @@ def job_document(job: JobRow) -> dict[str, Any]:
         "pipeline": job.pipeline,
         "status": job.status,
         "trigger": job.trigger,
+        "priority": job.priority,
+        "waiting_for": job.waiting_for,
         "parent_job_id": str(job.parent_job_id) if job.parent_job_id else None,
         "params": job.params,
         "created_at": job.created_at.isoformat(),

@@ -105,6 +105,7 @@ SILENT = {
     "visibility_timeout_s": "300",
     "unacked_restore_interval_s": "10",
     "worker_prefetch": "4",
+    "worker_disable_prefetch": "false",
     "worker_heartbeat_s": "1",
     "worker_dead_after_s": "4",
 }

@@ -40,6 +40,7 @@ SETTINGS = {
     "visibility_timeout_s": "300",
     "unacked_restore_interval_s": "10",
     "worker_prefetch": "4",
+    "worker_disable_prefetch": "false",
 }
 SHAPES = {"chaos-chain": 3, "chaos-fan": 3, "chaos-saga": 2}
 

@@ -104,11 +104,14 @@ def test_jobs_list_json_has_stable_keys(flowbeat: Cli, client: Client) -> None:
         "pipeline",
         "status",
         "trigger",
+        "priority",
+        "waiting_for",
         "parent_job_id",
         "params",
         "created_at",
         "started_at",
         "finished_at",
+        "deadline_at",
         "error",
     }
 

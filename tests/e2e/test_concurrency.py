@@ -2,18 +2,24 @@
 limit, the others let in as slots free, and a worker killed under a slot leaks none."""
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
+import httpx
+
+from service.platform.auth import create_api_key
+from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, Cluster, wait_for
 
 LIMIT = 2
 HOLD_S = 1.0
 
 
-def _keyed(hold_s: float = HOLD_S, limit: int = LIMIT) -> dict[str, Any]:
+def _keyed(hold_s: float = HOLD_S, limit: int = LIMIT, queue: str = "default") -> dict[str, Any]:
     return {
         "name": f"keyed-{uuid.uuid4().hex[:6]}",
+        "queue": queue,
         "params": {"tenant": {"type": "string"}},
         "concurrency": {"key": "${{ params.tenant }}", "limit": limit},
         "steps": [
@@ -57,7 +63,9 @@ def test_a_key_never_has_more_jobs_running_than_its_limit(client: Client, cluste
     assert all(client.count(job, "call") == 1 for job in acme)
 
 
-def test_a_worker_killed_holding_a_slot_leaks_it_not(client: Client, cluster: Cluster) -> None:
+def test_a_worker_of_another_queue_killed_holding_a_slot_leaks_it_not(
+    client: Client, cluster: Cluster
+) -> None:
     fast_recovery = {
         "worker_heartbeat_s": "0.5",
         "worker_dead_after_s": "2",
@@ -65,14 +73,16 @@ def test_a_worker_killed_holding_a_slot_leaks_it_not(client: Client, cluster: Cl
         "sweep_interval_s": "1",
         "dispatch_grace_s": "1",
     }
-    doomed = cluster.worker(concurrency=1, **fast_recovery)
+    pool = {**fast_recovery, "worker_queues": "pool"}
+    cluster.worker(concurrency=1, **fast_recovery)
+    doomed = cluster.worker(concurrency=1, **pool)
     cluster.beat(**fast_recovery)
-    profile = _keyed(hold_s=4.0, limit=1)
+    profile = _keyed(hold_s=4.0, limit=1, queue="pool")
     jobs = [client.submit(profile, tenant="acme") for _ in range(3)]
     wait_for(lambda: client.count(jobs[0], "call", "started"), 30, "the first job to run")
 
     doomed.kill_whole()
-    cluster.worker(concurrency=2, **fast_recovery)
+    cluster.worker(concurrency=2, **pool)
 
     for job in jobs:
         assert client.wait_final(job, timeout_s=90).job.status == "succeeded"
@@ -106,3 +116,29 @@ def test_a_step_key_never_has_more_steps_running_than_its_limit_across_jobs(
 
     assert _most_at_once(_spans(client, jobs)) == 1
     assert all(client.count(job, "call") == 1 for job in jobs)
+
+
+def test_two_api_processes_racing_for_the_last_slot_let_in_one_job(
+    client: Client, cluster: Cluster
+) -> None:
+    """No worker runs: every job stays where its submission left it."""
+    apis = [cluster.api(), cluster.api()]
+    with unit_of_work(client.rt.sessions) as session:
+        key, _ = create_api_key(session, owner=f"race-{uuid.uuid4().hex[:6]}", scopes=["write"])
+    profile = _keyed(limit=1)
+
+    def post(n: int) -> str:
+        answer = httpx.post(
+            f"{apis[n % 2]}/v1/jobs",
+            json={"pipeline": profile, "params": {"tenant": "acme"}},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert answer.status_code == 202, answer.text
+        return str(answer.json()["job"]["id"])
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        jobs = list(pool.map(post, range(16)))
+
+    let_in = [job for job in jobs if client.view(uuid.UUID(job)).job.waiting_for is None]
+    assert len(let_in) == 1

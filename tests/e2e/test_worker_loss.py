@@ -23,6 +23,7 @@ DEFAULTS = {
     "visibility_timeout_s": "300",
     "unacked_restore_interval_s": "10",
     "worker_prefetch": "4",
+    "worker_disable_prefetch": "false",
 }
 RECOVERY_BOUND_S = 60
 KINDS = {"flowbeat.run_step", "flowbeat.run_lane", "flowbeat.compensate"}

@@ -200,3 +200,16 @@ def test_a_job_takes_its_turn_at_once_while_room_is_left(runtime: Runtime) -> No
     job = _submit_turn(runtime, owner, ahead=5)
 
     assert job.waiting_for is None and job.dispatched_at is not None
+
+
+@pytest.mark.usefixtures("no_other_turns")
+def test_one_free_place_goes_to_the_owner_with_nothing_running(runtime: Runtime) -> None:
+    """Taken one at a time, turns still alternate: the owner whose jobs run goes after the
+    one whose do not, however older its waiting jobs are."""
+    big, small = f"big-{uuid.uuid4().hex[:6]}", f"small-{uuid.uuid4().hex[:6]}"
+    burst = [_submit_turn(runtime, big, ahead=1) for _ in range(5)]
+    late = _submit_turn(runtime, small, ahead=1)
+    _start(runtime, burst[0].id)
+
+    with unit_of_work(runtime.sessions) as session:
+        assert take_turns(session, 1, sent_at=utcnow()) == [late.id]

@@ -1,5 +1,8 @@
 """taking turns: jobs held back while enough are sent ahead, let in round-robin by owner
 
+An owner's turn counts the jobs it has open and let in already: one whose jobs run or wait in
+the queue goes after one with none, however old its waiting jobs are.
+
 Revision ID: 0027
 Revises: 0025
 """
@@ -42,11 +45,18 @@ def upgrade() -> None:
                        AND dispatched_at IS NOT NULL
                      LIMIT greatest(ahead, 0)
                 ) AS ahead_of_them
+            ), busy AS (
+                SELECT owner, count(*) AS n FROM jobs
+                 WHERE status IN ('queued', 'running', 'awaiting_approval')
+                   AND waiting_for IS NULL
+                 GROUP BY owner
             ), ranked AS (
-                SELECT id, created_at,
-                       row_number() OVER (PARTITION BY owner ORDER BY created_at, id) AS turn
-                  FROM jobs
-                 WHERE status = 'queued' AND waiting_for = 'turn'
+                SELECT w.id, w.created_at,
+                       coalesce(busy.n, 0)
+                       + row_number() OVER (PARTITION BY w.owner ORDER BY w.created_at, w.id)
+                       AS turn
+                  FROM jobs AS w LEFT JOIN busy USING (owner)
+                 WHERE w.status = 'queued' AND w.waiting_for = 'turn'
             ), next AS (
                 SELECT id FROM ranked
                  ORDER BY turn, created_at, id
