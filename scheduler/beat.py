@@ -2,7 +2,8 @@
 
 Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
 static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
-scheduled runs past their timeout and prunes old runs. Schedules are read on every tick, and
+scheduled runs past their timeout, times out approvals, wakes wait steps whose time has come
+(``service.engine.waits``) and prunes old runs. Schedules are read on every tick, and
 the leader spends the time between ticks listening for saved schedules
 (``scheduler.wakeups``), so a change through the API applies at once, without a restart. The
 lock only keeps standbys idle: exactly-once per fire comes from the ``schedule_fires`` fence
@@ -28,6 +29,7 @@ from service.catalogue.retention import RetentionPolicy, prune_runs
 from service.engine.approvals import expire_due
 from service.engine.concurrency import let_in_all
 from service.engine.runtime import Runtime
+from service.engine.waits import next_wake, wake_due
 from service.language.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
@@ -121,11 +123,13 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.revoke(overdue.revoke)
         self.compensate(overdue.compensate)
         self.expire_approvals(now)
+        self.wake_sleepers(now)
         self.fire_dependents()
         self.let_in_waiting(now)
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session, held=held.keys())
-        wakes = [w for w in (wake, *held.values()) if w is not None]
+            sleeper = next_wake(session)
+        wakes = [w for w in (wake, sleeper, *held.values()) if w is not None]
         if not wakes:
             return self.tick_s
         return max(0.0, (min(wakes) - utcnow()).total_seconds())
@@ -193,6 +197,15 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                 log.warning(
                     "beat: could not queue the escalation of %s/%s: %s", job_id, step_id, exc
                 )
+
+    def wake_sleepers(self, now: datetime) -> None:
+        """Wait steps whose time has come succeed here, on the elected replica, as approvals
+        time out; what they make ready is sent after the commit, or by the sweeper once the
+        broker is back."""
+        with unit_of_work(self.runtime.sessions) as session:
+            ready = wake_due(session, now)
+        for plan in ready:
+            publish_or_defer(self.app, self.runtime, plan)
 
     def compensate(self, job_ids: Iterable[uuid.UUID]) -> None:
         """With the broker away, the sweeper sends them once it is back."""
