@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from service.language.conditions import Condition, parse_condition
 from service.language.expressions import Ref, parse_path, whole_ref
-from service.platform.constants import QUEUE_PATTERN
+from service.platform.constants import QUEUE_PATTERN, WAIT_ACTION, WAIT_MAX_S
 from service.platform.errors import (
     ExpressionError,
 )
@@ -274,8 +274,41 @@ class CompensateSpec(BaseModel):
     timeout_s: int = Field(default=300, ge=1, le=86400)
 
 
+def _wait_schema(schema: dict[str, Any]) -> None:
+    """In the JSON Schema, a ``wait`` step takes exactly one of ``with.seconds`` and
+    ``with.until``, so that an editor flags a malformed wait as it is typed; the profile checks
+    (``service.language.waits``) say the rest when it is loaded."""
+    reference = {"type": "string", "pattern": r"\$\{\{"}
+    schema["if"] = {"properties": {"action": {"const": WAIT_ACTION}}, "required": ["action"]}
+    schema["then"] = {
+        "required": ["with"],
+        "properties": {
+            "with": {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "maxProperties": 1,
+                "properties": {
+                    "seconds": {
+                        "anyOf": [
+                            {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S},
+                            reference,
+                        ]
+                    },
+                    "until": {"type": "string"},
+                },
+            }
+        },
+    }
+
+
 class StepSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        serialize_by_alias=True,
+        json_schema_extra=_wait_schema,
+    )
     _condition: Condition | None = PrivateAttr(default=None)
 
     id: str = Field(pattern=STEP_ID_PATTERN)

@@ -1,10 +1,12 @@
 """Durable waits in process: a wait step parks at its claim, the beat leader's ``wake_due``
 succeeds it at its time, and nothing else (a redelivery, the sweeper) moves it meanwhile."""
 
+import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+import jsonschema
 import pytest
 from sqlalchemy import select
 
@@ -18,6 +20,7 @@ from service.engine.sweeper import sweep
 from service.engine.waits import next_wake, wake_due
 from service.language.checks import validate_profile
 from service.language.plan import JobPlan
+from service.language.profiles import SCHEMA_PATH
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import ProfileInvalid
@@ -244,3 +247,24 @@ def test_a_wait_step_cannot_be_inside_a_loop() -> None:
     }
     with pytest.raises(ProfileInvalid, match="wait steps cannot be inside a loop"):
         validate_profile(data, source="polls.yaml", known_actions={"noop"})
+
+
+@pytest.mark.parametrize(
+    ("wait", "ok"),
+    [
+        ({"seconds": 5}, True),
+        ({"seconds": "${{ params.s }}"}, True),
+        ({"until": "2030-01-01T00:00:00Z"}, True),
+        ({"seconds": 5, "until": "2030-01-01T00:00:00Z"}, False),
+        ({"seconds": "soon"}, False),
+        ({}, False),
+    ],
+)
+def test_the_json_schema_describes_a_wait_step(wait: dict[str, Any], ok: bool) -> None:
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    data = {"name": "x", "steps": [{"id": "pause", "action": "wait", "with": wait}]}
+    if ok:
+        jsonschema.validate(data, schema)
+    else:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(data, schema)
