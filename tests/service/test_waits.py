@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from service.actions.registry import ActionRegistry
-from service.engine.jobs import cancel_job
+from service.engine.jobs import cancel_job, get_job, job_view
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
@@ -87,6 +87,10 @@ def test_a_wait_step_parks_without_a_lease_and_its_job_stays_running(
     assert row.lease_token is None and row.lease_until is None
     assert row.started_at is not None and row.wake_at == row.started_at + timedelta(seconds=WAIT_S)
     assert job_status(runtime, job_id) == JobStatus.RUNNING
+    with unit_of_work(runtime.sessions) as session:
+        view = job_view(session, get_job(session, job_id))
+    pause = {s.step_id: s for s in view.steps}["pause"]
+    assert (pause.status, pause.wake_at) == (StepStatus.SLEEPING, row.wake_at)
     assert claimed(runtime, job_id).steps == [], "a redelivery leaves a sleeper asleep"
     assert row_of(runtime, job_id).status == StepStatus.SLEEPING
 
