@@ -162,7 +162,8 @@ def print_changes(view: Any, seen: dict[str, str], *, errors: bool = False) -> N
             shards = step.shards or {}
             items = f" ({shards.get('succeeded', 0)}/{shards['total']} items)" if shards else ""
             rounds = f" (round {step.round})" if step.rounds else ""
-            line = f"  {step.step_id:<24} {step.status}{items}{rounds}"
+            wakes = f" until {step.wake_at.isoformat()}" if step.status == "sleeping" else ""
+            line = f"  {step.step_id:<24} {step.status}{items}{rounds}{wakes}"
             console.print(line, highlight=False, markup=False)
             if errors and step.error:
                 error = step.error

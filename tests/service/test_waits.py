@@ -11,6 +11,9 @@ import pytest
 from sqlalchemy import select
 
 from service.actions.registry import ActionRegistry
+from service.cli.app import console
+from service.cli.follow import print_changes
+from service.cli.jobs import view_document
 from service.engine.jobs import cancel_job, get_job, job_view
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
@@ -91,6 +94,10 @@ def test_a_wait_step_parks_without_a_lease_and_its_job_stays_running(
         view = job_view(session, get_job(session, job_id))
     pause = {s.step_id: s for s in view.steps}["pause"]
     assert (pause.status, pause.wake_at) == (StepStatus.SLEEPING, row.wake_at)
+    with console.capture() as printed:
+        print_changes(view, {})
+    assert f"sleeping until {row.wake_at.isoformat()}" in printed.get()
+    assert view_document(view)["steps"][0]["wake_at"] == row.wake_at.isoformat()
     assert claimed(runtime, job_id).steps == [], "a redelivery leaves a sleeper asleep"
     assert row_of(runtime, job_id).status == StepStatus.SLEEPING
 
