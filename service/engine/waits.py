@@ -15,7 +15,7 @@ that a sleeping leader recomputes that.
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import record_event
@@ -26,7 +26,14 @@ from service.language.plan import JobPlan
 from service.language.snapshots import job_profile
 from service.platform.constants import SCHEDULES_CHANNEL, SHARD_NONE, WAKE_BATCH
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JOB_FINAL, StepStatus
+from service.platform.states import JOB_FINAL, JOB_OPEN, StepStatus
+
+_ASLEEP = and_(
+    StepRunRow.status == StepStatus.SLEEPING,
+    exists().where(JobRow.id == StepRunRow.job_id, JobRow.status.in_(list(JOB_OPEN))),
+)
+"""A sleeping step of an open job: a sleeper left behind by a job that ended some other way
+than through ``close_open_steps`` would otherwise keep the leader ticking at once."""
 
 
 def park(
@@ -56,7 +63,7 @@ def wake_due(session: Session, now: datetime) -> list[JobPlan]:
     a cancel settled meanwhile is found no longer sleeping and left alone."""
     due = session.execute(
         select(StepRunRow.job_id, StepRunRow.step_id)
-        .where(StepRunRow.status == StepStatus.SLEEPING, StepRunRow.wake_at <= now)
+        .where(_ASLEEP, StepRunRow.wake_at <= now)
         .order_by(StepRunRow.wake_at)
         .limit(WAKE_BATCH)
     ).all()
@@ -81,9 +88,7 @@ def wake_due(session: Session, now: datetime) -> list[JobPlan]:
 
 def next_wake(session: Session) -> datetime | None:
     """The earliest ``wake_at`` of any sleeping step, for the beat leader's sleep."""
-    value: datetime | None = session.scalar(
-        select(func.min(StepRunRow.wake_at)).where(StepRunRow.status == StepStatus.SLEEPING)
-    )
+    value: datetime | None = session.scalar(select(func.min(StepRunRow.wake_at)).where(_ASLEEP))
     return value
 
 

@@ -29,6 +29,7 @@ from service.platform.db import unit_of_work
 from service.platform.errors import ProfileInvalid
 from service.platform.models import CheckpointRow, JobRow, StepRunRow
 from service.platform.states import JobStatus, StepStatus
+from tests.support.arrange import walk
 from tests.support.fanouts import submitted
 
 WAIT_S = 60
@@ -177,6 +178,19 @@ def test_a_cancelled_jobs_sleeper_ends_cancelled_and_is_not_woken(runtime: Runti
     later = utcnow() + timedelta(seconds=WAIT_S + 1)
     assert all(p.job_id != job_id for p in woken(runtime, later))
     assert row_of(runtime, job_id).status == StepStatus.CANCELLED
+
+
+def test_a_sleeper_its_job_left_behind_is_neither_woken_nor_awaited(runtime: Runtime) -> None:
+    job_id = submitted(runtime, waiting({"seconds": 1}), {})
+    claimed(runtime, job_id)
+    with unit_of_work(runtime.sessions) as session:
+        walk(session, JobRow, JobRow.id == job_id, to=JobStatus.CANCELLED)
+    wake_at = row_of(runtime, job_id).wake_at
+
+    assert all(p.job_id != job_id for p in woken(runtime, utcnow() + timedelta(seconds=5)))
+    with unit_of_work(runtime.sessions) as session:
+        assert next_wake(session) != wake_at
+    assert row_of(runtime, job_id).status == StepStatus.SLEEPING
 
 
 def test_the_sweeper_leaves_a_sleeping_job_alone(
