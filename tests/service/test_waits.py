@@ -152,6 +152,21 @@ def test_an_until_resolved_from_a_param_sets_the_wake_time(
     assert row_of(runtime, job_id).wake_at == at
 
 
+def test_a_wait_whose_when_is_false_is_skipped_without_waiting(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    profile = waiting({"seconds": WAIT_S}, {"hold": {"type": "boolean"}})
+    profile["steps"][0]["when"] = "${{ params.hold }}"
+    job_id = submitted(runtime, profile, {"hold": False})
+    leftovers.append(job_id)
+
+    plan = claimed(runtime, job_id)
+
+    assert [s.step_id for s in plan.steps] == ["after"]
+    row = row_of(runtime, job_id)
+    assert (row.status, row.wake_at) == (StepStatus.SKIPPED, None)
+
+
 def test_seconds_a_param_makes_no_number_of_fails_the_step_for_good(
     runtime: Runtime, leftovers: list[uuid.UUID]
 ) -> None:
