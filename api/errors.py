@@ -78,6 +78,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "hook_delivery_seen": 409,
     "open_jobs_limit": 429,
     "fanout_too_large": 422,
+    "wait_invalid": 422,
     "job_too_large": 422,
     "pipeline_read_only": 409,
     "pipeline_name_mismatch": 422,

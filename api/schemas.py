@@ -98,6 +98,9 @@ class StepPublic(BaseModel):
     shards: dict[str, int] | None
     round: int = Field(description="the loop round the step is in; 1 outside loops")
     rounds: list[RoundPublic] = Field(description="earlier rounds of a step in a loop")
+    wake_at: UtcDatetime | None = Field(
+        default=None, description="when a wait step (status sleeping) wakes, or woke"
+    )
 
     @classmethod
     def of(cls, step: StepView) -> "StepPublic":
@@ -111,6 +114,7 @@ class StepPublic(BaseModel):
             shards=step.shards,
             round=step.round,
             rounds=[RoundPublic(**vars(r)) for r in step.rounds],
+            wake_at=step.wake_at,
         )
 
 

@@ -2,11 +2,12 @@
 
 Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
 static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
-scheduled runs past their timeout, fails jobs past their deadline (waking for the next one as
-for the next fire) and prunes old runs. Schedules are read on every tick, and the leader
-spends the time between ticks listening for saved schedules (``scheduler.wakeups``), so a
-change through the API applies at once, without a restart. The lock only keeps standbys idle:
-exactly-once per fire comes from the ``schedule_fires`` fence in PostgreSQL.
+scheduled runs past their timeout, times out approvals, fails jobs past their deadline, wakes
+wait steps whose time has come (``service.engine.waits``), lets in what waits for a slot or a
+turn, and prunes old runs. Schedules are read on every tick, and the leader spends the time
+between ticks listening for saved schedules (``scheduler.wakeups``), so a change through the
+API applies at once, without a restart. The lock only keeps standbys idle: exactly-once per
+fire comes from the ``schedule_fires`` fence in PostgreSQL.
 """
 
 import logging
@@ -30,6 +31,7 @@ from service.engine.concurrency import let_in_all, take_turns, waiting_turns
 from service.engine.deadlines import EXPIRE_BATCH, expire_deadlines, next_deadline
 from service.engine.runtime import Runtime
 from service.engine.slots import let_in_steps, steps_waiting
+from service.engine.waits import next_wake, wake_due
 from service.language.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
@@ -126,12 +128,14 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.compensate(overdue.compensate)
         self.expire_approvals(now)
         self.expire_deadlines(now)
+        self.wake_sleepers(now)
         self.fire_dependents()
         turns_waiting = self.let_in_waiting(now)
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session, held=held.keys())
             deadline = next_deadline(session)
-        wakes = [w for w in (wake, deadline, *held.values()) if w is not None]
+            sleeper = next_wake(session)
+        wakes = [w for w in (wake, deadline, sleeper, *held.values()) if w is not None]
         if not wakes:
             return TURN_POLL_S if turns_waiting else self.tick_s
         until = max(0.0, (min(wakes) - utcnow()).total_seconds())
@@ -225,6 +229,15 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             self.compensate(expired.compensate)
             if len(expired.failed) < EXPIRE_BATCH:
                 return
+
+    def wake_sleepers(self, now: datetime) -> None:
+        """Wait steps whose time has come succeed here, on the elected replica, as approvals
+        time out; what they make ready is sent after the commit, or by the sweeper once the
+        broker is back."""
+        with unit_of_work(self.runtime.sessions) as session:
+            ready = wake_due(session, now)
+        for plan in ready:
+            publish_or_defer(self.app, self.runtime, plan)
 
     def compensate(self, job_ids: Iterable[uuid.UUID]) -> None:
         """With the broker away, the sweeper sends them once it is back."""

@@ -10,6 +10,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
 
+from service.platform.constants import WAIT_ACTION
 from service.platform.errors import ActionError, ActionModuleUnimportable, ActionNotFound
 
 ActionFn = Callable[..., Any]
@@ -86,6 +87,8 @@ class ActionRegistry:
     def register(self, name: str, fn: ActionFn) -> ActionFn:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise ValueError(f"invalid action name {name!r}: must match {NAME_PATTERN.pattern}")
+        if name == WAIT_ACTION:
+            raise ValueError(f"action name {name!r} is the engine's own durable wait")
         if not callable(fn):
             raise ValueError(f"action {name!r} is not callable")
         shape = _Shape(fn)

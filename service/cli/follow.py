@@ -20,8 +20,16 @@ from service.cli.app import (
     migrate_schema,
     print_refusal,
 )
-from service.cli.processes import Stop, adopt_orphans, processes, stoppable, worker_argv
+from service.cli.processes import (
+    Stop,
+    adopt_orphans,
+    flowbeat_argv,
+    processes,
+    stoppable,
+    worker_argv,
+)
 from service.language.yamlsafe import load_yaml
+from service.platform.constants import WAIT_ACTION
 from service.platform.db import make_engine, make_session_factory, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.settings import Settings, get_settings
@@ -62,7 +70,11 @@ def run(
     param: Annotated[list[str], typer.Option("-p", "--param", help="key=value")] = [],  # noqa: B006
     wait: Annotated[bool, typer.Option(help="follow the job until it ends")] = True,
     local_worker: Annotated[
-        bool | None, typer.Option(help="start a worker for this run (default: embedded only)")
+        bool | None,
+        typer.Option(
+            help="start a worker for this run, and a beat when it has a wait step "
+            "(default: embedded only)"
+        ),
     ] = None,
     timeout_s: float = 600.0,
     owner: OwnerOption = None,
@@ -94,14 +106,14 @@ INTERRUPTED = 130
 def follow_to_the_end(
     settings: Settings, job_id: uuid.UUID, local_worker: bool, timeout_s: float = 600.0
 ) -> None:
-    """Follow a job, with a worker of our own when asked; exits 0 when it succeeded.
+    """Follow a job, with a worker (and for a wait, a beat) of our own when asked; exits 0
+    when it succeeded.
 
-    Interrupted (Ctrl-C or SIGTERM), it stops its worker and says what becomes of the job,
+    Interrupted (Ctrl-C or SIGTERM), it stops what it started and says what becomes of the job,
     which lives in the database and goes on without this command.
     """
-    commands = [worker_argv(2, "prefork")] if local_worker else []
+    commands = _local_processes(settings, job_id) if local_worker else []
     if commands:
-        os.environ["FLOWBEAT_WORKER_QUEUES"] = ",".join(_queues_of(settings, job_id))
         console.print(f"worker log: {settings.data_dir / 'worker.log'}", markup=False)
     try:
         with stoppable(), processes(commands, settings.data_dir / "worker.log"):
@@ -162,7 +174,8 @@ def print_changes(view: Any, seen: dict[str, str], *, errors: bool = False) -> N
             shards = step.shards or {}
             items = f" ({shards.get('succeeded', 0)}/{shards['total']} items)" if shards else ""
             rounds = f" (round {step.round})" if step.rounds else ""
-            line = f"  {step.step_id:<24} {step.status}{items}{rounds}"
+            wakes = f" until {step.wake_at.isoformat()}" if step.status == "sleeping" else ""
+            line = f"  {step.step_id:<24} {step.status}{items}{rounds}{wakes}"
             console.print(line, highlight=False, markup=False)
             if errors and step.error:
                 error = step.error
@@ -183,14 +196,20 @@ def print_outcome(view: Any) -> None:
         console.print_json(data=view.job.result)
 
 
-def _queues_of(settings: Settings, job_id: uuid.UUID) -> list[str]:
-    """A worker started for one run consumes every queue its steps name, as well as the
-    ones it was told: nobody else may be there to take a step of a named pool."""
+def _local_processes(settings: Settings, job_id: uuid.UUID) -> list[list[str]]:
+    """The processes one run starts: a worker that consumes every queue the job's steps name,
+    as well as the ones it was told, since nobody else may be there to take a step of a named
+    pool; and, for a job with a wait step, a beat replica, the one process that wakes a wait
+    (where another replica leads, this one stands by)."""
     from service.language.snapshots import job_profile
 
     profile = job_profile(view_job(settings, job_id).job)
     named = {profile.queue_of(step.id) for step in profile.steps}
-    return sorted({*settings.worker_queues, *named})
+    os.environ["FLOWBEAT_WORKER_QUEUES"] = ",".join(sorted({*settings.worker_queues, *named}))
+    commands = [worker_argv(2, "prefork")]
+    if any(step.action == WAIT_ACTION for step in profile.steps):
+        commands.append(flowbeat_argv("beat"))
+    return commands
 
 
 def view_job(settings: Settings, job_id: uuid.UUID) -> Any:

@@ -274,6 +274,7 @@ def view_document(view: Any) -> dict[str, Any]:
             "error": step.error,
             "shards": step.shards,
             "round": step.round,
+            "wake_at": step.wake_at.isoformat() if step.wake_at else None,
         }
         for step in view.steps
     ]

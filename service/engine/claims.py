@@ -27,6 +27,7 @@ from service.engine.steps import (
     Skipped,
     StepKey,
     Unresolvable,
+    Woke,
 )
 from service.language.snapshots import cached_profile, job_profile
 from service.language.specs import StepSpec
@@ -38,6 +39,7 @@ from service.platform.states import (
     JOB_OPEN_SQL,
     STEP_DUE_SQL,
     STEP_FINAL,
+    STEP_PARKED,
     STEP_SUCCESSFUL,
     STEP_SUCCESSFUL_SQL,
     JobStatus,
@@ -120,14 +122,15 @@ def fast_claim(
 
 def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
-) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
+) -> Claimed | FanOutDue | Unresolvable | Skipped | Woke | None:
     """Claim a step, reading under row locks why the statement alone would not. ``None`` when
-    there is nothing to run: the step is settled, waits for a decision, or waits for its
-    upstream (this message came early; the last upstream step to settle sends it again).
-    Raises ``RetryLater`` while a live lease holds it, ``StopChain`` once its job is over."""
+    there is nothing to run: the step is settled, waits for a decision or its wake time, or
+    waits for its upstream (this message came early; the last upstream step to settle sends it
+    again). Raises ``RetryLater`` while a live lease holds it, ``StopChain`` once its job is
+    over."""
     job = live_job(session, key.job_id)
     row = lock_step(session, key)
-    if row.status in STEP_FINAL or row.status == StepStatus.AWAITING_APPROVAL:
+    if row.status in STEP_FINAL or row.status in STEP_PARKED:
         return None
     _wait_for_peer(row, now)
     profile = job_profile(job)

@@ -1,8 +1,8 @@
 """What a held step runs with: the outputs of the steps it reads (which its claim's statement
 read), the decisions on gated steps, its loop's round and its trigger's data; its gate passed,
 its ``when`` held and its inputs resolved. Or why not, recorded in the same transaction: a
-gate without a decision parks the step, a false ``when`` skips it, references that do not
-resolve fail it for good.
+gate without a decision parks the step, as a wait step is parked until its time, a false
+``when`` skips it, references that do not resolve fail it for good.
 
 A plain step, or a shard, whose claim statement read all it needs becomes work with no further
 statement (``ready_claim``, ``ready_shard``); anything else reads the rest in a transaction
@@ -31,14 +31,17 @@ from service.engine.steps import (
     Skipped,
     StepKey,
     Unresolvable,
+    Woke,
 )
+from service.engine.waits import park
 from service.language.conditions import evaluate
 from service.language.expressions import ExprContext, resolve
 from service.language.profiles import Profile
 from service.language.snapshots import StepFacts, step_facts
 from service.language.specs import StepSpec
-from service.platform.constants import SHARD_NONE
-from service.platform.errors import ExpressionError
+from service.language.waits import wake_time
+from service.platform.constants import SHARD_NONE, WAIT_ACTION
+from service.platform.errors import ExpressionError, WaitInvalid
 from service.platform.models import ApprovalRow, JobRow, StepRoundRow, StepRunRow
 
 
@@ -86,9 +89,10 @@ def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
 
 def use_fast_claim(
     session: Session, key: StepKey, claim: FastClaim, now: datetime
-) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
+) -> Claimed | FanOutDue | Unresolvable | Skipped | Woke | None:
     """Turn a fast claim into work: pass its gate and its ``when``, take a slot of its
-    concurrency key, resolve inputs, or hold a for_each step to fan out."""
+    concurrency key, resolve inputs, hold a for_each step to fan out, or park a wait step
+    until its time."""
     held = Held.of(key, claim)
     spec = held.spec
     if spec.approval is not None:
@@ -103,7 +107,26 @@ def use_fast_claim(
     if spec.for_each is not None:
         locked = _still_held(session, held)
         return None if locked is None else FanOutDue(*locked, spec)
+    if spec.action == WAIT_ACTION:
+        return _wait(session, held, now)
     return _claimed(session, held, now)
+
+
+def _wait(session: Session, held: Held, now: datetime) -> Woke | Unresolvable | None:
+    """Park a held wait step until the time its inputs resolve to, counted from its claim;
+    a time that is not one fails it for good, as inputs that do not resolve do."""
+    locked = _still_held(session, held)
+    if locked is None:
+        return None
+    job, row = locked
+    claimed = _claimed(session, held, now)
+    if isinstance(claimed, Unresolvable):
+        return claimed
+    try:
+        wake_at = wake_time(claimed.inputs, row.started_at or now)
+    except WaitInvalid as exc:
+        return unresolvable(session, row, held.key, exc, now)
+    return park(session, job, row, wake_at, now)
 
 
 def _still_held(session: Session, held: Held) -> tuple[JobRow, StepRunRow] | None:

@@ -54,6 +54,8 @@ class StepView:
     round: int = 1
     rounds: list[RoundView] = field(default_factory=list)
     """Earlier rounds of a step in a loop, oldest first; the row itself is the current one."""
+    wake_at: datetime | None = None
+    """When a ``wait`` step wakes, or woke."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ def job_view(session: Session, job: JobRow) -> JobView:
                 RoundView(r.round, r.status, r.attempts, r.started_at, r.finished_at, r.error)
                 for r in past.get(row.step_id, [])
             ],
+            wake_at=row.wake_at,
         )
         for row in rows
         if row.shard == SHARD_NONE

@@ -45,6 +45,7 @@ from service.engine.steps import (
     Skipped,
     StepKey,
     Unresolvable,
+    Woke,
 )
 from service.language import verify
 from service.language.plan import JobPlan
@@ -136,7 +137,7 @@ def run_step(
         now, lease_s = utcnow(), rt.settings.lease_s
         with rt.claims.connect() as conn:
             fast = fast_claim(conn, key, task_id=task_id, lease_s=lease_s, now=now)
-        claim: Claimed | FannedOut | Unresolvable | Skipped | Completion | None
+        claim: Claimed | FannedOut | Unresolvable | Skipped | Completion | Woke | None
         if fast is None:
             with unit_of_work(rt.sessions) as session:
                 held = claim_step(session, key, task_id=task_id, lease_s=lease_s, now=now)
@@ -162,7 +163,7 @@ def run_step(
 
 def _fast_work(
     rt: Runtime, key: StepKey, fast: FastClaim, now: datetime
-) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | None:
+) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | Woke | None:
     with _released_if_cut_short(rt, key, fast.lease):
         claim = ready_claim(key, fast)
         if claim is None:
@@ -192,10 +193,10 @@ def _run_next(
 
 def _fanned_out(
     session: Session,
-    claim: Claimed | FanOutDue | Unresolvable | Skipped | None,
+    claim: Claimed | FanOutDue | Unresolvable | Skipped | Woke | None,
     now: datetime,
     settings: Settings,
-) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | None:
+) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | Woke | None:
     if isinstance(claim, FanOutDue):
         max_items, max_job_steps = settings.max_fanout_items, settings.max_job_steps
         return fan_out(session, claim, now, max_items=max_items, max_job_steps=max_job_steps)
@@ -257,7 +258,7 @@ def _shard_work(
 def _run_claim(
     rt: Runtime,
     asked: StepKey,
-    claim: Claimed | Unresolvable | Skipped | Completion | None,
+    claim: Claimed | Unresolvable | Skipped | Completion | Woke | None,
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None = None,
     task_id: str = "",

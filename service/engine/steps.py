@@ -84,6 +84,14 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class Woke:
+    """A wait step settled at its claim, its time having passed already; send ``ready`` next."""
+
+    key: StepKey
+    ready: JobPlan
+
+
+@dataclass(frozen=True)
 class Completion:
     """A checkpointed attempt: whether it was written, the children it made ready, and the
     trigger of the job it succeeded, if it did. ``taken`` is the child the same statement

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import Exists, and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.engine.compensations import lost as lost_compensations
@@ -25,6 +25,7 @@ from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 OPEN_JOB = [status.value for status in JOB_OPEN]
 RUNNABLE = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
 """A job waiting for a decision needs no message; the stall sweep still looks at it."""
+_SENDABLE = [StepStatus.PENDING.value, StepStatus.RETRYING.value, StepStatus.RUNNING.value]
 
 
 @dataclass
@@ -205,9 +206,25 @@ def _idle(
             JobRow.dispatched_at.is_not(None),
             ~live_lease,
             active < before,
+            or_(~_sleeping(), _sendable()),
         )
     )
     return {job_id: last for job_id, last in rows}
+
+
+def _sleeping() -> Exists:
+    return exists().where(StepRunRow.job_id == JobRow.id, StepRunRow.status == StepStatus.SLEEPING)
+
+
+def _sendable() -> Exists:
+    """A step of the job that a message could be carrying now. A job with a wait step asleep
+    and none of these is not idle but waiting for the beat leader to wake it: nothing of it is
+    lost, and nothing sent again would run."""
+    return exists().where(
+        StepRunRow.job_id == JobRow.id,
+        StepRunRow.status.in_(_SENDABLE),
+        StepRunRow.waiting_on == 0,
+    )
 
 
 def _fail_timed_out(session: Session, now: datetime, report: SweepReport) -> int:

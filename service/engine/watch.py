@@ -43,6 +43,8 @@ class _Printer:
             self._step(event, status)
         elif family in ("approval", "compensation"):
             self._line(f"  {event.step_id or '':<24} {family} {status}")
+        elif event.kind == "sleeping":
+            self._line(f"  {event.data['step_id']:<24} wakes at {event.data['wake_at']}")
         elif family not in ("job",):
             self._line(f"  {event.kind}")
 

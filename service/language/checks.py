@@ -20,6 +20,8 @@ from service.language.expressions import Ref, parse_refs
 from service.language.params import resolve_params
 from service.language.profiles import LoopSpec, Profile
 from service.language.specs import ErrorEntry, StepSpec
+from service.language.waits import problems as wait_problems
+from service.platform.constants import WAIT_ACTION
 from service.platform.errors import (
     ExpressionError,
     FlowbeatError,
@@ -94,7 +96,8 @@ def _step_structure_errors(
                     step.id,
                 )
             )
-        if known_actions is not None and step.action not in known_actions:
+        runs_action = step.action != WAIT_ACTION
+        if known_actions is not None and runs_action and step.action not in known_actions:
             errors.append(
                 _error(
                     "unknown_action",
@@ -109,6 +112,16 @@ def _step_structure_errors(
             if dep not in ids
         )
     return errors
+
+
+def _wait_errors(profile: Profile) -> list[ErrorEntry]:
+    """A ``wait`` step is the engine's own: what it waits for, and nothing an action would use."""
+    return [
+        _error("wait_invalid", message, f"steps[{i}].{field}", step.id)
+        for i, step in enumerate(profile.steps)
+        if step.action == WAIT_ACTION
+        for field, message in wait_problems(step)
+    ]
 
 
 def _known_deps(profile: Profile) -> dict[str, list[str]]:
@@ -165,6 +178,9 @@ def _loop_shape(profile: Profile, deps: Mapping[str, list[str]], loop: LoopSpec)
     gated = sorted(s for s in loop.steps if profile.step(s).approval is not None)
     if gated:
         yield f"approval gates cannot be inside a loop: {gated}"
+    waits = sorted(s for s in loop.steps if profile.step(s).action == WAIT_ACTION)
+    if waits:
+        yield f"wait steps cannot be inside a loop: {waits}"
 
 
 def _until_errors(
@@ -344,6 +360,7 @@ def validate_profile(
     deps = _known_deps(profile)
     errors = [
         *_step_structure_errors(profile, known_actions),
+        *_wait_errors(profile),
         *_cycle_errors(profile, deps),
         *_trigger_errors(profile),
         *_reference_errors(profile, deps),

@@ -18,7 +18,7 @@ from service.language.profiles import Profile
 from service.language.snapshots import job_profile
 from service.platform.constants import DEFAULT_QUEUE, SHARD_NONE
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JOB_FINAL, STEP_FINAL, StepStatus
+from service.platform.states import JOB_FINAL, STEP_FINAL, STEP_PARKED, StepStatus
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ def initial_plan(profile: Profile, job_id: uuid.UUID, priority: int) -> JobPlan:
 def plan_remaining(
     profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow], priority: int
 ) -> JobPlan:
-    """Unsettled steps with a settled upstream, but for those parked at their gate; a fanned-out
-    step carries its open shards."""
+    """Unsettled steps with a settled upstream, but for those parked at their gate or asleep
+    until their time; a fanned-out step carries its open shards."""
     open_shards: dict[str, list[int]] = {}
     for row in rows:
         if row.shard != SHARD_NONE and row.status not in STEP_FINAL:
@@ -82,7 +82,7 @@ def plan_remaining(
         for row in rows
         if row.shard == SHARD_NONE
         and row.status not in STEP_FINAL
-        and row.status not in (StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SLOT)
+        and row.status not in STEP_PARKED
         and row.waiting_on == 0
     }
     return JobPlan(

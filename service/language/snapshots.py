@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from service.language.expressions import parse_refs
 from service.language.profiles import Profile
+from service.platform.constants import WAIT_ACTION
 from service.platform.models import JobRow
 
 _PROFILE_CACHE: dict[str, Profile] = {}
@@ -45,7 +46,7 @@ class StepFacts(NamedTuple):
     ``trigger.result``."""
     plain: bool
     """It starts from a one-statement claim with no transaction (``steps.ready_claim``): no
-    fan-out, gate or ``when``, its inputs read no decision, loop or trigger, and its verify
+    fan-out, gate, wait or ``when``, its inputs read no decision, loop or trigger, and its verify
     rules no trigger."""
     follows: str | None
     """The child its worker may claim in its checkpoint and run next, without a message
@@ -79,6 +80,7 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
             or spec.approval is not None
             or spec.when is not None
             or spec.concurrency is not None
+            or spec.action == WAIT_ACTION
         )
         facts = _FACTS[cache_key] = StepFacts(
             frozenset(ref.name for ref in refs if ref.root == "steps" and ref.name),

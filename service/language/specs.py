@@ -27,7 +27,7 @@ from service.language.expressions import (
     parse_refs,
     whole_ref,
 )
-from service.platform.constants import QUEUE_PATTERN
+from service.platform.constants import QUEUE_PATTERN, WAIT_ACTION, WAIT_MAX_S
 from service.platform.errors import (
     ExpressionError,
 )
@@ -300,8 +300,41 @@ class ConcurrencySpec(BaseModel):
         return value
 
 
+def _wait_schema(schema: dict[str, Any]) -> None:
+    """In the JSON Schema, a ``wait`` step takes exactly one of ``with.seconds`` and
+    ``with.until``, so that an editor flags a malformed wait as it is typed; the profile checks
+    (``service.language.waits``) say the rest when it is loaded."""
+    reference = {"type": "string", "pattern": r"\$\{\{"}
+    schema["if"] = {"properties": {"action": {"const": WAIT_ACTION}}, "required": ["action"]}
+    schema["then"] = {
+        "required": ["with"],
+        "properties": {
+            "with": {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "maxProperties": 1,
+                "properties": {
+                    "seconds": {
+                        "anyOf": [
+                            {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S},
+                            reference,
+                        ]
+                    },
+                    "until": {"type": "string"},
+                },
+            }
+        },
+    }
+
+
 class StepSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        serialize_by_alias=True,
+        json_schema_extra=_wait_schema,
+    )
     _condition: Condition | None = PrivateAttr(default=None)
 
     id: str = Field(pattern=STEP_ID_PATTERN)

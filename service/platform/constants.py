@@ -165,3 +165,10 @@ LOG_WRITE_INTERVAL_S: Final = 0.05
 """How often at most the writer thread wakes: the lines of a busy stretch go out together."""
 LOG_FLUSH_S: Final = 2.0
 """How long a process that exits waits for its writer thread to write what is waiting."""
+WAIT_ACTION: Final = "wait"
+"""The action name the engine keeps for itself: a ``wait`` step parks in PostgreSQL until its
+time and is woken by the beat leader (``service.engine.waits``); no registered action runs."""
+WAIT_MAX_S: Final = 90 * 86400
+"""The longest a ``wait`` step may wait, as for an approval's timeout."""
+WAKE_BATCH: Final = 100
+"""Sleeping steps the beat leader wakes in one transaction; more due go in the next ones."""

@@ -152,6 +152,13 @@ class ExpressionError(FlowbeatError):
     code = "bad_reference"
 
 
+class WaitInvalid(FlowbeatError):
+    """A ``wait`` step's ``seconds`` or ``until`` is not a time to wait for: found in a profile
+    when written literally, at the step's claim when it comes from a reference."""
+
+    code = "wait_invalid"
+
+
 class FanOutTooLarge(FlowbeatError):
     """A for_each step resolved to more items than ``FLOWBEAT_MAX_FANOUT_ITEMS``."""
 

@@ -37,6 +37,8 @@ class StepStatus(StrEnum):
     AWAITING_SLOT = "awaiting_slot"
     """Its concurrency key had no slot free: it holds no lease and no message until the beat
     lets it in (``service.engine.slots``)."""
+    SLEEPING = "sleeping"
+    """A ``wait`` step parked until its ``wake_at``: no lease, no message, only a row."""
 
 
 class CompensationStatus(StrEnum):
@@ -70,6 +72,10 @@ STEP_FINAL = frozenset(
         StepStatus.REJECTED,
     }
 )
+STEP_PARKED = frozenset(
+    {StepStatus.AWAITING_APPROVAL, StepStatus.SLEEPING, StepStatus.AWAITING_SLOT}
+)
+"""Open, with no lease and no message: a decision or the beat leader's timer moves it on."""
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
 COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStatus.FAILED})
@@ -100,6 +106,7 @@ class Transition:
 _P, _RUN, _RETRY = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
 _WAIT, _REJECT = StepStatus.AWAITING_APPROVAL, StepStatus.REJECTED
 _SLOT = StepStatus.AWAITING_SLOT
+_SLEEP = StepStatus.SLEEPING
 _OK, _FAIL, _SKIP, _CANCEL = (
     StepStatus.SUCCEEDED,
     StepStatus.FAILED,
@@ -146,7 +153,11 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition(_WAIT, _OK, "service.engine.approvals.decide", "approved: the loop ends"),
     Transition(_WAIT, _REJECT, "service.engine.approvals.decide", "rejected, or timed out so"),
+    Transition(_RUN, _SLEEP, "service.engine.waits.park", "a wait step: parked until wake_at"),
+    Transition(_RUN, _OK, "service.engine.waits.park", "a wait step whose time has passed"),
+    Transition(_SLEEP, _OK, "service.engine.waits.wake_due", "its wake_at passed: the beat leader"),
     Transition(_WAIT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_SLEEP, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_P, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RUN, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RETRY, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),

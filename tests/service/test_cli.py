@@ -53,6 +53,25 @@ def test_run_follows_the_steps_and_exits_zero_on_success(flowbeat: Cli) -> None:
     assert ": succeeded" in done.stdout
 
 
+def test_run_with_a_local_worker_starts_a_beat_that_wakes_a_wait(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    profile = tmp_path / "pause.yaml"
+    profile.write_text(
+        "name: pause\n"
+        "steps:\n"
+        "  - {id: pause, action: wait, with: {seconds: 1}}\n"
+        "  - {id: after, action: noop, depends_on: [pause]}\n"
+    )
+
+    done = flowbeat("run", str(profile), "--local-worker", "--timeout-s", "60")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"pause\s+sleeping\n", done.stdout), done.stdout
+    assert re.search(r"pause\s+wakes at \S+", done.stdout), done.stdout
+    assert ": succeeded" in done.stdout
+
+
 def test_run_exits_non_zero_when_the_job_fails(flowbeat: Cli) -> None:
     done = flowbeat("run", "flaky", "-p", "succeed_on=9", "--local-worker")
 

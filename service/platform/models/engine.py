@@ -145,6 +145,7 @@ class PrunedJobRow(Base):
 
 _OPEN_SHARD = sql_in((StepStatus.PENDING, StepStatus.RETRYING, StepStatus.RUNNING))
 OPEN_SHARD_PREDICATE = f"shard >= 0 AND status IN {_OPEN_SHARD}"
+SLEEPING_PREDICATE = f"status = '{StepStatus.SLEEPING}'"
 
 
 class StepRunRow(Base):
@@ -177,6 +178,7 @@ class StepRunRow(Base):
                 "slot_key IS NOT NULL AND status IN ('running', 'pending', 'awaiting_slot')"
             ),
         ),
+        Index("ix_step_runs_wake_at", "wake_at", postgresql_where=text(SLEEPING_PREDICATE)),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
@@ -195,6 +197,9 @@ class StepRunRow(Base):
     inputs_from: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
     waiting_on: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     round: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    wake_at: Mapped[datetime | None]
+    """When a sleeping ``wait`` step is due to wake; the beat leader finds it through
+    ``ix_step_runs_wake_at``, which holds sleeping rows only."""
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     error: Mapped[dict[str, Any] | None]

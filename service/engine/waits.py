@@ -1,0 +1,104 @@
+"""Durable waits: a ``wait`` step parks in PostgreSQL until its time, and the elected beat
+replica wakes it, as it times out approvals.
+
+A wait step is claimed like any other; in the claim's transaction its ``seconds`` or ``until``
+becomes a ``wake_at``, and the step is parked: ``sleeping``, with no lease, while its job
+stays ``running``. Its worker moves on at once, so a wait holds no worker slot and no message,
+and a worker killed, a beat replica killed or Redis flushed meanwhile loses nothing: only
+PostgreSQL knows the step waits. Each tick the beat leader wakes the steps due (``wake_due``):
+their checkpoint says how long they waited, their children are counted off as for any step
+that succeeds, and what that makes ready is sent after the commit. The leader sleeps no later
+than the next ``wake_at`` (``next_wake``), and a parked step notifies the schedules channel so
+that a sleeping leader recomputes that.
+"""
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, func, select
+from sqlalchemy.orm import Session
+
+from service.catalogue.notices import record_event
+from service.engine.checkpoints import write_checkpoint
+from service.engine.completion import succeed_step
+from service.engine.steps import StepKey, Woke
+from service.language.plan import JobPlan
+from service.language.snapshots import job_profile
+from service.platform.constants import SCHEDULES_CHANNEL, SHARD_NONE, WAKE_BATCH
+from service.platform.models import JobRow, StepRunRow
+from service.platform.states import JOB_FINAL, JOB_OPEN, StepStatus
+
+_ASLEEP = and_(
+    StepRunRow.status == StepStatus.SLEEPING,
+    exists().where(JobRow.id == StepRunRow.job_id, JobRow.status.in_(list(JOB_OPEN))),
+)
+"""A sleeping step of an open job: a sleeper left behind by a job that ended some other way
+than through ``close_open_steps`` would otherwise keep the leader ticking at once."""
+
+
+def park(
+    session: Session, job: JobRow, row: StepRunRow, wake_at: datetime, now: datetime
+) -> Woke | None:
+    """Park a held wait step until ``wake_at``; one whose time has passed already succeeds
+    now, in this transaction, and ``Woke`` carries what it made ready."""
+    if wake_at <= now:
+        return Woke(StepKey(row.job_id, row.step_id), _wake(session, job, row, now))
+    row.status = StepStatus.SLEEPING
+    row.wake_at = wake_at
+    row.lease_token = None
+    row.lease_until = None
+    record_event(
+        session, row.job_id, "sleeping", {"step_id": row.step_id, "wake_at": wake_at.isoformat()}
+    )
+    session.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "wait")))
+    return None
+
+
+def wake_due(session: Session, now: datetime) -> list[JobPlan]:
+    """Wake up to ``WAKE_BATCH`` sleeping steps whose time has come; the plans to send once
+    the caller has committed.
+
+    Each job row is locked before its step row, the order a cancellation takes them in, so a
+    wake and a cancel of the same job wait for each other instead of deadlocking; a step that
+    a cancel settled meanwhile is found no longer sleeping and left alone."""
+    due = session.execute(
+        select(StepRunRow.job_id, StepRunRow.step_id)
+        .where(_ASLEEP, StepRunRow.wake_at <= now)
+        .order_by(StepRunRow.wake_at)
+        .limit(WAKE_BATCH)
+    ).all()
+    ready = []
+    for job_id, step_id in due:
+        job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one()
+        row = session.scalars(
+            select(StepRunRow)
+            .where(
+                StepRunRow.job_id == job_id,
+                StepRunRow.step_id == step_id,
+                StepRunRow.shard == SHARD_NONE,
+                StepRunRow.status == StepStatus.SLEEPING,
+            )
+            .with_for_update(skip_locked=True)
+        ).one_or_none()
+        if row is None or job.status in JOB_FINAL:
+            continue
+        ready.append(_wake(session, job, row, now).at(job.priority))
+    return ready
+
+
+def next_wake(session: Session) -> datetime | None:
+    """The earliest ``wake_at`` of any sleeping step, for the beat leader's sleep."""
+    value: datetime | None = session.scalar(select(func.min(StepRunRow.wake_at)).where(_ASLEEP))
+    return value
+
+
+def _wake(session: Session, job: JobRow, row: StepRunRow, now: datetime) -> JobPlan:
+    """Checkpoint the wait and succeed it: its children read when it began and woke."""
+    began = row.started_at or now
+    output: dict[str, Any] = {
+        "waited_s": round(max(0.0, (now - began).total_seconds()), 3),
+        "began_at": began.isoformat(),
+        "woke_at": now.isoformat(),
+    }
+    write_checkpoint(session, StepKey(row.job_id, row.step_id), row.attempts, output, now)
+    return succeed_step(session, row, job_profile(job), now)
