@@ -185,12 +185,12 @@ def _idle(
 ) -> dict[uuid.UUID, datetime]:
     """Jobs sent, with no live lease, and nothing started, finished or sent since ``before``,
     with when they last did any of that. A step waiting for a slot of its concurrency key is
-    the beat's to send: its job is not idle."""
+    the beat's to send, one waiting for a signal the signal's: its job is not idle."""
     live_lease = exists().where(
         StepRunRow.job_id == JobRow.id,
         or_(
             and_(StepRunRow.status == StepStatus.RUNNING, StepRunRow.lease_until >= now),
-            StepRunRow.status == StepStatus.AWAITING_SLOT,
+            StepRunRow.status.in_([StepStatus.AWAITING_SLOT, StepStatus.AWAITING_SIGNAL]),
         ),
     )
     last_activity = (

@@ -68,11 +68,15 @@ def initial_plan(profile: Profile, job_id: uuid.UUID, priority: int) -> JobPlan:
     return steps_plan(profile, job_id, roots).at(priority)
 
 
+_PARKED = (StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SLOT, StepStatus.AWAITING_SIGNAL)
+"""Held in PostgreSQL with no message: whatever ends their wait sends them."""
+
+
 def plan_remaining(
     profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow], priority: int
 ) -> JobPlan:
-    """Unsettled steps with a settled upstream, but for those parked at their gate; a fanned-out
-    step carries its open shards."""
+    """Unsettled steps with a settled upstream, but for those parked (at their gate, for a slot
+    or for a signal); a fanned-out step carries its open shards."""
     open_shards: dict[str, list[int]] = {}
     for row in rows:
         if row.shard != SHARD_NONE and row.status not in STEP_FINAL:
@@ -82,7 +86,7 @@ def plan_remaining(
         for row in rows
         if row.shard == SHARD_NONE
         and row.status not in STEP_FINAL
-        and row.status not in (StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SLOT)
+        and row.status not in _PARKED
         and row.waiting_on == 0
     }
     return JobPlan(
