@@ -104,8 +104,8 @@ def send_signal(
 
     Refused when no step of the job's pipeline waits for ``name`` (``signal_not_awaited``),
     when the job already holds one of that name (``signal_already_received``) or when it is
-    over (``job_conflict``). The job's row lock orders it against a cancel, a deadline and the
-    beat's timeouts."""
+    over (``job_conflict``). The job's row lock orders it against a second signal, a cancel, a
+    deadline and the beat's timeouts."""
     job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one_or_none()
     if job is None or (visible_to is not None and job.owner != visible_to):
         raise missing_job(session, job_id, owner=visible_to)
@@ -116,24 +116,19 @@ def send_signal(
             f"no step of pipeline {job.pipeline!r} waits for signal {name!r}",
             {"signal": name, "pipeline": job.pipeline},
         )
+    earlier = session.get(JobSignalRow, (job_id, name))
+    if earlier is not None:
+        raise SignalAlreadyReceived(
+            f"job {job_id} already received signal {name!r} at {earlier.received_at.isoformat()}",
+            {"signal": name, "received_at": earlier.received_at.isoformat()},
+        )
     if job.status in JOB_FINAL:
         raise JobConflict(
             f"job {job_id} already {job.status}: nothing of it waits for a signal",
             {"job_id": str(job_id), "status": job.status},
         )
-    stored = session.scalars(
-        insert(JobSignalRow)
-        .values(job_id=job_id, name=name, payload=payload, received_at=now, sent_by=by)
-        .on_conflict_do_nothing()
-        .returning(JobSignalRow)
-    ).one_or_none()
-    if stored is None:
-        earlier = session.get(JobSignalRow, (job_id, name))
-        assert earlier is not None
-        raise SignalAlreadyReceived(
-            f"job {job_id} already received signal {name!r} at {earlier.received_at.isoformat()}",
-            {"signal": name, "received_at": earlier.received_at.isoformat()},
-        )
+    stored = JobSignalRow(job_id=job_id, name=name, payload=payload, received_at=now, sent_by=by)
+    session.add(stored)
     resumed = _resume(session, job_id, waiters)
     record_event(session, job_id, "signal_received", {"signal": name, "resumed": resumed})
     session.flush()
