@@ -7,7 +7,10 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 
+from flowbeat_client import Client as FlowbeatClient
+from flowbeat_client import FlowbeatApiError
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, Cluster, wait_for
@@ -78,11 +81,9 @@ def test_a_job_waits_for_its_signal_without_a_worker_through_a_redis_flush(
     assert done.job.status == "succeeded", done.job.error
     assert done.job.result["ship"]["value"] == "bank"
     assert client.count(job_id, "charge") == 1 and client.count(job_id, "ship") == 1
-    again = httpx.post(
-        f"{base}/v1/jobs/{job_id}/signals/payment", json={}, headers=headers, timeout=10
-    )
-    assert again.status_code == 409
-    assert again.json()["error"]["code"] == "signal_already_received"
+    with FlowbeatClient(base, key) as fb, pytest.raises(FlowbeatApiError) as again:
+        fb.jobs.signal(str(job_id), "payment", payload={"amount": 1})
+    assert (again.value.status, again.value.code) == (409, "signal_already_received")
 
 
 def test_a_wait_with_no_signal_in_time_goes_on_reading_null(
