@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import and_, func, literal, select
+from sqlalchemy.dialects.postgresql import UUID, insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import record_event
@@ -32,6 +32,7 @@ from service.engine.completion import record_failure
 from service.engine.jobs import missing_job
 from service.engine.steps import StepKey
 from service.language.plan import JobPlan, steps_plan
+from service.language.profiles import Profile
 from service.language.snapshots import job_profile
 from service.language.specs import WaitForSpec
 from service.platform.constants import SHARD_NONE
@@ -292,6 +293,55 @@ def signals_context(session: Session, job_id: uuid.UUID, names: frozenset[str]) 
             "sent_by": signal.sent_by,
         }
     return context
+
+
+def carry_signals(
+    session: Session, parent_id: uuid.UUID, job_id: uuid.UUID, profile: Profile, reused: set[str]
+) -> None:
+    """A rerun keeps what its reused steps waited for: the signals they received, and the waits
+    that timed out and went on, so the steps it runs again read ``signals.<name>`` as the
+    parent's did. A waiting step that runs again waits for a signal of its own."""
+    waits = {s.id: s.wait_for.signal for s in profile.steps if s.wait_for and s.id in reused}
+    if not waits:
+        return
+    session.execute(
+        insert(JobSignalRow).from_select(
+            ["job_id", "name", "payload", "received_at", "sent_by"],
+            select(
+                literal(job_id, UUID(as_uuid=True)),
+                JobSignalRow.name,
+                JobSignalRow.payload,
+                JobSignalRow.received_at,
+                JobSignalRow.sent_by,
+            ).where(JobSignalRow.job_id == parent_id, JobSignalRow.name.in_(set(waits.values()))),
+        )
+    )
+    session.execute(
+        insert(SignalWaitRow).from_select(
+            [
+                "job_id",
+                "step_id",
+                "signal",
+                "on_timeout",
+                "waiting_since",
+                "due_at",
+                "timed_out_at",
+            ],
+            select(
+                literal(job_id, UUID(as_uuid=True)),
+                SignalWaitRow.step_id,
+                SignalWaitRow.signal,
+                SignalWaitRow.on_timeout,
+                SignalWaitRow.waiting_since,
+                SignalWaitRow.due_at,
+                SignalWaitRow.timed_out_at,
+            ).where(
+                SignalWaitRow.job_id == parent_id,
+                SignalWaitRow.step_id.in_(list(waits)),
+                SignalWaitRow.timed_out_at.is_not(None),
+            ),
+        )
+    )
 
 
 def _stored(session: Session, job_id: uuid.UUID, name: str) -> bool:

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from service.engine.checkpoints import step_outputs
 from service.engine.jobs import cancel_job
+from service.engine.reruns import RerunRequest, rerun_job
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.signals import (
@@ -217,3 +218,20 @@ def test_a_step_that_parked_as_its_signal_arrived_is_sent_on_by_the_beat(
         plans = resume_signalled(session)
     assert [s.step_id for p in plans if p.job_id == job_id for s in p.steps] == ["charge"]
     assert _step(runtime, job_id, "charge").status == StepStatus.PENDING
+
+
+def test_a_rerun_keeps_the_signals_its_reused_steps_waited_for(runtime: Runtime) -> None:
+    job_id = _parked(runtime)
+    _signal(runtime, job_id, "payment", {"amount": 9, "by": "card"})
+    _run(runtime, job_id, "charge")
+    _run(runtime, job_id, "ship")
+    with unit_of_work(runtime.sessions) as session:
+        rerun = rerun_job(
+            session, job_id, RerunRequest(from_step="ship"), visible_to=None, now=utcnow()
+        ).id
+
+    _run(runtime, rerun, "ship")
+
+    assert _outputs(runtime, rerun)["ship"] == {"paid_by": "card"}
+    with pytest.raises(SignalAlreadyReceived):
+        _signal(runtime, rerun, "payment", {})
