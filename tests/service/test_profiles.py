@@ -956,6 +956,18 @@ def test_loop_errors_name_the_field(
     assert (field, code) in [(e["field"], e["code"]) for e in info.value.details["errors"]]
 
 
+def test_a_step_of_a_loop_cannot_wait_for_a_signal() -> None:
+    data = _looped({"steps": ["fetch", "merge"]})
+    data["steps"][1]["wait_for"] = {"signal": "go"}
+
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    [error] = info.value.details["errors"]
+    assert (error["code"], error["field"]) == ("loop_invalid", "loops[0].steps")
+    assert "signal waits cannot be inside a loop" in error["message"]
+
+
 def test_a_loop_of_adjacent_steps_ends_with_its_last_and_reads_the_round() -> None:
     data = _looped(
         {"steps": ["fetch", "merge"], "max_rounds": 5},
