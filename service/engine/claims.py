@@ -118,16 +118,20 @@ def fast_claim(
     return FastClaim(Lease(token, attempts), profile, job_params, outputs)
 
 
+_PARKED = frozenset({StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SIGNAL})
+"""Sent again by what ends their wait, not by a delivery of their old message."""
+
+
 def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
 ) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
     """Claim a step, reading under row locks why the statement alone would not. ``None`` when
-    there is nothing to run: the step is settled, waits for a decision, or waits for its
-    upstream (this message came early; the last upstream step to settle sends it again).
+    there is nothing to run: the step is settled, waits for a decision or a signal, or waits
+    for its upstream (this message came early; the last upstream step to settle sends it again).
     Raises ``RetryLater`` while a live lease holds it, ``StopChain`` once its job is over."""
     job = live_job(session, key.job_id)
     row = lock_step(session, key)
-    if row.status in STEP_FINAL or row.status == StepStatus.AWAITING_APPROVAL:
+    if row.status in STEP_FINAL or row.status in _PARKED:
         return None
     _wait_for_peer(row, now)
     profile = job_profile(job)
