@@ -235,3 +235,17 @@ def test_a_rerun_keeps_the_signals_its_reused_steps_waited_for(runtime: Runtime)
     assert _outputs(runtime, rerun)["ship"] == {"paid_by": "card"}
     with pytest.raises(SignalAlreadyReceived):
         _signal(runtime, rerun, "payment", {})
+
+
+def test_a_when_reads_the_signal_of_its_upstream_wait(runtime: Runtime) -> None:
+    profile = _profile()
+    profile["steps"][2]["when"] = "${{ signals.payment.payload.by }} == 'card'"
+    job_id = submitted(runtime, profile, {})
+    _signal(runtime, job_id, "payment", {"amount": 1, "by": "cash"})
+    _run(runtime, job_id, "order")
+    _run(runtime, job_id, "charge")
+
+    _run(runtime, job_id, "ship")
+
+    assert _step(runtime, job_id, "ship").status == StepStatus.SKIPPED
+    assert _job(runtime, job_id).status == JobStatus.SUCCEEDED
