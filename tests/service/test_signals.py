@@ -32,7 +32,7 @@ from service.platform.states import JobStatus, StepStatus
 from tests.support.fanouts import submitted
 
 
-def _profile(on_timeout: str = "fail", failure_policy: str = "fail_fast") -> dict[str, Any]:
+def paid_profile(on_timeout: str = "fail", failure_policy: str = "fail_fast") -> dict[str, Any]:
     return {
         "name": "paid",
         "failure_policy": failure_policy,
@@ -95,7 +95,7 @@ def _outputs(rt: Runtime, job_id: uuid.UUID) -> dict[str, Any]:
 
 
 def _parked(rt: Runtime) -> uuid.UUID:
-    job_id = submitted(rt, _profile(), {})
+    job_id = submitted(rt, paid_profile(), {})
     _run(rt, job_id, "order")
     assert _run(rt, job_id, "charge").steps == []
     return job_id
@@ -130,7 +130,7 @@ def test_the_signal_sends_the_step_on_and_downstream_reads_its_payload(
 
 
 def test_a_signal_sent_before_the_step_waits_is_kept_and_consumed(runtime: Runtime) -> None:
-    job_id = submitted(runtime, _profile(), {})
+    job_id = submitted(runtime, paid_profile(), {})
 
     assert _signal(runtime, job_id, "payment", {"amount": 3, "by": "cash"}) == []
     _run(runtime, job_id, "order")
@@ -184,7 +184,7 @@ def test_no_signal_in_time_fails_the_step_as_signal_timeout(runtime: Runtime) ->
 
 
 def test_a_wait_that_continues_runs_reading_null(runtime: Runtime) -> None:
-    job_id = submitted(runtime, _profile(on_timeout="continue"), {})
+    job_id = submitted(runtime, paid_profile(on_timeout="continue"), {})
     _run(runtime, job_id, "order")
     _run(runtime, job_id, "charge")
 
@@ -201,7 +201,7 @@ def test_a_step_that_parked_as_its_signal_arrived_is_sent_on_by_the_beat(
     runtime: Runtime,
 ) -> None:
     """The signal's transaction found no parked step and the claim no signal: they crossed."""
-    job_id = submitted(runtime, _profile(), {})
+    job_id = submitted(runtime, paid_profile(), {})
     _run(runtime, job_id, "order")
     _signal(runtime, job_id, "payment", {"amount": 5})
     with unit_of_work(runtime.sessions) as session:
@@ -238,7 +238,7 @@ def test_a_rerun_keeps_the_signals_its_reused_steps_waited_for(runtime: Runtime)
 
 
 def test_a_when_reads_the_signal_of_its_upstream_wait(runtime: Runtime) -> None:
-    profile = _profile()
+    profile = paid_profile()
     profile["steps"][2]["when"] = "${{ signals.payment.payload.by }} == 'card'"
     job_id = submitted(runtime, profile, {})
     _signal(runtime, job_id, "payment", {"amount": 1, "by": "cash"})
