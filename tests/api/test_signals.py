@@ -1,12 +1,17 @@
-"""The signal route: a signal sends on the step parked for it, once per name; what no step
-waits for, a second signal and a signal to a job that is over are refused with their code."""
+"""The signal route and MCP tool: a signal sends on the step parked for it, once per name; what
+no step waits for, a second signal and a signal to a job that is over are refused with their
+code."""
 
 import uuid
 from typing import Any
 
+import anyio
+import pytest
 import redis
 from fastapi.testclient import TestClient
+from mcp.server.mcpserver.exceptions import ToolError
 
+from api.mcp import McpDeps, build_mcp
 from service.engine.claims import claim_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
@@ -109,3 +114,23 @@ def test_a_signal_before_the_step_waits_is_kept(
             session, StepKey(uuid.UUID(job_id), "charge"), task_id="t", lease_s=30, now=utcnow()
         )
     assert held is not None, "the stored signal lets the step run at once"
+
+
+def test_the_mcp_tool_sends_a_signal_as_the_route_does(
+    client: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    owner = f"agent-{uuid.uuid4().hex[:6]}"
+    key = make_key("read", "write", owner=owner)
+    job_id = _parked(client, {"Authorization": f"Bearer {key}"}, runtime)
+    state = client.app.state  # type: ignore[attr-defined]
+    server = build_mcp(McpDeps(state.settings, runtime, state.celery_app, state.keys, token=key))
+
+    async def send(name: str) -> Any:
+        return await server.call_tool("send_signal", {"job_id": job_id, "name": name})
+
+    sent = anyio.run(send, "payment").structured_content
+    with pytest.raises(ToolError, match="signal_already_received: "):
+        anyio.run(send, "payment")
+
+    assert sent["signal"]["resumed"] == ["charge"]
+    assert sent["signal"]["sent_by"] == owner
