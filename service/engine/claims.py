@@ -38,6 +38,7 @@ from service.platform.states import (
     JOB_OPEN_SQL,
     STEP_DUE_SQL,
     STEP_FINAL,
+    STEP_PARKED,
     STEP_SUCCESSFUL,
     STEP_SUCCESSFUL_SQL,
     JobStatus,
@@ -118,10 +119,6 @@ def fast_claim(
     return FastClaim(Lease(token, attempts), profile, job_params, outputs)
 
 
-_PARKED = frozenset({StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SIGNAL})
-"""Sent again by what ends their wait, not by a delivery of their old message."""
-
-
 def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
 ) -> Claimed | FanOutDue | Unresolvable | Skipped | None:
@@ -131,7 +128,7 @@ def claim_step(
     Raises ``RetryLater`` while a live lease holds it, ``StopChain`` once its job is over."""
     job = live_job(session, key.job_id)
     row = lock_step(session, key)
-    if row.status in STEP_FINAL or row.status in _PARKED:
+    if row.status in STEP_FINAL or row.status in STEP_PARKED:
         return None
     _wait_for_peer(row, now)
     profile = job_profile(job)

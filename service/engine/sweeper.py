@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import Exists, and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.engine.compensations import lost as lost_compensations
@@ -24,6 +24,7 @@ from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 
 OPEN_JOB = [status.value for status in JOB_OPEN]
 RUNNABLE = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
+_SENDABLE = [StepStatus.PENDING.value, StepStatus.RETRYING.value, StepStatus.RUNNING.value]
 """A job waiting for a decision needs no message; the stall sweep still looks at it."""
 
 
@@ -185,12 +186,12 @@ def _idle(
 ) -> dict[uuid.UUID, datetime]:
     """Jobs sent, with no live lease, and nothing started, finished or sent since ``before``,
     with when they last did any of that. A step waiting for a slot of its concurrency key is
-    the beat's to send, one waiting for a signal the signal's: its job is not idle."""
+    the beat's to send: its job is not idle."""
     live_lease = exists().where(
         StepRunRow.job_id == JobRow.id,
         or_(
             and_(StepRunRow.status == StepStatus.RUNNING, StepRunRow.lease_until >= now),
-            StepRunRow.status.in_([StepStatus.AWAITING_SLOT, StepStatus.AWAITING_SIGNAL]),
+            StepRunRow.status == StepStatus.AWAITING_SLOT,
         ),
     )
     last_activity = (
@@ -205,9 +206,27 @@ def _idle(
             JobRow.dispatched_at.is_not(None),
             ~live_lease,
             active < before,
+            or_(~_awaiting_signal(), _sendable()),
         )
     )
     return {job_id: last for job_id, last in rows}
+
+
+def _awaiting_signal() -> Exists:
+    return exists().where(
+        StepRunRow.job_id == JobRow.id, StepRunRow.status == StepStatus.AWAITING_SIGNAL
+    )
+
+
+def _sendable() -> Exists:
+    """A step of the job that a message could be carrying now. A job with a step parked for a
+    signal and none of these is not idle but waiting for the signal: nothing of it is lost,
+    and nothing sent again would run."""
+    return exists().where(
+        StepRunRow.job_id == JobRow.id,
+        StepRunRow.status.in_(_SENDABLE),
+        StepRunRow.waiting_on == 0,
+    )
 
 
 def _fail_timed_out(session: Session, now: datetime, report: SweepReport) -> int:

@@ -18,7 +18,7 @@ from service.language.profiles import Profile
 from service.language.snapshots import job_profile
 from service.platform.constants import DEFAULT_QUEUE, SHARD_NONE
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JOB_FINAL, STEP_FINAL, StepStatus
+from service.platform.states import JOB_FINAL, STEP_FINAL, STEP_PARKED, StepStatus
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,6 @@ def initial_plan(profile: Profile, job_id: uuid.UUID, priority: int) -> JobPlan:
     return steps_plan(profile, job_id, roots).at(priority)
 
 
-_PARKED = (StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SLOT, StepStatus.AWAITING_SIGNAL)
-"""Held in PostgreSQL with no message: whatever ends their wait sends them."""
-
-
 def plan_remaining(
     profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow], priority: int
 ) -> JobPlan:
@@ -86,7 +82,7 @@ def plan_remaining(
         for row in rows
         if row.shard == SHARD_NONE
         and row.status not in STEP_FINAL
-        and row.status not in _PARKED
+        and row.status not in STEP_PARKED
         and row.waiting_on == 0
     }
     return JobPlan(

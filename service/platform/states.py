@@ -73,6 +73,10 @@ STEP_FINAL = frozenset(
         StepStatus.REJECTED,
     }
 )
+STEP_PARKED = frozenset(
+    {StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_SLOT, StepStatus.AWAITING_SIGNAL}
+)
+"""Open, with no lease and no message: a decision, a signal or the beat leader moves it on."""
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
 COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStatus.FAILED})
