@@ -52,7 +52,7 @@ PYTEST = FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} 
 
 # Lint, the docs site and every tier in one run, so the two workers stay busy to the end.
 test: lint docs
-	$(PYTEST) -n 2 --durations=20
+	$(PYTEST) -n 2 --dist worksteal --durations=20
 
 unit: setup
 	$(PYTEST) -n 2 -m unit

@@ -26,6 +26,7 @@ from api.routes import (
     queues,
     runs,
     schedules,
+    signals,
     steplogs,
 )
 from api.routes.mcp import install_mcp, mcp_sessions
@@ -97,6 +98,7 @@ def create_app(
     app.include_router(events.router)
     app.include_router(steplogs.router)
     app.include_router(approvals.router)
+    app.include_router(signals.router)
     app.include_router(runs.router)
     app.include_router(pipelines.router)
     app.include_router(schedules.router)

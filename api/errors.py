@@ -56,6 +56,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "job_conflict": 409,
     "not_awaiting_approval": 409,
     "already_decided": 409,
+    "signal_not_awaited": 404,
+    "signal_already_received": 409,
     "unknown_step": 400,
     "step_not_found": 404,
     "rerun_invalid": 422,

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from api.routes.pipelines import PipelinePublic
 from api.routes.runs import DiffCountsPublic, DiffPublic, RunPublic
 from api.routes.schedules import SchedulePublic
-from api.schemas import JobCreate, JobPublic, LogPage
+from api.schemas import JobCreate, JobPublic, LogPage, SignalEnvelope, SignalPublic
 from api.submit import accept_job
 from service.catalogue.diffs import DiffKind, diff_counts, diff_page
 from service.catalogue.imports import fetch_url, import_policy, read_import_file
@@ -33,6 +33,7 @@ from service.catalogue.saving import delete_pipeline
 from service.catalogue.saving import save_pipeline as save
 from service.engine.jobs import get_job, job_view, list_jobs
 from service.engine.runtime import Runtime
+from service.engine.signals import send_signal
 from service.engine.steplogs import step_lines
 from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
@@ -56,6 +57,7 @@ from service.triggers.schedules import (
     set_schedule,
     summarize,
 )
+from tasks.dispatch import publish_or_defer
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -66,7 +68,8 @@ INSTRUCTIONS = (
     "flowbeat runs YAML pipelines on workers. save_pipeline stores one (a new version when it "
     "changes), run_pipeline starts a job, get_job follows it, get_diff shows what a run found "
     "that the run before it did not, schedule_pipeline runs it on a cron (several schedules per "
-    "pipeline by name), list_schedules shows them."
+    "pipeline by name), list_schedules shows them, send_signal resumes a step that waits for a "
+    "signal."
 )
 
 
@@ -429,6 +432,35 @@ def _job_tools(server: MCPServer, deps: McpDeps) -> None:
             return {"job": JobPublic.of(job_view(session, job)).model_dump(mode="json")}
 
         return await _call(deps, ctx, "read", work)
+
+    @server.tool(name="send_signal")
+    async def send_signal_tool(
+        job_id: str, name: str, ctx: Context, payload: Any = None
+    ) -> dict[str, Any]:
+        """Send a running job the signal ``name`` with a JSON ``payload``: the steps waiting
+        for it (``wait_for``) run and read it as ``signals.<name>.payload``; one that waits
+        later finds it. Once per name."""
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            sent = send_signal(
+                session,
+                _job_id(job_id),
+                name,
+                payload,
+                by=principal.owner,
+                visible_to=_visible_to(principal),
+                now=utcnow(),
+            )
+            session.commit()
+            envelope = SignalEnvelope(
+                signal=SignalPublic.of(sent.signal, sent.resumed),
+                job=JobPublic.of(job_view(session, sent.job)),
+            )
+            session.commit()
+            publish_or_defer(deps.celery_app, deps.runtime, sent.ready)
+            return envelope.model_dump(mode="json")
+
+        return await _call(deps, ctx, "write", work)
 
     @server.tool()
     async def get_diff(

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from service.engine.jobs import JobView, StepView
 from service.engine.steplogs import LogLine
 from service.platform.constants import MAX_PRIORITY, SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
-from service.platform.models import ApprovalRow
+from service.platform.models import ApprovalRow, JobSignalRow
 
 
 def _utc_iso(value: datetime) -> str:
@@ -263,6 +263,39 @@ class ApprovalPublic(BaseModel):
 
 class DecisionEnvelope(BaseModel):
     approval: ApprovalPublic
+    job: JobPublic
+
+
+class SignalCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    payload: Any = Field(
+        default=None, description="what the waiting step and its downstream read as signals.<name>"
+    )
+
+
+class SignalPublic(BaseModel):
+    job_id: uuid.UUID
+    name: str
+    payload: Any
+    received_at: UtcDatetime
+    sent_by: str | None
+    resumed: list[str] = Field(description="the steps parked for it that it sent on")
+
+    @classmethod
+    def of(cls, signal: JobSignalRow, resumed: list[str]) -> "SignalPublic":
+        return cls(
+            job_id=signal.job_id,
+            name=signal.name,
+            payload=signal.payload,
+            received_at=signal.received_at,
+            sent_by=signal.sent_by,
+            resumed=resumed,
+        )
+
+
+class SignalEnvelope(BaseModel):
+    signal: SignalPublic
     job: JobPublic
 
 

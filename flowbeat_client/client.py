@@ -120,6 +120,12 @@ class Jobs(_Section):
         path = f"/v1/jobs/{job_id}/steps/{step_id}/reject"
         return cast(Job, self._call("POST", path, json={"comment": comment})["job"])
 
+    def signal(self, job_id: str, name: str, *, payload: Any = None) -> Job:
+        """Send the job the signal ``name``: the steps waiting for it run reading ``payload``;
+        one that waits later finds it. Once per name (``signal_already_received``)."""
+        path = f"/v1/jobs/{job_id}/signals/{name}"
+        return cast(Job, self._call("POST", path, json={"payload": payload})["job"])
+
     def diff(
         self, job_id: str, *, kind: str = "new", limit: int | None = None, cursor: str | None = None
     ) -> Diff:

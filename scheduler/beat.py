@@ -2,12 +2,12 @@
 
 Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
 static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
-scheduled runs past their timeout, times out approvals, fails jobs past their deadline, wakes
-wait steps whose time has come (``service.engine.waits``), lets in what waits for a slot or a
-turn, and prunes old runs. Schedules are read on every tick, and the leader spends the time
-between ticks listening for saved schedules (``scheduler.wakeups``), so a change through the
-API applies at once, without a restart. The lock only keeps standbys idle: exactly-once per
-fire comes from the ``schedule_fires`` fence in PostgreSQL.
+scheduled runs past their timeout, times out approvals and signal waits, fails jobs past their
+deadline, wakes wait steps whose time has come (``service.engine.waits``), lets in what waits
+for a slot or a turn, and prunes old runs. Schedules are read on every tick, and the leader
+spends the time between ticks listening for saved schedules (``scheduler.wakeups``), so a
+change through the API applies at once, without a restart. The lock only keeps standbys idle:
+exactly-once per fire comes from the ``schedule_fires`` fence in PostgreSQL.
 """
 
 import logging
@@ -30,6 +30,7 @@ from service.engine.approvals import expire_due
 from service.engine.concurrency import let_in_all, take_turns, waiting_turns
 from service.engine.deadlines import EXPIRE_BATCH, expire_deadlines, next_deadline
 from service.engine.runtime import Runtime
+from service.engine.signals import expire_waits, next_signal_due, resume_signalled
 from service.engine.slots import let_in_steps, steps_waiting
 from service.engine.waits import next_wake, wake_due
 from service.language.plan import JobPlan
@@ -127,6 +128,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.revoke(overdue.revoke)
         self.compensate(overdue.compensate)
         self.expire_approvals(now)
+        self.expire_signal_waits(now)
         self.expire_deadlines(now)
         self.wake_sleepers(now)
         self.fire_dependents()
@@ -135,7 +137,8 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             wake = next_wakeup(session, held=held.keys())
             deadline = next_deadline(session)
             sleeper = next_wake(session)
-        wakes = [w for w in (wake, deadline, sleeper, *held.values()) if w is not None]
+            signal_due = next_signal_due(session)
+        wakes = [w for w in (wake, deadline, sleeper, signal_due, *held.values()) if w is not None]
         if not wakes:
             return TURN_POLL_S if turns_waiting else self.tick_s
         until = max(0.0, (min(wakes) - utcnow()).total_seconds())
@@ -216,6 +219,14 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
                 log.warning(
                     "beat: could not queue the escalation of %s/%s: %s", job_id, step_id, exc
                 )
+
+    def expire_signal_waits(self, now: datetime) -> None:
+        """Steps parked for a signal: sent on when their signal is stored (a park and a signal
+        that crossed), or given their ``on_timeout`` once it is due; sent after the commit."""
+        with unit_of_work(self.runtime.sessions) as session:
+            ready = resume_signalled(session) + expire_waits(session, now)
+        for plan in ready:
+            publish_or_defer(self.app, self.runtime, plan)
 
     def expire_deadlines(self, now: datetime) -> None:
         """Fail the jobs past their deadline, a batch per transaction until none is left, then

@@ -1,4 +1,4 @@
-"""``flowbeat jobs``: list, show, watch, cancel, rerun, approve and reject, calling the same
+"""``flowbeat jobs``: list, show, watch, cancel, rerun, approve, reject and signal, calling the
 service functions as the API's routes; each change is committed before its messages go out."""
 
 import json
@@ -343,3 +343,35 @@ def jobs_reject(
 ) -> None:
     """Reject a step waiting at its gate; the job's failure policy decides the rest."""
     _decide(job, step_id, False, comment, None, by)
+
+
+@jobs_cli.command("signal")
+def jobs_signal(
+    job: JobArgument,
+    name: Annotated[str, typer.Argument(help="the signal a step waits for (wait_for.signal)")],
+    payload: Annotated[
+        str | None, typer.Option(help="JSON the steps read as ${{ signals.<name>.payload }}")
+    ] = None,
+    by: Annotated[str, typer.Option(help="who sent it, as recorded")] = "cli",
+) -> None:
+    """Send a job a signal, as ``POST /v1/jobs/{id}/signals/{name}`` does: the steps waiting
+    for it run, and one that waits later finds it."""
+    from service.engine.runtime import Runtime
+    from service.engine.signals import send_signal
+    from service.platform.clock import utcnow
+    from tasks.dispatch import publish_or_defer
+
+    try:
+        body = json.loads(payload) if payload is not None else None
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    settings = load_settings()
+    job_id = resolve_job(settings, job)
+    app = celery_app(settings)
+    rt = Runtime.start(settings)
+    with unit_of_work(rt.sessions) as session:
+        sent = send_signal(session, job_id, name, body, by=by, visible_to=None, now=utcnow())
+        resumed = sent.resumed
+    publish_or_defer(app, rt, sent.ready)
+    waiting = ", ".join(resumed) if resumed else "kept until a step waits for it"
+    console.print(f"job {job_id} signal {name}: received ({waiting})", markup=False)

@@ -124,10 +124,10 @@ def claim_step(
     session: Session, key: StepKey, *, task_id: str, lease_s: float, now: datetime
 ) -> Claimed | FanOutDue | Unresolvable | Skipped | Woke | None:
     """Claim a step, reading under row locks why the statement alone would not. ``None`` when
-    there is nothing to run: the step is settled, waits for a decision or its wake time, or
-    waits for its upstream (this message came early; the last upstream step to settle sends it
-    again). Raises ``RetryLater`` while a live lease holds it, ``StopChain`` once its job is
-    over."""
+    there is nothing to run: the step is settled, waits for a decision, a signal or its wake
+    time, or waits for its upstream (this message came early; the last upstream step to settle
+    sends it again). Raises ``RetryLater`` while a live lease holds it, ``StopChain`` once its
+    job is over."""
     job = live_job(session, key.job_id)
     row = lock_step(session, key)
     if row.status in STEP_FINAL or row.status in STEP_PARKED:

@@ -1,8 +1,9 @@
 """What a held step runs with: the outputs of the steps it reads (which its claim's statement
-read), the decisions on gated steps, its loop's round and its trigger's data; its gate passed,
-its ``when`` held and its inputs resolved. Or why not, recorded in the same transaction: a
-gate without a decision parks the step, as a wait step is parked until its time, a false
-``when`` skips it, references that do not resolve fail it for good.
+read), the decisions on gated steps, its loop's round, its trigger's data and the signals it
+reads; its gate passed, its signal arrived, its ``when`` held and its inputs resolved. Or why
+not, recorded in the same transaction: a gate without a decision or a wait without its signal
+parks the step, as a wait step is parked until its time, a false ``when`` skips it, references
+that do not resolve fail it for good.
 
 A plain step, or a shard, whose claim statement read all it needs becomes work with no further
 statement (``ready_claim``, ``ready_shard``); anything else reads the rest in a transaction
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 from service.engine.completion import skip_step, unresolvable
 from service.engine.gates import approved
 from service.engine.leases import held_step, live_job, lock_step
+from service.engine.signals import signalled, signals_context
 from service.engine.slots import take_step_slot
 from service.engine.steps import (
     Claimed,
@@ -90,14 +92,18 @@ def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
 def use_fast_claim(
     session: Session, key: StepKey, claim: FastClaim, now: datetime
 ) -> Claimed | FanOutDue | Unresolvable | Skipped | Woke | None:
-    """Turn a fast claim into work: pass its gate and its ``when``, take a slot of its
-    concurrency key, resolve inputs, hold a for_each step to fan out, or park a wait step
-    until its time."""
+    """Turn a fast claim into work: pass its gate, its signal wait and its ``when``, take a
+    slot of its concurrency key, resolve inputs, hold a for_each step to fan out, or park a
+    wait step until its time."""
     held = Held.of(key, claim)
     spec = held.spec
     if spec.approval is not None:
         locked = _still_held(session, held)
         if locked is None or not approved(session, *locked, spec.approval):
+            return None
+    if spec.wait_for is not None:
+        locked = _still_held(session, held)
+        if locked is None or not signalled(session, locked[1], spec.wait_for, now):
             return None
     unless = _unless_condition(session, held, now)
     if unless is not None:
@@ -139,9 +145,9 @@ def _still_held(session: Session, held: Held) -> tuple[JobRow, StepRunRow] | Non
 def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
     """A fast shard claim as work to run, with no further statement; ``None`` when its inputs
     do not resolve and the failure must be recorded in a transaction (``use_shard_claim``),
-    or when they read a decision, which only a transaction reads."""
+    or when they read a decision or a signal, which only a transaction reads."""
     facts = step_facts(claim.profile, claim.key.step_id)
-    if facts.decisions or facts.reads_loop:
+    if facts.decisions or facts.reads_loop or facts.reads_signals:
         return None
     try:
         return _resolved(Held.of_shard(claim, params), claim.outputs)
@@ -160,8 +166,9 @@ def _claimed(session: Session, held: Held, now: datetime) -> Claimed | Unresolva
     decided = decisions(session, key.job_id, facts.decisions)
     loop = loop_context(session, key.job_id, key.step_id, held.profile) if facts.reads_loop else {}
     trigger = trigger_context(session, key.job_id) if facts.reads_trigger else {}
+    signals = signals_context(session, key.job_id, facts.reads_signals)
     try:
-        return _resolved(held, held.outputs, decided, loop, trigger)
+        return _resolved(held, held.outputs, decided, loop, trigger, signals)
     except ExpressionError as exc:
         return _not_run(session, held, now, exc)
 
@@ -172,6 +179,7 @@ def _resolved(
     decided: dict[str, Any] | None = None,
     loop: dict[str, Any] | None = None,
     trigger: dict[str, Any] | None = None,
+    signals: dict[str, Any] | None = None,
 ) -> Claimed:
     """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve."""
     key, spec, facts, params = held.key, held.spec, held.facts, held.params
@@ -182,6 +190,7 @@ def _resolved(
         decisions=decided or {},
         loop=loop or {},
         trigger=trigger or {},
+        signals=signals or {},
     )
     if key.shard != SHARD_NONE:
         context.item = held.item
@@ -215,6 +224,7 @@ def _unless_condition(session: Session, held: Held, now: datetime) -> Skipped | 
         absent=_absent(spec, facts.referenced, held.outputs),
         decisions=decisions(session, key.job_id, facts.decisions),
         trigger=trigger_context(session, key.job_id) if facts.reads_trigger else {},
+        signals=signals_context(session, key.job_id, facts.reads_signals),
     )
     try:
         holds = evaluate(spec.condition, context)

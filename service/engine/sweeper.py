@@ -206,20 +206,23 @@ def _idle(
             JobRow.dispatched_at.is_not(None),
             ~live_lease,
             active < before,
-            or_(~_sleeping(), _sendable()),
+            or_(~_parked(), _sendable()),
         )
     )
     return {job_id: last for job_id, last in rows}
 
 
-def _sleeping() -> Exists:
-    return exists().where(StepRunRow.job_id == JobRow.id, StepRunRow.status == StepStatus.SLEEPING)
+def _parked() -> Exists:
+    return exists().where(
+        StepRunRow.job_id == JobRow.id,
+        StepRunRow.status.in_([StepStatus.SLEEPING, StepStatus.AWAITING_SIGNAL]),
+    )
 
 
 def _sendable() -> Exists:
     """A step of the job that a message could be carrying now. A job with a wait step asleep
-    and none of these is not idle but waiting for the beat leader to wake it: nothing of it is
-    lost, and nothing sent again would run."""
+    or a step parked for a signal, and none of these, is not idle but waiting for the beat
+    leader or the signal: nothing of it is lost, and nothing sent again would run."""
     return exists().where(
         StepRunRow.job_id == JobRow.id,
         StepRunRow.status.in_(_SENDABLE),

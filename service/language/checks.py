@@ -181,6 +181,9 @@ def _loop_shape(profile: Profile, deps: Mapping[str, list[str]], loop: LoopSpec)
     waits = sorted(s for s in loop.steps if profile.step(s).action == WAIT_ACTION)
     if waits:
         yield f"wait steps cannot be inside a loop: {waits}"
+    waiting = sorted(s for s in loop.steps if profile.step(s).wait_for is not None)
+    if waiting:
+        yield f"signal waits cannot be inside a loop (a signal is sent once): {waiting}"
 
 
 def _until_errors(
@@ -263,6 +266,26 @@ def _trigger_problem(ref: Ref, profile: Profile) -> str | None:
     return None
 
 
+def _signal_problem(
+    ref: Ref, step: StepSpec, profile: Profile, upstream: Collection[str], in_with: bool
+) -> str | None:
+    """``signals.<name>`` is read where its signal is known: in the ``with`` or ``when`` of the
+    step that waits for it, or of a step downstream of one that does."""
+    if ref.root != "signals":
+        return None
+    waiters = {s.id for s in profile.steps if s.wait_for and s.wait_for.signal == ref.name}
+    if not waiters:
+        return f"{ref}: no step of this pipeline waits for signal {ref.name!r} (wait_for)"
+    if not in_with:
+        return f"{ref}: signals are read only in a step's 'with' or 'when'"
+    if step.id not in waiters and not waiters & set(upstream):
+        return (
+            f"{ref}: step {step.id!r} must wait for signal {ref.name!r} or depend on a step "
+            f"that does ({', '.join(sorted(waiters))})"
+        )
+    return None
+
+
 def _field_refs(step: StepSpec, index: int) -> Iterator[tuple[str, Any, bool]]:
     for key, value in step.with_.items():
         yield f"steps[{index}].with.{key}", value, True
@@ -296,21 +319,27 @@ def _reference_errors(profile: Profile, deps: Mapping[str, list[str]]) -> list[E
                 errors.append(_error("bad_reference", exc.message, field, step.id))
                 continue
             for ref in refs:
-                problem = _trigger_problem(ref, profile) or _ref_problem(
-                    ref,
-                    step,
-                    profile.params,
-                    upstream,
-                    in_with,
-                    gated,
-                    loop_steps,
-                    own_output=".compensate." in field,
+                problem = (
+                    _trigger_problem(ref, profile)
+                    or _signal_problem(ref, step, profile, upstream, in_with)
+                    or _ref_problem(
+                        ref,
+                        step,
+                        profile.params,
+                        upstream,
+                        in_with,
+                        gated,
+                        loop_steps,
+                        own_output=".compensate." in field,
+                    )
                 )
                 if problem is not None:
                     errors.append(_error("bad_reference", problem, field, step.id))
         for field, ref in _condition_refs(step, i):
-            problem = _trigger_problem(ref, profile) or _ref_problem(
-                ref, step, profile.params, upstream, False, gated, loop_steps
+            problem = (
+                _trigger_problem(ref, profile)
+                or _signal_problem(ref, step, profile, upstream, field.endswith(".when"))
+                or _ref_problem(ref, step, profile.params, upstream, False, gated, loop_steps)
             )
             if problem is not None:
                 errors.append(_error("bad_reference", problem, field, step.id))

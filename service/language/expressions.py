@@ -8,7 +8,7 @@ with ``parse_ref``, so a reference means the same in a condition as in a step in
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -16,7 +16,9 @@ from typing import Any, Literal
 from service.platform.errors import ExpressionError
 
 PathSeg = str | int
-Root = Literal["params", "steps", "item", "output", "approval", "loop", "payload", "trigger"]
+Root = Literal[
+    "params", "steps", "item", "output", "approval", "loop", "payload", "trigger", "signals"
+]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_-]*"
 _OPEN = "${{"
@@ -32,9 +34,10 @@ _ROOTS: dict[str, Root] = {
     "loop": "loop",
     "payload": "payload",
     "trigger": "trigger",
+    "signals": "signals",
 }
 
-INPUT_ROOTS = frozenset({"params", "steps", "item", "approval", "loop", "trigger"})
+INPUT_ROOTS = frozenset({"params", "steps", "item", "approval", "loop", "trigger", "signals"})
 TRIGGER_NAMES = frozenset({"job_id", "result", "new_items"})
 LOOP_NAMES = frozenset({"round", "previous"})
 """What a step's inputs may reference; ``output`` exists only where a caller allows it."""
@@ -93,6 +96,9 @@ class ExprContext:
     """A webhook delivery's JSON body, for the hook's mapping to params."""
     trigger: Mapping[str, Any] = field(default_factory=dict)
     """In a job another job's success started: ``{"job_id": …, "result": …}`` of that job."""
+    signals: Mapping[str, Any] = field(default_factory=dict)
+    """Each signal the step reads: ``{payload, received_at}``, or ``None`` when its wait timed
+    out and went on (``on_timeout: continue``), read as ``null`` at any path."""
 
 
 def _malformed(expression: str, reason: str) -> ExpressionError:
@@ -136,7 +142,7 @@ def parse_ref(expression: str, roots: frozenset[str] = INPUT_ROOTS) -> Ref:
         return Ref(root, None, segs)
     if not segs or not isinstance(segs[0], str):
         raise _malformed(expression, f"{root} needs a name, e.g. {root}.x")
-    if root in ("params", "approval"):
+    if root in ("params", "approval", "signals"):
         return Ref(root, segs[0], segs[1:])
     if root == "loop":
         return _loop_ref(expression, segs)
@@ -261,6 +267,8 @@ def lookup(ref: Ref, ctx: ExprContext) -> Any:
             return walk_path(base, tuple(rest))
         except LookupError as exc:
             raise fail(str(exc)) from None
+    elif ref.root == "signals":
+        return _signal(ref, ctx, fail)
     elif ref.root == "approval":
         if name not in ctx.decisions:
             raise fail(f"no decision on step {name!r}")
@@ -273,6 +281,19 @@ def lookup(ref: Ref, ctx: ExprContext) -> Any:
         base = ctx.outputs[name]
     try:
         return walk_path(base, ref.path)
+    except LookupError as exc:
+        raise fail(str(exc)) from None
+
+
+def _signal(ref: Ref, ctx: ExprContext, fail: Callable[[str], ExpressionError]) -> Any:
+    """A signal whose wait timed out reads ``null`` at any path, as an absent upstream does."""
+    name = ref.name or ""
+    if name not in ctx.signals:
+        raise fail(f"no signal {name!r} received")
+    if ctx.signals[name] is None:
+        return None
+    try:
+        return walk_path(ctx.signals[name], ref.path)
     except LookupError as exc:
         raise fail(str(exc)) from None
 

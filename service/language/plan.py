@@ -71,8 +71,8 @@ def initial_plan(profile: Profile, job_id: uuid.UUID, priority: int) -> JobPlan:
 def plan_remaining(
     profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow], priority: int
 ) -> JobPlan:
-    """Unsettled steps with a settled upstream, but for those parked at their gate or asleep
-    until their time; a fanned-out step carries its open shards."""
+    """Unsettled steps with a settled upstream, but for those parked (at their gate, asleep until
+    their time, for a slot or for a signal); a fanned-out step carries its open shards."""
     open_shards: dict[str, list[int]] = {}
     for row in rows:
         if row.shard != SHARD_NONE and row.status not in STEP_FINAL:

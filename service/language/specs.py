@@ -42,7 +42,7 @@ ErrorEntry = dict[str, Any]
 VERIFY_ROOTS = frozenset({"output", "params", "trigger"})
 """A verify ``expr`` checks the step's own output, so it names ``output`` (and params, and in a
 job another's success started, ``trigger``), never another step."""
-WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger"})
+WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger", "signals"})
 UNTIL_ROOTS = frozenset({"params", "steps", "loop", "trigger"})
 RULE_KINDS = ("not_empty", "min_items", "max_items", "json_schema", "expr")
 MAX_VERIFY_RULES = 50
@@ -328,6 +328,20 @@ def _wait_schema(schema: dict[str, Any]) -> None:
     }
 
 
+class WaitForSpec(BaseModel):
+    """The step runs once a machine sends the job this signal
+    (``POST /v1/jobs/{id}/signals/{name}``); until then it waits holding no worker. A signal
+    sent before the step waits is kept for it. ``on_timeout`` says what happens when none
+    arrives within ``timeout_s`` of the step starting to wait: ``fail`` fails the step for good
+    (``signal_timeout``), ``continue`` runs it with ``signals.<name>`` reading ``null``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signal: str = Field(pattern=STEP_ID_PATTERN)
+    timeout_s: int = Field(default=86400, ge=1, le=90 * 86400)
+    on_timeout: Literal["fail", "continue"] = "fail"
+
+
 class StepSpec(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -355,6 +369,7 @@ class StepSpec(BaseModel):
     concurrency: ConcurrencySpec | None = Field(default=None, exclude_if=_never_null)
     """The worker pool that runs this step (``flowbeat worker --queues``); else the profile's."""
     description: str = ""
+    wait_for: WaitForSpec | None = Field(default=None, exclude_if=_never_null)
 
     @field_validator("when")
     @classmethod

@@ -86,6 +86,18 @@ class AlreadyDecided(FlowbeatError):
     code = "already_decided"
 
 
+class SignalNotAwaited(FlowbeatError):
+    """No step of the job's pipeline waits for a signal of this name (``wait_for``)."""
+
+    code = "signal_not_awaited"
+
+
+class SignalAlreadyReceived(FlowbeatError):
+    """The job holds a signal of this name already: each name is received once."""
+
+    code = "signal_already_received"
+
+
 class IdempotencyConflict(FlowbeatError):
     """The idempotency key was used before with a different request."""
 

@@ -39,6 +39,9 @@ class StepStatus(StrEnum):
     lets it in (``service.engine.slots``)."""
     SLEEPING = "sleeping"
     """A ``wait`` step parked until its ``wake_at``: no lease, no message, only a row."""
+    AWAITING_SIGNAL = "awaiting_signal"
+    """Its ``wait_for`` signal has not arrived: it holds no lease and no message until the
+    signal, or its timeout, sends it again (``service.engine.signals``)."""
 
 
 class CompensationStatus(StrEnum):
@@ -73,9 +76,14 @@ STEP_FINAL = frozenset(
     }
 )
 STEP_PARKED = frozenset(
-    {StepStatus.AWAITING_APPROVAL, StepStatus.SLEEPING, StepStatus.AWAITING_SLOT}
+    {
+        StepStatus.AWAITING_APPROVAL,
+        StepStatus.SLEEPING,
+        StepStatus.AWAITING_SLOT,
+        StepStatus.AWAITING_SIGNAL,
+    }
 )
-"""Open, with no lease and no message: a decision or the beat leader's timer moves it on."""
+"""Open, with no lease and no message: a decision, a signal or the beat leader moves it on."""
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
 COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStatus.FAILED})
@@ -107,6 +115,7 @@ _P, _RUN, _RETRY = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
 _WAIT, _REJECT = StepStatus.AWAITING_APPROVAL, StepStatus.REJECTED
 _SLOT = StepStatus.AWAITING_SLOT
 _SLEEP = StepStatus.SLEEPING
+_SIGNAL = StepStatus.AWAITING_SIGNAL
 _OK, _FAIL, _SKIP, _CANCEL = (
     StepStatus.SUCCEEDED,
     StepStatus.FAILED,
@@ -164,6 +173,16 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_RUN, _SLOT, "service.engine.slots.take_step_slot", "its key has no slot free"),
     Transition(_SLOT, _P, "service.engine.slots.let_in_steps", "a slot of its key freed"),
     Transition(_SLOT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RUN, _SIGNAL, "service.engine.signals.park", "its signal has not arrived"),
+    Transition(_SIGNAL, _P, "service.engine.signals.send_signal", "its signal arrived"),
+    Transition(
+        _SIGNAL, _P, "service.engine.signals.resume_signalled", "it parked as its signal arrived"
+    ),
+    Transition(
+        _SIGNAL, _P, "service.engine.signals.expire_waits", "timed out: on_timeout continue"
+    ),
+    Transition(_SIGNAL, _FAIL, "service.engine.signals.expire_waits", "timed out: on_timeout fail"),
+    Transition(_SIGNAL, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
 )
 
 _Q, _JRUN, _JWAIT = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL

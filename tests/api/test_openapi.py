@@ -82,6 +82,7 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     | PARSED_BODY
     | KEYED,
     ("get", "/v1/approvals"): {200, 400} | KEYED,
+    ("post", "/v1/jobs/{job_id}/signals/{name}"): {200, 400, 404, 409, 410} | PARSED_BODY | KEYED,
     ("get", "/v1/pipelines/{name}/runs"): {200, 400} | KEYED,
     ("get", "/v1/jobs/{job_id}/diff"): {200, 400, 404, 409, 410} | KEYED,
     ("get", "/v1/pipelines"): {200, 400} | KEYED,

@@ -35,6 +35,7 @@ TOOLS = {
     "get_job",
     "get_diff",
     "get_logs",
+    "send_signal",
 }
 PROFILE = """\
 name: {name}

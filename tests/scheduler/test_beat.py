@@ -1,5 +1,6 @@
 """The beat leader's deadline check: a job past its deadline is failed and committed before its
-tasks are revoked and its compensations sent; a job whose deadline is ahead is left alone.
+tasks are revoked and its compensations sent; a job whose deadline is ahead is left alone. Its
+signal timeouts likewise send a step on only once its move is committed.
 
 It calls the tick's deadline part rather than the whole tick, which would also fire the
 schedules other tests of this process left in the shared database."""
@@ -10,17 +11,20 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from sqlalchemy import select
 
 from service.engine.claims import fast_claim
 from service.engine.jobs import cancel_job
 from service.engine.runner import run_step
 from service.engine.steps import StepKey
+from service.language.plan import JobPlan
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
-from service.platform.models import JobRow
+from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JobStatus
 from tests.conftest import Stack
 from tests.service.test_deadlines import saga
+from tests.service.test_signals import paid_profile
 from tests.support.fanouts import submitted
 
 if TYPE_CHECKING:
@@ -91,3 +95,32 @@ def test_the_leader_fails_every_job_past_its_deadline_a_batch_at_a_time(
         for job_id in job_ids:
             job = session.get(JobRow, job_id)
             assert job is not None and job.status == JobStatus.FAILED
+
+
+def test_the_leader_sends_a_timed_out_signal_wait_on_after_its_commit(
+    beat: "FlowbeatScheduler", monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import scheduler.beat
+
+    rt = beat.runtime
+    job_id = submitted(rt, paid_profile(on_timeout="continue"), {})
+    run_step(rt, StepKey(job_id, "order"), task_id=uuid.uuid4().hex)
+    run_step(rt, StepKey(job_id, "charge"), task_id=uuid.uuid4().hex)
+    sent: dict[str, str | None] = {}
+
+    def publish(app: Any, runtime: Any, plan: JobPlan) -> bool:
+        if plan.job_id == job_id:
+            with unit_of_work(rt.sessions) as session:
+                for step in plan.steps:
+                    sent[step.step_id] = session.scalar(
+                        select(StepRunRow.status).where(
+                            StepRunRow.job_id == job_id, StepRunRow.step_id == step.step_id
+                        )
+                    )
+        return True
+
+    monkeypatch.setattr(scheduler.beat, "publish_or_defer", publish)
+
+    beat.expire_signal_waits(utcnow() + timedelta(seconds=61))
+
+    assert sent == {"charge": "pending"}, "sent once its move back to pending is committed"

@@ -174,7 +174,8 @@ def test_job_commands_take_the_8_digit_ids_the_dashboard_shows(flowbeat: Cli) ->
 def test_a_short_job_id_that_names_no_job_is_refused_with_its_code(
     flowbeat: Cli, given: str, code: str
 ) -> None:
-    for command in (["show"], ["watch"], ["rerun"], ["approve", given, "step"]):
+    commands = (["show"], ["watch"], ["rerun"], ["approve", given, "step"], ["signal", given, "s"])
+    for command in commands:
         done = flowbeat("jobs", *command[:1], *(command[1:] or [given]))
         assert done.returncode == 2, (command, done.stdout + done.stderr)
         assert f"{code}:" in done.stdout, (command, done.stdout)

@@ -273,6 +273,76 @@ def test_validation_errors(mutate: Mutation, code: str, step: str | None, field:
     assert info.value.message.startswith("profiles/x.yaml: ")
 
 
+def _waits(index: int, signal: str) -> Mutation:
+    return _set(f"steps/{index}/wait_for", {"signal": signal})
+
+
+def _all(*mutations: Mutation) -> Mutation:
+    def apply(data: dict[str, Any]) -> None:
+        for mutate in mutations:
+            mutate(data)
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code", "step", "field"),
+    [
+        pytest.param(
+            _set("steps/2/with/paid", "${{ signals.payment.payload }}"),
+            "bad_reference",
+            "merge",
+            "steps[2].with.paid",
+            id="nothing-waits",
+        ),
+        pytest.param(
+            _all(_waits(2, "payment"), _set("steps/0/with/q", "${{ signals.payment.payload }}")),
+            "bad_reference",
+            "search",
+            "steps[0].with.q",
+            id="upstream-of-the-wait",
+        ),
+        pytest.param(
+            _all(_waits(0, "payment"), _set("steps/1/for_each/items", "${{ signals.payment }}")),
+            "bad_reference",
+            "fetch",
+            "steps[1].for_each.items",
+            id="outside-with-and-when",
+        ),
+        pytest.param(
+            _set("steps/0/wait_for", {"signal": "Pay Me"}),
+            "schema",
+            "search",
+            "steps[0].wait_for.signal",
+            id="signal-name",
+        ),
+        pytest.param(
+            _set("steps/0/wait_for", {"signal": "payment", "on_timeout": "retry"}),
+            "schema",
+            "search",
+            "steps[0].wait_for.on_timeout",
+            id="on-timeout",
+        ),
+    ],
+)
+def test_signal_validation_errors(
+    mutate: Mutation, code: str, step: str | None, field: str
+) -> None:
+    test_validation_errors(mutate, code, step, field)
+
+
+def test_a_step_downstream_of_a_wait_reads_its_signal() -> None:
+    data = valid()
+    data["steps"][0]["wait_for"] = {"signal": "payment", "timeout_s": 60, "on_timeout": "continue"}
+    data["steps"][0]["with"]["paid"] = "${{ signals.payment.payload.amount }}"
+    data["steps"][2]["when"] = "${{ signals.payment.payload.ok }} == true"
+    profile = validate_profile(data, source="s", known_actions=ACTIONS)
+    assert step_facts(profile, "search").reads_signals == {"payment"}
+    assert step_facts(profile, "merge").reads_signals == {"payment"}
+    assert not step_facts(profile, "search").plain
+    assert step_facts(profile, "fetch").reads_signals == frozenset()
+
+
 ALL_RULES = [
     {"not_empty": "papers"},
     {"min_items": {"path": "papers", "count": 1}, "message": "nothing found", "retry": False},
@@ -884,6 +954,18 @@ def test_loop_errors_name_the_field(
         validate_profile(_looped(loop, **step_with), source="x.yaml", known_actions=ACTIONS)
 
     assert (field, code) in [(e["field"], e["code"]) for e in info.value.details["errors"]]
+
+
+def test_a_step_of_a_loop_cannot_wait_for_a_signal() -> None:
+    data = _looped({"steps": ["fetch", "merge"]})
+    data["steps"][1]["wait_for"] = {"signal": "go"}
+
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+
+    [error] = info.value.details["errors"]
+    assert (error["code"], error["field"]) == ("loop_invalid", "loops[0].steps")
+    assert "signal waits cannot be inside a loop" in error["message"]
 
 
 def test_a_loop_of_adjacent_steps_ends_with_its_last_and_reads_the_round() -> None:

@@ -16,7 +16,7 @@ from service.engine.sweeper import SweepReport, sweep
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JobStatus
+from service.platform.states import JobStatus, StepStatus
 from tests.support.arrange import walk
 from tests.support.fanouts import fan_profile, submitted
 
@@ -209,6 +209,36 @@ def test_a_job_waiting_for_a_decision_is_not_lost_in_flight(runtime: Runtime) ->
         walk(session, JobRow, JobRow.id == job_id, to=JobStatus.AWAITING_APPROVAL)
 
     assert job_id not in _sweep(runtime, after_s=GRACE_S + 1, held=frozenset()).redispatch
+
+
+def test_a_job_waiting_for_a_signal_is_not_stalled_unless_another_step_of_it_is(
+    runtime: Runtime,
+) -> None:
+    job_id = _submit(
+        runtime,
+        {
+            "name": "signalled",
+            "steps": [
+                {"id": "wait", "action": "noop", "wait_for": {"signal": "go"}},
+                {"id": "other", "action": "noop"},
+            ],
+        },
+    )
+    _dispatched(runtime, job_id)
+    with unit_of_work(runtime.sessions) as session:
+        key = StepKey(job_id, "wait")
+        assert claim_step(session, key, task_id="t", lease_s=30, now=utcnow()) is None
+
+    assert job_id in _sweep(runtime, after_s=STALL_S + 1).redispatch, "other's message is lost"
+    with unit_of_work(runtime.sessions) as session:
+        walk(
+            session,
+            StepRunRow,
+            StepRunRow.job_id == job_id,
+            StepRunRow.step_id == "other",
+            to=StepStatus.SUCCEEDED,
+        )
+    assert job_id not in _sweep(runtime, after_s=STALL_S + 1).redispatch
 
 
 def test_a_reset_broker_gets_every_open_job_sent_again(runtime: Runtime) -> None:

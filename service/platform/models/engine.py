@@ -352,3 +352,37 @@ class ApprovalRow(Base):
     decided_by: Mapped[str | None] = mapped_column(String(128))
     comment: Mapped[str | None] = mapped_column(Text)
     payload: Mapped[Any] = mapped_column(JSONB, nullable=True)
+
+
+class JobSignalRow(Base):
+    """A signal sent to a job (``POST /v1/jobs/{id}/signals/{name}``): kept once per name, so one
+    that arrives before its step waits is there when it does, and a second one is refused."""
+
+    __tablename__ = "job_signals"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    payload: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    received_at: Mapped[datetime]
+    sent_by: Mapped[str | None] = mapped_column(String(128))
+
+
+class SignalWaitRow(Base):
+    """A step parked for a signal: when it began to wait, when its ``timeout_s`` runs out and
+    what then; ``timed_out_at`` marks a wait that ran out and went on (``on_timeout:
+    continue``), so its step runs reading ``null`` rather than parking again."""
+
+    __tablename__ = "signal_waits"
+    __table_args__ = (Index(None, "due_at", postgresql_where=text("timed_out_at IS NULL")),)
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    signal: Mapped[str] = mapped_column(String(64))
+    on_timeout: Mapped[str] = mapped_column(String(16))
+    waiting_since: Mapped[datetime]
+    due_at: Mapped[datetime]
+    timed_out_at: Mapped[datetime | None]
