@@ -8,7 +8,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import cast
+from typing import Any, cast
 
 import redis
 
@@ -35,7 +35,8 @@ class BrokerState:
     """The marker this pass set when ``lost``, for ``forget_loss`` to take back."""
     held: frozenset[uuid.UUID]
     """The jobs with a message some worker has taken and not acknowledged, read after
-    ``oldest_waiting``: a message that left the queue in between is in here."""
+    ``oldest_waiting``: a message that left the queue in between is in here; and the jobs
+    whose message is next in a list, which a queue no worker consumes keeps there."""
 
 
 _DELETE_IF_OURS = """
@@ -52,7 +53,8 @@ def read_broker(broker_url: str) -> BrokerState:
     epoch = f"{utcnow().isoformat()} {uuid.uuid4().hex}"
     try:
         lost = bool(client.set(BROKER_EPOCH_KEY, epoch, nx=True))
-        return BrokerState(lost, waiting_since(client), epoch, held_jobs(client))
+        waiting = waiting_since(client)
+        return BrokerState(lost, waiting, epoch, held_jobs(client) | next_jobs(client))
     finally:
         client.close()
 
@@ -92,6 +94,18 @@ def oldest_waiting(client: redis.Redis, queue: str) -> datetime | None:
         return utcnow()
 
 
+def next_jobs(client: redis.Redis) -> frozenset[uuid.UUID]:
+    """The job of the next message of every step list: however long it has waited, it is
+    queued, not lost (a pool with no worker yet, or behind a backlog)."""
+    jobs = set()
+    for key in step_lists(client):
+        raw = client.lindex(key, -1)
+        job = None if raw is None else _job_in(raw)
+        if job is not None:
+            jobs.add(job)
+    return frozenset(jobs)
+
+
 def held_jobs(client: redis.Redis) -> frozenset[uuid.UUID]:
     """Every job named by a message in kombu's ``unacked`` hash: prefetched and not started,
     running, or waiting for its retry's countdown, by a live worker or one not yet reaped. A
@@ -108,7 +122,21 @@ def job_of(raw: bytes | str) -> uuid.UUID | None:
     """The job a message in ``unacked`` (``[payload, exchange, routing_key]``) is for: the
     first argument of every step, lane and compensation task."""
     try:
-        payload = json.loads(raw)[0]
+        return _job_of_payload(json.loads(raw)[0])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _job_in(raw: bytes | str) -> uuid.UUID | None:
+    """The job a message in a queue's list (kombu's envelope alone) is for."""
+    try:
+        return _job_of_payload(json.loads(raw))
+    except ValueError:
+        return None
+
+
+def _job_of_payload(payload: Any) -> uuid.UUID | None:
+    try:
         args = json.loads(base64.b64decode(payload["body"]))[0]
         return uuid.UUID(args[0]) if args else None
     except (ValueError, KeyError, IndexError, TypeError, binascii.Error):

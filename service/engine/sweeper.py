@@ -94,7 +94,7 @@ def sweep(
         report.add("lost_in_flight", _not_queued(session, quiet, oldest, grace) - held)
     stall_before = _still_queued_after(now - timedelta(seconds=stall_after_s), _latest(oldest))
     stalled = _stalled(session, now, stall_before)
-    report.add("stalled", _not_queued(session, stalled, oldest, grace))
+    report.add("stalled", _not_queued(session, stalled, oldest, grace) - (held or frozenset()))
     return report
 
 

@@ -14,7 +14,7 @@ from kombu.connection import Connection
 from service.language.plan import JobPlan, StepPlan
 from service.platform.constants import QUEUE_STEPS, TASK_RUN_STEP, WORKER_QUEUES_KEY, WORKERS_KEY
 from service.platform.settings import Settings
-from tasks.broker import queue_states, waiting_since
+from tasks.broker import next_jobs, queue_states, waiting_since
 from tasks.messages import plan_messages, push
 from tasks.queues import (
     broker_level,
@@ -148,3 +148,18 @@ def test_a_queue_that_a_dead_worker_consumed_is_listed_without_it(
         broker.zrem(WORKERS_KEY, worker)
         broker.hdel(WORKER_QUEUES_KEY, worker)
     assert queue not in states
+
+
+def test_the_job_of_each_lists_next_message_is_known_queued(
+    app: Celery, broker: redis.Redis, queue: str
+) -> None:
+    """However long it has waited: a pool with no worker yet keeps its message there."""
+    first, second = uuid.uuid4(), uuid.uuid4()
+    for job in (first, second):
+        push(
+            str(app.conf.broker_write_url),
+            plan_messages(app, JobPlan(job, [StepPlan("a", 30, queue=queue)])),
+        )
+
+    assert first in next_jobs(broker)
+    assert second not in next_jobs(broker), "behind the first: the sweeper's FIFO test covers it"
