@@ -41,7 +41,7 @@ from service.platform.errors import BrokerUnavailable
 from service.platform.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
 from service.platform.settings import Settings, get_settings
 from service.triggers.dependencies import fire_dependents
-from service.triggers.schedules import (
+from service.triggers.firing import (
     TickResult,
     cancel_overdue,
     due_schedule_ids,

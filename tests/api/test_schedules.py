@@ -13,7 +13,7 @@ from service.engine.runtime import Runtime
 from service.platform.db import unit_of_work
 from service.platform.models import ScheduleRow
 from service.platform.settings import Settings
-from service.triggers.schedules import fire_schedule
+from service.triggers.firing import fire_schedule
 from tests.api.conftest import KeyFactory
 
 Headers = dict[str, str]

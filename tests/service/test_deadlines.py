@@ -25,7 +25,8 @@ from service.platform.db import unit_of_work
 from service.platform.errors import StopChain
 from service.platform.models import CheckpointRow, CompensationRow, JobRow, StepRunRow
 from service.platform.states import CompensationStatus, JobStatus, StepStatus
-from service.triggers.schedules import fire_schedule, put_schedule
+from service.triggers.firing import fire_schedule
+from service.triggers.schedules import put_schedule
 from tests.support.arrange import walk
 from tests.support.fanouts import submitted
 

@@ -26,12 +26,10 @@ from service.platform.errors import (
 )
 from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow, StepRunRow
 from service.platform.settings import Settings, get_settings
+from service.triggers.firing import TickResult, cancel_overdue, fire_schedule
 from service.triggers.schedules import (
-    TickResult,
-    cancel_overdue,
     create_schedule,
     delete_schedule,
-    fire_schedule,
     get_schedule,
     list_schedules,
     put_schedule,
