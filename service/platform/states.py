@@ -217,10 +217,10 @@ JOB_TRANSITIONS: tuple[Transition, ...] = (
         _JRUN, JobStatus.CANCELLED, "service.engine.jobs.cancel_job", "a person cancelled it"
     ),
     Transition(
-        _Q, JobStatus.CANCELLED, "service.triggers.schedules.cancel_overdue", "a run timed out"
+        _Q, JobStatus.CANCELLED, "service.triggers.firing.cancel_overdue", "a run timed out"
     ),
     Transition(
-        _JRUN, JobStatus.CANCELLED, "service.triggers.schedules.cancel_overdue", "a run timed out"
+        _JRUN, JobStatus.CANCELLED, "service.triggers.firing.cancel_overdue", "a run timed out"
     ),
     Transition(
         _Q, JobStatus.FAILED, "service.engine.deadlines.expire_deadlines", "its deadline passed"
