@@ -15,6 +15,8 @@ import pytest
 from playwright.sync_api import Browser, expect
 from playwright.sync_api import Error as PlaywrightError
 
+from service.platform.constants import QUEUE_STEPS
+from tasks.queues import queue_lists
 from tests.conftest import Stack
 from tests.e2e.conftest import Client, Cluster, Proc, needs_chromium, wait_for
 
@@ -121,6 +123,7 @@ def _events_flow(flower: str, client: Client) -> bool:
 def test_a_running_jobs_step_shows_in_flower_by_pipeline_step_and_job(
     flower: str, cluster: Cluster, client: Client
 ) -> None:
+    client.broker.delete(*queue_lists(QUEUE_STEPS))
     cluster.worker(task_events="true")
     wait_for(lambda: _events_flow(flower, client), 90, "Flower to see the worker's events")
 
@@ -144,6 +147,7 @@ def test_a_running_jobs_step_shows_in_flower_by_pipeline_step_and_job(
 def test_a_person_logs_into_flower_and_finds_the_running_jobs_task(
     flower: str, cluster: Cluster, client: Client, browser: Browser
 ) -> None:
+    client.broker.delete(*queue_lists(QUEUE_STEPS))
     cluster.worker(task_events="true")
     wait_for(lambda: _events_flow(flower, client), 90, "Flower to see the worker's events")
     job_id = client.submit("slow", hold_s=30)
