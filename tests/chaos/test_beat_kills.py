@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
+from service.platform.constants import QUEUE_STEPS
+from tasks.queues import queue_lists
 from tests.chaos.results import record, scaled
 from tests.e2e.conftest import FINAL, Client, Cluster, wait_for
 from tests.e2e.test_beat_drill import _fired_at_least, _jobs, _leader, _save
@@ -26,6 +28,7 @@ def _two_more(client: Client) -> Callable[[], bool]:
 @pytest.mark.drill
 @pytest.mark.timeout(scaled(ci=150, full=900))
 def test_beat_leader_kills_neither_double_nor_miss_a_fire(client: Client, cluster: Cluster) -> None:
+    client.broker.delete(*queue_lists(QUEUE_STEPS))
     cluster.worker()
     beats = [cluster.beat(beat_lock_ttl_s=str(LOCK_TTL_S)) for _ in range(3)]
     _save(client, OWNER, every=f"{EVERY_S}s", overlap="allow", params={"hold_s": 0})
