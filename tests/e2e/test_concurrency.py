@@ -91,6 +91,26 @@ def test_a_worker_of_another_queue_killed_holding_a_slot_leaks_it_not(
     assert client.count(jobs[1], "call") == 1 and client.count(jobs[2], "call") == 1
 
 
+def test_jobs_waiting_on_a_key_start_in_turn_through_a_redis_flush(
+    client: Client, cluster: Cluster
+) -> None:
+    """The waiting jobs live in PostgreSQL alone: a broker flushed under them loses none, and
+    the holder's end still lets the next one in."""
+    cluster.worker(concurrency=2)
+    cluster.beat()
+    profile = _keyed(hold_s=2.0, limit=1)
+    jobs = [client.submit(profile, tenant="acme") for _ in range(3)]
+    wait_for(lambda: client.count(jobs[0], "call", "started"), 30, "the first job to run")
+    assert [client.view(job).job.waiting_for for job in jobs[1:]] == ["concurrency"] * 2
+
+    client.broker.flushdb()
+
+    for job in jobs:
+        assert client.wait_final(job, timeout_s=60).job.status == "succeeded"
+    assert _most_at_once(_spans(client, jobs)) == 1
+    assert all(client.count(job, "call") == 1 for job in jobs)
+
+
 def test_a_step_key_never_has_more_steps_running_than_its_limit_across_jobs(
     client: Client, cluster: Cluster
 ) -> None:
