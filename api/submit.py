@@ -6,6 +6,7 @@ message for a job that PostgreSQL does not hold yet.
 
 import logging
 import re
+import uuid
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from service.engine.submission import (
     JobRequest,
     NewJob,
     insert_jobs_if_resolved,
+    let_in_new,
     new_job,
     submit_job,
 )
@@ -37,6 +39,7 @@ from service.language.snapshots import job_profile
 from service.language.specs import NAME_PATTERN
 from service.platform import logs
 from service.platform.auth import Principal
+from service.platform.clock import utcnow
 from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
 from service.platform.db import autocommit, libpq_url
 from service.platform.egress import check_notify_url
@@ -132,6 +135,11 @@ class LoopIO:
     jobs: Coalescer[Submission, bool]
 
 
+def _sent(job: NewJob, let_in: set[uuid.UUID]) -> bool:
+    """Whether a stored job goes out now: one waiting for a slot only if it took one."""
+    return job.values["waiting_for"] is None or job.id in let_in
+
+
 @asynccontextmanager
 async def loop_io(
     settings: Settings, runtime: Runtime, celery_app: "Celery"
@@ -154,7 +162,8 @@ async def loop_io(
     broker = async_broker_client(broker_url)
 
     async def store_and_send(batch: Sequence[Submission]) -> list[bool | BaseException]:
-        """For each job: whether it was stored and sent, or the error its caller raises. A
+        """For each job: whether it was stored (and sent, unless it waits for a slot of its
+        concurrency key), or the error its caller raises. A
         value PostgreSQL refuses (text with a NUL), or a saved pipeline deleted while its job
         was being stored, fails the whole statement; the jobs are then stored one by one, so
         only the request it concerns is refused."""
@@ -165,13 +174,16 @@ async def loop_io(
                     [s.job for s in batch],
                     open_jobs_limit=settings.max_open_jobs_per_owner,
                 )
+                let_in = await let_in_new(
+                    conn, [s.job for s in batch if s.job.id in stored], sent_at=utcnow()
+                )
         except PoolTimeout:
             return [False] * len(batch)
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             if len(batch) == 1:
                 return [exc]
             return [answer for s in batch for answer in await store_and_send([s])]
-        sent = [s for s in batch if s.job.id in stored]
+        sent = [s for s in batch if s.job.id in stored and _sent(s.job, let_in)]
         outcomes = await publish_new_jobs_async(celery_app, runtime, broker, [s.plan for s in sent])
         failed = {s.job.id: o for s, o in zip(sent, outcomes, strict=True) if o is not None}
         return [failed.get(s.job.id, s.job.id in stored) for s in batch]
@@ -209,7 +221,7 @@ async def accept_job_on_loop(
         profiles_dir=settings.profiles_dir,
         known_actions=known_actions,
     )
-    if resolved is None or resolved.profile.concurrency is not None:
+    if resolved is None:
         return None
     request = JobRequest(
         pipeline=name,

@@ -344,6 +344,39 @@ async def insert_jobs_if_resolved(
     return stored
 
 
+_LET_IN_NEW = """
+    SELECT let.job FROM unnest(%(keys)s::text[], %(limits)s::int[], %(ids)s::uuid[])
+                        WITH ORDINALITY AS w(key, lim, id, ord)
+     CROSS JOIN LATERAL flowbeat_let_in(w.key, w.lim, w.id, %(sent_at)s) AS let(job)
+     ORDER BY w.ord
+"""
+
+
+async def let_in_new(
+    conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], *, sent_at: datetime
+) -> set[uuid.UUID]:
+    """The stored jobs of ``jobs`` waiting for a slot that take one now, in one statement, as
+    ``take_slot`` does for a job stored alone: each only if none of its key waits ahead of
+    it, so those are left to the beat that their storing woke."""
+    waiting = [job for job in jobs if job.values["waiting_for"] is not None]
+    if not waiting:
+        return set()
+    cursor = await conn.execute(
+        _LET_IN_NEW,
+        {
+            "keys": [job.values["concurrency_key"] for job in waiting],
+            "limits": [job.values["concurrency_limit"] for job in waiting],
+            "ids": [job.id for job in waiting],
+            "sent_at": sent_at,
+        },
+    )
+    let = {row[0] for row in await cursor.fetchall()}
+    for job in waiting:
+        if job.id in let:
+            job.values.update(waiting_for=None, dispatched_at=sent_at)
+    return let
+
+
 def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
     values = job.values
     pipeline_id = values["pipeline_id"]

@@ -31,6 +31,16 @@ steps:
     depends_on: [first]
 """
 
+TENANTS = """\
+name: tenants
+params:
+  tenant: {type: string, required: true}
+concurrency: {key: "${{ params.tenant }}", limit: 1}
+steps:
+  - id: only
+    action: noop
+"""
+
 MAX_BODY = 20_000
 CLOSED_PORT_REDIS = "redis://127.0.0.1:1/0"
 CLOSED_PORT_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:1/flowbeat"
@@ -42,6 +52,7 @@ KeyFactory = Callable[..., str]
 def profiles_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("profiles")
     (path / "greet.yaml").write_text(GREET, encoding="utf-8")
+    (path / "tenants.yaml").write_text(TENANTS, encoding="utf-8")
     return path
 
 

@@ -44,6 +44,7 @@ INLINE = {
     "pipeline": {"name": "inline-greet", "steps": [{"id": "only", "action": "noop"}]},
     "params": {},
 }
+TENANT = {"pipeline": "tenants", "params": {"tenant": "acme"}}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Case:
     scopes: tuple[str, ...] = ("write",)
     content_type: str = "application/json"
     authorized: bool = True
+    coalesced: bool = False
+    """The lane and the batching way are expected to take it through the coalescer."""
 
 
 def _keyed(key: str, **params: Any) -> dict[str, Any]:
@@ -64,7 +67,9 @@ def _keyed(key: str, **params: Any) -> dict[str, Any]:
 
 
 CASES = [
-    Case("valid named pipeline", GREET, 202),
+    Case("valid named pipeline", GREET, 202, coalesced=True),
+    Case("keyed job with a free slot", TENANT, 202, coalesced=True),
+    Case("keyed job over its limit", TENANT, 202, before=[TENANT], coalesced=True),
     Case("valid inline profile", INLINE, 202),
     Case("idempotent replay", _keyed("k1"), 200, before=[_keyed("k1")]),
     Case(
@@ -241,13 +246,14 @@ def _run(client: TestClient, runtime: Runtime, way: str, case: Case) -> dict[str
     app: Any = client.app
     with unit_of_work(runtime.sessions) as session:
         token, _ = create_api_key(session, owner=owner, scopes=case.scopes)
-        resolve_pipeline(
-            session,
-            "greet",
-            owner=owner,
-            profiles_dir=app.state.settings.profiles_dir,
-            known_actions=runtime.registry.names(),
-        )
+        for name in ("greet", "tenants"):
+            resolve_pipeline(
+                session,
+                name,
+                owner=owner,
+                profiles_dir=app.state.settings.profiles_dir,
+                known_actions=runtime.registry.names(),
+            )
     headers = {"Authorization": f"Bearer {token}"} if case.authorized else {}
     if case.authorized:  # the key is then one the API holds, as a returning client's is
         assert client.get("/v1/jobs", headers=headers).status_code in (200, 403)
@@ -265,10 +271,10 @@ def _run(client: TestClient, runtime: Runtime, way: str, case: Case) -> dict[str
     }
 
 
-EXPECTED_WAY: dict[str, Callable[[Taken], bool]] = {
-    "lane": lambda t: t.route == 0 and t.coalesced == 1,
-    "batching": lambda t: t.route == 1 and t.coalesced == 1,
-    "plain": lambda t: t.route == 1 and t.coalesced == 0,
+EXPECTED_WAY: dict[str, Callable[[Taken, int], bool]] = {
+    "lane": lambda t, n: t.route == 0 and t.coalesced == n,
+    "batching": lambda t, n: t.route == n and t.coalesced == n,
+    "plain": lambda t, n: t.route == n and t.coalesced == 0,
 }
 
 
@@ -280,8 +286,8 @@ def test_every_way_of_taking_a_job_gives_the_same_answer_and_rows(
     for way in PATHS:
         taken.route = taken.coalesced = 0
         outcomes[way] = _run(contract_client, runtime, way, case)
-        if case.name == "valid named pipeline":
-            assert EXPECTED_WAY[way](taken), (way, taken)
+        if case.coalesced:
+            assert EXPECTED_WAY[way](taken, len(case.before) + 1), (way, taken)
     lane = outcomes["lane"]
     final = lane["answers"][-1]
     assert final["status"] == case.status, final
