@@ -125,6 +125,7 @@ class JobPublic(BaseModel):
     params: dict[str, Any]
     trigger: str
     priority: int
+    queue: str = Field(description="the queue of its first step, where fair share counts it")
     waiting_for: str | None = Field(
         description=(
             "what a queued job waits for before it is sent: concurrency (a free slot of its "
@@ -167,6 +168,7 @@ class JobPublic(BaseModel):
             params=job.params,
             trigger=job.trigger,
             priority=job.priority,
+            queue=job.queue,
             waiting_for=job.waiting_for,
             concurrency_key=job.concurrency_key,
             parent_job_id=job.parent_job_id,

@@ -13,9 +13,10 @@ and a sweeper never both take the last slot. A slot is held while the job is ope
 killed under it does not end the job, which the sweeper sends again, so no slot leaks.
 
 Fair share (``FLOWBEAT_FAIR_SHARE_AHEAD``): jobs submitted through the API wait their turn
-while that many jobs are sent and not started; the beat leader lets them in owner by owner as
-workers take the ones ahead, so the broker's queue stays short and no owner's backlog sits in
-it ahead of everyone else's.
+while that many jobs of their queue (their first step's) are sent and not started; the beat
+leader lets them in owner by owner as workers take the ones ahead, so each broker queue stays
+short and no owner's backlog sits in it ahead of everyone else's, and a queue no worker takes
+from holds back only its own jobs.
 """
 
 import uuid

@@ -153,6 +153,7 @@ def _job_of(
         "status": JobStatus.QUEUED,
         "trigger": TRIGGER_RERUN,
         "priority": parent.priority if priority is None else priority,
+        "queue": parent.queue,
         "parent_job_id": parent.id,
         "idempotency_key": None,
         "request_hash": hashlib.sha256(f"rerun of {parent.id}".encode()).hexdigest(),

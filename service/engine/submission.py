@@ -190,6 +190,7 @@ def _job_values(
         "status": JobStatus.QUEUED,
         "trigger": request.trigger,
         "priority": profile.priority if request.priority is None else request.priority,
+        "queue": profile.entry_queue(),
         "parent_job_id": request.parent_job_id,
         "idempotency_key": request.idempotency_key,
         "request_hash": request_hash,
@@ -208,7 +209,8 @@ def _job_values(
 
 _JOB_COLUMNS = (
     "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
-    "priority", "parent_job_id", "idempotency_key", "request_hash", "created_at", "dispatched_at",
+    "priority", "queue", "parent_job_id", "idempotency_key", "request_hash", "created_at",
+    "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
     "concurrency_key", "concurrency_limit", "waiting_for",
     "deadline_at",

@@ -162,6 +162,10 @@ class Profile(BaseModel):
     def queue_of(self, step_id: str) -> str:
         return self.step(step_id).queue or self.queue
 
+    def entry_queue(self) -> str:
+        """The queue of its first step with nothing upstream, where a new job first waits."""
+        return self.queue_of(next(step.id for step in self.steps if not step.depends_on))
+
     def deps(self) -> dict[str, list[str]]:
         return {step.id: list(step.depends_on) for step in self.steps}
 

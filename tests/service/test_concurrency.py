@@ -213,3 +213,32 @@ def test_one_free_place_goes_to_the_owner_with_nothing_running(runtime: Runtime)
 
     with unit_of_work(runtime.sessions) as session:
         assert take_turns(session, 1, sent_at=utcnow()) == [late.id]
+
+
+def _submit_to(rt: Runtime, owner: str, queue: str, ahead: int) -> JobRow:
+    profile = {**PLAIN, "name": f"turns-{queue}", "queue": queue}
+    with unit_of_work(rt.sessions) as session:
+        job, _ = submit_job(
+            session,
+            JobRequest(pipeline=profile, params={}),
+            owner=owner,
+            profiles_dir=rt.settings.profiles_dir,
+            known_actions=rt.registry.names(),
+            fair_share_ahead=ahead,
+        )
+    return job
+
+
+@pytest.mark.usefixtures("no_other_turns")
+def test_a_queue_no_worker_takes_from_holds_back_only_its_own_jobs(runtime: Runtime) -> None:
+    """Turns are counted queue by queue: jobs sent to a pool that has not started yet are
+    never started, and must not hold back the default queue's jobs."""
+    owner = f"o-{uuid.uuid4().hex[:6]}"
+    stuck = [_submit_to(runtime, owner, "gpu", ahead=2) for _ in range(3)]
+    plain = _submit_to(runtime, owner, "default", ahead=2)
+
+    assert [job.queue for job in stuck] == ["gpu"] * 3 and plain.queue == "default"
+    assert [job.waiting_for for job in stuck] == [None, None, "turn"]
+    assert plain.waiting_for is None, "two jobs sent to another queue are not ahead of it"
+    with unit_of_work(runtime.sessions) as session:
+        assert take_turns(session, 2, sent_at=utcnow()) == [], "the gpu queue is full"

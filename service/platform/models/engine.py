@@ -61,6 +61,7 @@ class JobRow(Base):
         ),
         Index(
             "ix_jobs_sent_unstarted",
+            "queue",
             "created_at",
             postgresql_where=text(
                 "status = 'queued' AND waiting_for IS NULL AND dispatched_at IS NOT NULL"
@@ -90,6 +91,8 @@ class JobRow(Base):
     status: Mapped[str] = mapped_column(String(24))
     trigger: Mapped[str] = mapped_column(String(24))
     priority: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    queue: Mapped[str] = mapped_column(String(40), server_default="default")
+    """Where its first step waits: fair share counts and takes turns queue by queue."""
     parent_job_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
     )
