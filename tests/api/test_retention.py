@@ -73,6 +73,7 @@ def test_150_runs_are_all_readable_then_the_oldest_50_expire(
         first, last = session.execute(
             select(func.min(JobRow.finished_at), func.max(JobRow.finished_at))
         ).one()
+        assert first is not None and last is not None
         policy = replace(POLICY, min_age_s=(last - first).total_seconds() + POLICY.min_age_s)
         assert prune_all(session, last, policy) == 0, "a run that just finished is not pruned"
 
