@@ -39,7 +39,7 @@ def listener_of(app: FastAPI) -> EventListener:
         listener: EventListener | None = getattr(app.state, "events_listener", None)
         if listener is None:
             runtime: Runtime = app.state.runtime
-            listener = EventListener(runtime.settings.require_database_url()).start()
+            listener = EventListener(runtime.settings.listen_url()).start()
             app.state.events_listener = listener
         return listener
 

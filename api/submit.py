@@ -41,7 +41,7 @@ from service.platform import logs
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
-from service.platform.db import autocommit, libpq_url
+from service.platform.db import autocommit, connect_kwargs, libpq_url
 from service.platform.egress import check_notify_url
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
@@ -154,7 +154,7 @@ async def loop_io(
         libpq_url(settings.require_database_url()),
         min_size=0,
         max_size=settings.api_db_pool_size,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **connect_kwargs(settings.database_pooled)},
         timeout=API_LOOP_DB_WAIT_S,
         open=False,
     )

@@ -66,7 +66,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             self.settings.require_broker_url(), socket_timeout=self.tick_s
         )
         self.lock = LeaderLock(client, BEAT_LOCK_KEY, self.settings.beat_lock_ttl_s, make_token())
-        self.wakeups = ScheduleWakeups(self.settings.require_database_url())
+        self.wakeups = ScheduleWakeups(self.settings.listen_url())
         super().__init__(*args, **kwargs)
 
     @cached_property

@@ -25,6 +25,7 @@ from psycopg import sql
 from service.actions.context import StepContext
 from service.actions.data import get_path, resolve_data_path
 from service.actions.registry import action
+from service.platform.db import connect_kwargs
 from service.platform.egress import EgressPolicy, guarded_client
 from service.platform.errors import ActionError
 
@@ -286,7 +287,10 @@ def upsert(
     schema = ctx.settings.upsert_schema
     ctx.check_cancelled()
     try:
-        with psycopg.connect(_psycopg_url(ctx.settings.require_database_url())) as conn:
+        with psycopg.connect(
+            _psycopg_url(ctx.settings.require_database_url()),
+            **connect_kwargs(ctx.settings.database_pooled),
+        ) as conn:
             existing = _table_columns(conn, schema, table)
             if not existing:
                 raise _bad("data.upsert", f"no table {schema}.{table}", "unknown_table")

@@ -30,7 +30,7 @@ from service.cli.processes import (
 )
 from service.language.yamlsafe import load_yaml
 from service.platform.constants import WAIT_ACTION
-from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.settings import Settings, get_settings
 
@@ -215,7 +215,7 @@ def _local_processes(settings: Settings, job_id: uuid.UUID) -> list[list[str]]:
 def view_job(settings: Settings, job_id: uuid.UUID) -> Any:
     from service.engine.jobs import get_job, job_view
 
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         return job_view(session, get_job(session, job_id))
 

@@ -26,7 +26,7 @@ from service.cli.follow import (
     view_job,
 )
 from service.cli.tables import narrow_table
-from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.settings import Settings
@@ -67,7 +67,7 @@ def resolve_job(settings: Settings, given: str) -> uuid.UUID:
     list`` does. Refused (exit 2) when it names none, or several."""
     from service.engine.jobids import resolve_job_id
 
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         return resolve_job_id(session, given, owner=None)
 
@@ -92,7 +92,7 @@ def jobs_list(
         allowed = ", ".join(JobStatus)
         raise typer.BadParameter(f"{status!r} is not a job status: {allowed}", param_hint="status")
     settings = load_settings()
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         rows, _ = list_jobs(
             session,

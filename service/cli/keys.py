@@ -16,7 +16,7 @@ from service.cli.app import (
     load_settings,
 )
 from service.cli.tables import narrow_table
-from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import sessions_of, unit_of_work
 
 
 @keys_cli.command("create")
@@ -28,7 +28,7 @@ def keys_create(
     from service.platform.auth import create_api_key
 
     settings = load_settings()
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     wanted = [scope.strip() for scope in scopes.split(",") if scope.strip()]
     try:
         with unit_of_work(sessions) as session:
@@ -48,7 +48,7 @@ def keys_list(
     from service.platform.auth import list_api_keys
 
     settings = load_settings()
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         rows = list_api_keys(session, owner=owner, include_revoked=revoked)
         documents: list[dict[str, Any]] = [
@@ -94,7 +94,7 @@ def keys_revoke(
     from service.platform.errors import KeyNotFound
 
     settings = load_settings()
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         if not revoke_api_key(session, key):
             raise KeyNotFound("no live key with this prefix", {"prefix": key[:12]})

@@ -24,7 +24,7 @@ from service.cli.follow import parse_params
 from service.cli.tables import narrow_table
 from service.language.cron import ScheduleSpec
 from service.platform.constants import MAX_PRIORITY
-from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import ScheduleNotFound
 from service.platform.models import ScheduleRow
 from service.triggers.schedules import ScheduleSummary
@@ -114,7 +114,7 @@ def schedules_list(
     """Every schedule with its next and last fire, the last run's status and its run count."""
     from service.triggers.schedules import list_schedules
 
-    sessions = make_session_factory(make_engine(load_settings().require_database_url()))
+    sessions = sessions_of(load_settings())
     with unit_of_work(sessions) as session:
         documents = [
             schedule_document(s) for s in list_schedules(session, owner=owner, pipeline=pipeline)
@@ -136,7 +136,7 @@ def schedules_show(
     from service.triggers.schedules import get_schedule, summarize
 
     settings = load_settings()
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         row = get_schedule(
             session, owner=acting_owner(settings, owner), pipeline=name, schedule=schedule
@@ -269,7 +269,7 @@ def _set_enabled(name: str, schedule: str | None, owner: str | None, enabled: bo
     from service.triggers.schedules import set_schedule_enabled
 
     settings = load_settings()
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         row = set_schedule_enabled(
             session,
@@ -306,7 +306,7 @@ def schedules_delete(name: str, schedule: ScheduleOption = None, owner: OwnerOpt
     from service.triggers.schedules import delete_schedule
 
     settings = load_settings()
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         row = delete_schedule(
             session, owner=acting_owner(settings, owner), pipeline=name, schedule=schedule

@@ -32,7 +32,7 @@ from service.cli.processes import (
     worker_argv,
 )
 from service.platform.constants import QUEUE_PATTERN
-from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import MetricsTokenRequired
 from service.platform.metrics import MULTIPROC_ENV, fresh_multiproc_dir, serve_refusal
 from service.platform.settings import Settings, get_settings
@@ -199,7 +199,7 @@ def _ensure_dev_key(settings: Settings) -> str | None:
     from service.platform.auth import create_api_key
     from service.platform.models import ApiKeyRow
 
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         owner = acting_owner(settings, None)
         if session.scalars(select(ApiKeyRow.id).where(ApiKeyRow.owner == owner)).first():

@@ -23,13 +23,14 @@ class Runtime:
     def start(cls, settings: Settings, *, pool_size: int = 5) -> "Runtime":
         load_plugins(REGISTRY, settings.action_modules)
         url = settings.require_database_url()
-        engine = make_engine(url, pool_size=pool_size)
+        pooled = settings.database_pooled
+        engine = make_engine(url, pool_size=pool_size, pooled=pooled)
         sessions = make_session_factory(engine)
         return cls(
             settings=settings,
             sessions=sessions,
-            claims=DirectConnections(url, synchronous_commit=False),
-            checkpoints=DirectConnections(url),
+            claims=DirectConnections(url, synchronous_commit=False, pooled=pooled),
+            checkpoints=DirectConnections(url, pooled=pooled),
             registry=REGISTRY,
             heartbeats=Heartbeats(sessions, settings.lease_s),
         )

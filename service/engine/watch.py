@@ -21,7 +21,7 @@ from service.engine.events import Event, events_after, job_settled
 from service.engine.jobs import get_job, job_view
 from service.engine.steplogs import LogLine, read_lines, step_lines
 from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENT_PAGE_ROWS, STEP_LOG_PAGE_ROWS
-from service.platform.db import make_engine, make_session_factory, unit_of_work
+from service.platform.db import sessions_of, unit_of_work
 from service.platform.listener import EventListener
 from service.platform.settings import Settings
 
@@ -99,7 +99,7 @@ class _Printer:
 
 @contextmanager
 def _woken_on_news(settings: Settings, job_id: uuid.UUID) -> Iterator[threading.Event]:
-    listener = EventListener(settings.require_database_url()).start()
+    listener = EventListener(settings.listen_url()).start()
     news = threading.Event()
     listener.subscribe(job_id, lambda _: news.set())
     try:
@@ -110,7 +110,7 @@ def _woken_on_news(settings: Settings, job_id: uuid.UUID) -> Iterator[threading.
 
 def follow(settings: Settings, job_id: uuid.UUID, timeout_s: float, console: Console) -> str:
     """Print the job's changes until it is settled; its final status, or ``"timeout"``."""
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     progress = Progress(
         TextColumn("  {task.description:<24}"),
         BarColumn(),
@@ -151,7 +151,7 @@ def log_lines(
     """A job's log lines (one step's, one attempt's), oldest first; with ``follow``, then the
     lines written after, until the job is settled or ``timeout_s`` has passed. Woken as the
     event streams are: each attempt's write notifies the job's channel."""
-    sessions = make_session_factory(make_engine(settings.require_database_url()))
+    sessions = sessions_of(settings)
     deadline = time.monotonic() + timeout_s
     after = 0
 

@@ -9,15 +9,32 @@ import psycopg
 from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.platform.settings import Settings
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+
+def connect_kwargs(pooled: bool) -> dict[str, Any]:
+    """psycopg prepares a statement on the server once a connection has run it five times;
+    behind a transaction pooler the next transaction may find another server connection,
+    without it (PgBouncer before 1.21 keeps none), so a pooled connection prepares nothing."""
+    return {"prepare_threshold": None} if pooled else {}
+
+
+def make_engine(url: str, *, pool_size: int = 5, pooled: bool = False) -> Engine:
     """No pre-ping: a dead connection fails one unit of work, which callers already retry (tasks)
     or answer with 503 (the API), and SQLAlchemy then drops the whole stale pool."""
-    return create_engine(url, pool_size=pool_size, max_overflow=10)
+    return create_engine(
+        url, pool_size=pool_size, max_overflow=10, connect_args=connect_kwargs(pooled)
+    )
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def sessions_of(settings: Settings) -> sessionmaker[Session]:
+    """Sessions on the configured database, for a command that is not a long-lived process."""
+    url = settings.require_database_url()
+    return make_session_factory(make_engine(url, pooled=settings.database_pooled))
 
 
 @contextmanager
@@ -74,18 +91,23 @@ class DirectConnections:
     ``synchronous_commit=False`` is for claims only: a commit then does not wait for the
     disk, and a PostgreSQL crash can at worst forget that a step started, which runs it again.
     A checkpoint is committed after its claim, and its synchronous commit flushes both.
+    Behind a transaction pooler (``pooled``) a session setting would stay on the server
+    connection for other clients, so claims commit synchronously there.
     """
 
-    def __init__(self, url: str, *, synchronous_commit: bool = True) -> None:
+    def __init__(self, url: str, *, synchronous_commit: bool = True, pooled: bool = False) -> None:
         self._conninfo = libpq_url(url)
-        self._synchronous_commit = synchronous_commit
+        self._synchronous_commit = synchronous_commit or pooled
+        self._kwargs = connect_kwargs(pooled)
         self._local = threading.local()
 
     @contextmanager
     def connect(self) -> Iterator[psycopg.Connection[Any]]:
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         if conn is None or conn.closed or conn.broken:
-            conn = self._local.conn = psycopg.connect(self._conninfo, autocommit=True)
+            conn = self._local.conn = psycopg.connect(
+                self._conninfo, autocommit=True, **self._kwargs
+            )
             if not self._synchronous_commit:
                 conn.execute("SET synchronous_commit = off")
         yield conn

@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLOWBEAT_", env_file=".env", extra="ignore")
 
     database_url: str | None = None
+    database_pooled: bool = False
+    """``FLOWBEAT_DATABASE_URL`` goes through a pooler in transaction mode (PgBouncer): a server
+    connection serves other clients between transactions, so none keeps a prepared statement
+    or a session setting, and ``LISTEN`` goes to ``database_listen_url``."""
+    database_listen_url: str | None = None
+    """A direct connection for ``LISTEN`` (the event stream, the beat's wakeups), which a
+    transaction pooler cannot carry; none: ``FLOWBEAT_DATABASE_URL``."""
     broker_url: str | None = None
     result_backend_url: str | None = None
     profiles_dir: Path | None = None
@@ -186,6 +193,18 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("database_listen_url")
+    @classmethod
+    def _direct_behind_a_pooler(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A ``LISTEN`` through a transaction pooler is accepted and then never delivers:
+        refused at start rather than found silent."""
+        if info.data.get("database_pooled") and info.data.get("database_url") and not value:
+            raise ValueError(
+                "FLOWBEAT_DATABASE_POOLED needs a direct connection for LISTEN: set "
+                "FLOWBEAT_DATABASE_LISTEN_URL"
+            )
+        return value
+
     @field_validator("worker_dead_after_s")
     @classmethod
     def _outlives_heartbeats(cls, value: float, info: ValidationInfo) -> float:
@@ -240,6 +259,9 @@ class Settings(BaseSettings):
         if not self.database_url:
             raise RuntimeError("FLOWBEAT_DATABASE_URL is not set (or run `flowbeat dev`)")
         return self.database_url
+
+    def listen_url(self) -> str:
+        return self.database_listen_url or self.require_database_url()
 
     def require_broker_url(self) -> str:
         if not self.broker_url:
