@@ -31,8 +31,10 @@ from api.routes import approvals, events, jobs, pipelines, runs, schedules
 from api.routes.queues import QueuePublic, read_queues
 from api.schemas import DecisionCreate, JobPublic, RerunCreate
 from api.throttle import check_rate
+from api.uigraph import dag, timeline
 from service.catalogue.diffs import DiffKind
 from service.engine.checkpoints import step_outputs
+from service.engine.events import step_history
 from service.engine.jobs import get_job, step_task_ids
 from service.engine.steplogs import step_lines, tail_lines
 from service.language.dag import topological_layers
@@ -48,6 +50,7 @@ COOKIE_MAX_AGE_S = 8 * 3600
 CSRF_CONTEXT = b"flowbeat-ui-csrf"
 PAGE_SIZE = 50
 LOG_TAIL_LINES = 50
+TIMELINE_EVENTS = 5000
 """Lines of each step's log on the job page; its full log is a page of its own."""
 LOG_PAGE_LINES = 500
 JOB_STATUSES = ("queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled")
@@ -230,6 +233,13 @@ def _job_context(viewer: Principal, session: SessionDep, job_id: str) -> dict[st
         "task_ids": step_task_ids(session, public.id),
         "logs": tail_lines(session, public.id, LOG_TAIL_LINES),
         "final": public.status in JOB_FINAL,
+        "graph": dag(profile, {step_id: step.status for step_id, step in steps.items()}),
+        "timeline": timeline(
+            profile,
+            step_history(session, public.id, TIMELINE_EVENTS),
+            public.created_at,
+            public.finished_at or utcnow(),
+        ),
     }
 
 

@@ -64,6 +64,23 @@ def events_after(
     return [_event(row) for row in rows]
 
 
+def step_history(session: Session, job_id: uuid.UUID, limit: int) -> list[Event]:
+    """Every state change of the job's steps, without the fan-out's per-item progress, which
+    a job of 10,000 items writes 10,000 of."""
+    rows = session.scalars(
+        select(JobEventRow)
+        .where(
+            JobEventRow.job_id == job_id,
+            JobEventRow.kind.startswith("step."),
+            JobEventRow.kind != "step.progress",
+            _numbered(),
+        )
+        .order_by(JobEventRow.seq)
+        .limit(limit)
+    )
+    return [_event(row) for row in rows]
+
+
 def notice_events(session: Session, job_id: uuid.UUID) -> list[Event]:
     """The events that are not state changes, in order: what a job had to tell its owner."""
     state = or_(*(JobEventRow.kind.startswith(prefix) for prefix in STATE_KINDS))

@@ -1,6 +1,7 @@
 """The dashboard in a real browser (Debian's Chromium, driven by Playwright) against a live API
 and a real worker: a job fails at a step, a person logs in, finds it, reruns it from the failed
-step, and watches the new job succeed through the page's live updates.
+step, and watches the new job succeed through the page's live updates, its graph and
+timeline drawn from what ran.
 
 With ``FLOWBEAT_SCREENSHOTS=DIR`` the test also saves the docs' screenshots there
 (``docs/screenshots``).
@@ -70,6 +71,12 @@ def test_a_failed_job_is_rerun_from_its_failed_step_and_succeeds(
     expect(page.locator("#job-status")).to_have_text("succeeded", timeout=60_000)
     expect(page.locator("#step-fetch")).to_have_attribute("data-status", "reused")
     expect(page.locator("#step-publish")).to_have_attribute("data-status", "succeeded")
+    expect(page.locator("#graph path.edge")).to_have_count(1)
+    expect(page.locator("#graph a.node[data-step=publish]")).to_have_attribute(
+        "data-status", "succeeded"
+    )
+    expect(page.locator("#timeline .lane[data-step=publish] rect.bar.run")).to_have_count(1)
+    expect(page.locator("#timeline .lane[data-step=fetch] rect.bar.run")).to_have_count(0)
     rerun = uuid.UUID(page.url.rstrip("/").rsplit("/", 1)[1])
     assert client.count(rerun, "fetch", "started") == 0
     assert client.wait_final(rerun).job.status == "succeeded"
