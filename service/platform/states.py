@@ -9,9 +9,10 @@ walks the tables: every status reachable, every open status with a way out, ever
 carried out by a function that exists.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
 
 class JobStatus(StrEnum):
@@ -58,6 +59,15 @@ class ApprovalStatus(StrEnum):
     REJECTED = "rejected"
 
 
+class ParkReason(StrEnum):
+    """What a claimed step parks for (``service.engine.parking``), in the order it meets them."""
+
+    APPROVAL = "approval"
+    SIGNAL = "signal"
+    SLOT = "slot"
+    TIMER = "timer"
+
+
 def sql_in(statuses: Iterable[StrEnum]) -> str:
     """A parenthesised SQL list of status literals, for statements written as text: the
     statuses they name come from the enums, never typed twice."""
@@ -75,14 +85,16 @@ STEP_FINAL = frozenset(
         StepStatus.REJECTED,
     }
 )
-STEP_PARKED = frozenset(
+PARKED_AS: Mapping[ParkReason, StepStatus] = MappingProxyType(
     {
-        StepStatus.AWAITING_APPROVAL,
-        StepStatus.SLEEPING,
-        StepStatus.AWAITING_SLOT,
-        StepStatus.AWAITING_SIGNAL,
+        ParkReason.APPROVAL: StepStatus.AWAITING_APPROVAL,
+        ParkReason.SIGNAL: StepStatus.AWAITING_SIGNAL,
+        ParkReason.SLOT: StepStatus.AWAITING_SLOT,
+        ParkReason.TIMER: StepStatus.SLEEPING,
     }
 )
+"""The status each reason parks a step in: a new reason is a new status and a row here."""
+STEP_PARKED = frozenset(PARKED_AS.values())
 """Open, with no lease and no message: a decision, a signal or the beat leader moves it on."""
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
