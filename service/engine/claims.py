@@ -3,7 +3,8 @@
 cannot both run a step. When it takes nothing, ``claim_step`` reads why under row locks and
 either stops, skips the step, or takes it through the same statement past an upstream step its
 ``needs`` rule lets it run without; a lane only checks that its job is still open. What a held
-step then runs with is ``inputs``'s.
+step then becomes is decided once by ``parking`` (it waits, or its ``when`` settles it) and
+otherwise made by ``inputs`` (``use_fast_claim``).
 """
 
 import uuid
@@ -16,8 +17,9 @@ from sqlalchemy.orm import Session
 
 from service.engine.checkpoints import INPUT_OUTPUTS
 from service.engine.completion import skip_step
-from service.engine.inputs import use_fast_claim
+from service.engine.inputs import Held, resolve_held
 from service.engine.leases import TAKE_LEASE, live_job, lock_step
+from service.engine.parking import Goes, NotHeld, Parked, park
 from service.engine.steps import (
     Claimed,
     FanOutDue,
@@ -144,6 +146,24 @@ def claim_step(
     )
     session.expire_all()
     return None if fast is None else use_fast_claim(session, key, fast, now)
+
+
+def use_fast_claim(
+    session: Session, key: StepKey, claim: FastClaim, now: datetime
+) -> Claimed | FanOutDue | Unresolvable | Skipped | Woke | None:
+    """Turn a fast claim into work in a transaction, acting on what ``parking`` decided: a step
+    that parked, or whose lease is no longer this worker's, runs nothing now (``None``); one its
+    ``when`` or its wait settled hands on what that made ready; one that goes on is held to fan
+    out, for a for_each step, or has its inputs resolved."""
+    held = Held.of(key, claim)
+    decision = park(session, held, now)
+    if isinstance(decision, Parked | NotHeld):
+        return None
+    if not isinstance(decision, Goes):
+        return decision
+    if decision.rows is not None and held.spec.for_each is not None:
+        return FanOutDue(*decision.rows, held.spec)
+    return resolve_held(session, held, now)
 
 
 def _wait_for_peer(row: StepRunRow, now: datetime) -> None:

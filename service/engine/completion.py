@@ -9,13 +9,13 @@ since it runs in the transaction that settled the step, that happens once per se
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.engine.compensations import record_compensations
-from service.engine.leases import held_step
+from service.engine.leases import held_step, lock_step
 from service.engine.settle import close_open_steps, settle_job
 from service.engine.steps import Lease, Skipped, StepKey, Unresolvable
 from service.language.plan import JobPlan, steps_plan
@@ -66,6 +66,28 @@ def unresolvable(
     error = {"code": exc.code, "message": exc.message, "details": exc.details}
     failed = record_failure(session, row, key, error, None, now)
     return Unresolvable(key, failed.job_over, failed.ready)
+
+
+@overload
+def not_run(session: Session, key: StepKey, profile: Profile, now: datetime) -> Skipped: ...
+@overload
+def not_run(
+    session: Session, key: StepKey, profile: Profile, now: datetime, unresolved: FlowbeatError
+) -> Unresolvable: ...
+def not_run(
+    session: Session,
+    key: StepKey,
+    profile: Profile,
+    now: datetime,
+    unresolved: FlowbeatError | None = None,
+) -> Skipped | Unresolvable:
+    """Settle a held step that will not run, under its row lock: failed for good when what it
+    runs with does not resolve, otherwise skipped (its ``when``), its attempt given back."""
+    row = lock_step(session, key)
+    if unresolved is not None:
+        return unresolvable(session, row, key, unresolved, now)
+    row.attempts -= 1
+    return skip_step(session, row, profile, now)
 
 
 def record_failure(

@@ -1,50 +1,48 @@
 """What a held step runs with: the outputs of the steps it reads (which its claim's statement
 read), the decisions on gated steps, its loop's round, its trigger's data and the signals it
-reads; its gate passed, its signal arrived, its ``when`` held and its inputs resolved. Or why
-not, recorded in the same transaction: a gate without a decision or a wait without its signal
-parks the step, as a wait step is parked until its time, a false ``when`` skips it, references
-that do not resolve fail it for good.
+reads; its ``when`` held and its inputs resolved. Or why not, recorded in the same transaction:
+a false ``when`` skips it, references that do not resolve fail it for good. Whether it first
+parks (a gate, a signal, a slot, a timer) is ``parking``'s to decide.
 
 A plain step, or a shard, whose claim statement read all it needs becomes work with no further
 statement (``ready_claim``, ``ready_shard``); anything else reads the rest in a transaction
-(``use_fast_claim``, ``use_shard_claim``).
+(``resolve_held``, ``use_shard_claim``).
 """
 
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, overload
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.engine.completion import skip_step, unresolvable
-from service.engine.gates import approved
-from service.engine.leases import held_step, live_job, lock_step
-from service.engine.signals import signalled, signals_context
-from service.engine.slots import take_step_slot
+from service.engine.completion import not_run
 from service.engine.steps import (
     Claimed,
-    FanOutDue,
     FastClaim,
     Lease,
     ShardClaim,
     Skipped,
     StepKey,
     Unresolvable,
-    Woke,
 )
-from service.engine.waits import park
 from service.language.conditions import evaluate
 from service.language.expressions import ExprContext, resolve
 from service.language.profiles import Profile
 from service.language.snapshots import StepFacts, step_facts
 from service.language.specs import StepSpec
-from service.language.waits import wake_time
-from service.platform.constants import SHARD_NONE, WAIT_ACTION
-from service.platform.errors import ExpressionError, WaitInvalid
-from service.platform.models import ApprovalRow, JobRow, StepRoundRow, StepRunRow
+from service.platform.constants import SHARD_NONE
+from service.platform.errors import ExpressionError
+from service.platform.models import (
+    ApprovalRow,
+    JobRow,
+    JobSignalRow,
+    SignalWaitRow,
+    StepRoundRow,
+    StepRunRow,
+)
 
 
 @dataclass(frozen=True)
@@ -77,8 +75,9 @@ class Held:
 def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
     """A fast claim of a plain step as work to run, with no further statement.
 
-    ``None`` when it needs a transaction: a for_each step to fan out, a gate to pass, or
-    inputs that do not resolve and must be recorded as the step's failure (``use_fast_claim``).
+    ``None`` when it needs a transaction: a for_each step to fan out, a reason it may park for,
+    or inputs that do not resolve and must be recorded as the step's failure
+    (``claims.use_fast_claim``).
     """
     held = Held.of(key, claim)
     if not held.facts.plain:
@@ -87,59 +86,6 @@ def ready_claim(key: StepKey, claim: FastClaim) -> Claimed | None:
         return _resolved(held, claim.outputs)
     except ExpressionError:
         return None
-
-
-def use_fast_claim(
-    session: Session, key: StepKey, claim: FastClaim, now: datetime
-) -> Claimed | FanOutDue | Unresolvable | Skipped | Woke | None:
-    """Turn a fast claim into work: pass its gate, its signal wait and its ``when``, take a
-    slot of its concurrency key, resolve inputs, hold a for_each step to fan out, or park a
-    wait step until its time."""
-    held = Held.of(key, claim)
-    spec = held.spec
-    if spec.approval is not None:
-        locked = _still_held(session, held)
-        if locked is None or not approved(session, *locked, spec.approval):
-            return None
-    if spec.wait_for is not None:
-        locked = _still_held(session, held)
-        if locked is None or not signalled(session, locked[1], spec.wait_for, now):
-            return None
-    unless = _unless_condition(session, held, now)
-    if unless is not None:
-        return unless
-    if not take_step_slot(session, key, spec, held.params, now):
-        return None
-    if spec.for_each is not None:
-        locked = _still_held(session, held)
-        return None if locked is None else FanOutDue(*locked, spec)
-    if spec.action == WAIT_ACTION:
-        return _wait(session, held, now)
-    return _claimed(session, held, now)
-
-
-def _wait(session: Session, held: Held, now: datetime) -> Woke | Unresolvable | None:
-    """Park a held wait step until the time its inputs resolve to, counted from its claim;
-    a time that is not one fails it for good, as inputs that do not resolve do."""
-    locked = _still_held(session, held)
-    if locked is None:
-        return None
-    job, row = locked
-    claimed = _claimed(session, held, now)
-    if isinstance(claimed, Unresolvable):
-        return claimed
-    try:
-        wake_at = wake_time(claimed.inputs, row.started_at or now)
-    except WaitInvalid as exc:
-        return unresolvable(session, row, held.key, exc, now)
-    return park(session, job, row, wake_at, now)
-
-
-def _still_held(session: Session, held: Held) -> tuple[JobRow, StepRunRow] | None:
-    """The job and the locked row of a step this lease still holds: what its gate parks, or
-    its fan-out records shards on."""
-    row = held_step(session, held.key, held.lease)
-    return None if row is None else (live_job(session, held.key.job_id), row)
 
 
 def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
@@ -158,10 +104,12 @@ def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
 def use_shard_claim(
     session: Session, claim: ShardClaim, params: dict[str, Any], now: datetime
 ) -> Claimed | Unresolvable:
-    return _claimed(session, Held.of_shard(claim, params), now)
+    return resolve_held(session, Held.of_shard(claim, params), now)
 
 
-def _claimed(session: Session, held: Held, now: datetime) -> Claimed | Unresolvable:
+def resolve_held(session: Session, held: Held, now: datetime) -> Claimed | Unresolvable:
+    """The held step as work, reading what its inputs read beyond its claim; failed for good
+    in this transaction when they do not resolve."""
     key, facts = held.key, held.facts
     decided = decisions(session, key.job_id, facts.decisions)
     loop = loop_context(session, key.job_id, key.step_id, held.profile) if facts.reads_loop else {}
@@ -170,7 +118,7 @@ def _claimed(session: Session, held: Held, now: datetime) -> Claimed | Unresolva
     try:
         return _resolved(held, held.outputs, decided, loop, trigger, signals)
     except ExpressionError as exc:
-        return _not_run(session, held, now, exc)
+        return not_run(session, held.key, held.profile, now, exc)
 
 
 def _resolved(
@@ -212,7 +160,7 @@ def _absent(spec: StepSpec, referenced: frozenset[str], outputs: dict[str, Any])
     return referenced - outputs.keys() if spec.needs == "any" else frozenset()
 
 
-def _unless_condition(session: Session, held: Held, now: datetime) -> Skipped | Unresolvable | None:
+def unless_condition(session: Session, held: Held, now: datetime) -> Skipped | Unresolvable | None:
     """``None`` when the held step's ``when`` holds (or it has none); otherwise it is skipped,
     or failed for good when the condition's references do not resolve."""
     key, spec, facts = held.key, held.spec, held.facts
@@ -229,26 +177,8 @@ def _unless_condition(session: Session, held: Held, now: datetime) -> Skipped | 
     try:
         holds = evaluate(spec.condition, context)
     except ExpressionError as exc:
-        return _not_run(session, held, now, exc)
-    return None if holds else _not_run(session, held, now)
-
-
-@overload
-def _not_run(session: Session, held: Held, now: datetime) -> Skipped: ...
-@overload
-def _not_run(
-    session: Session, held: Held, now: datetime, unresolved: ExpressionError
-) -> Unresolvable: ...
-def _not_run(
-    session: Session, held: Held, now: datetime, unresolved: ExpressionError | None = None
-) -> Skipped | Unresolvable:
-    """Settle a held step that will not run, under its row lock: failed for good when what it
-    runs with does not resolve, otherwise skipped, its attempt given back."""
-    row = lock_step(session, held.key)
-    if unresolved is not None:
-        return unresolvable(session, row, held.key, unresolved, now)
-    row.attempts -= 1
-    return skip_step(session, row, held.profile, now)
+        return not_run(session, held.key, held.profile, now, exc)
+    return None if holds else not_run(session, held.key, held.profile, now)
 
 
 def decisions(session: Session, job_id: uuid.UUID, steps: Collection[str]) -> dict[str, Any]:
@@ -300,3 +230,31 @@ def trigger_context(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
     dependency trigger made it, so it outlives the upstream job's retention."""
     data = session.scalar(select(JobRow.trigger_data).where(JobRow.id == job_id))
     return dict(data) if data else {}
+
+
+def signals_context(session: Session, job_id: uuid.UUID, names: frozenset[str]) -> dict[str, Any]:
+    """What ``signals.<name>`` reads: ``{payload, received_at, sent_by}`` of a stored signal,
+    ``None`` for one whose wait timed out; a name with neither is left out, so reading it
+    fails naming the signal."""
+    if not names:
+        return {}
+    stored = session.scalars(
+        select(JobSignalRow).where(JobSignalRow.job_id == job_id, JobSignalRow.name.in_(names))
+    ).all()
+    context: dict[str, Any] = {
+        name: None
+        for name in session.scalars(
+            select(SignalWaitRow.signal).where(
+                SignalWaitRow.job_id == job_id,
+                SignalWaitRow.signal.in_(names),
+                SignalWaitRow.timed_out_at.is_not(None),
+            )
+        )
+    }
+    for signal in stored:
+        context[signal.name] = {
+            "payload": signal.payload,
+            "received_at": signal.received_at.isoformat(),
+            "sent_by": signal.sent_by,
+        }
+    return context

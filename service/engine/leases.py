@@ -61,6 +61,16 @@ def live_job(session: Session, job_id: uuid.UUID) -> JobRow:
     return job
 
 
+HeldRows = tuple[JobRow, StepRunRow]
+
+
+def held_rows(session: Session, key: StepKey, lease: Lease) -> HeldRows | None:
+    """The job and the locked row of a step ``lease`` still holds: what parking it, or its
+    fan-out, writes on."""
+    row = held_step(session, key, lease)
+    return None if row is None else (live_job(session, key.job_id), row)
+
+
 def renew_lease(
     session: Session, key: StepKey, lease: Lease, lease_s: float, now: datetime
 ) -> bool:

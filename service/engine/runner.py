@@ -25,9 +25,10 @@ from service.engine.claims import (
     job_params,
     no_shard_left,
     taken_by,
+    use_fast_claim,
 )
 from service.engine.completion import fail_step
-from service.engine.inputs import ready_claim, ready_shard, use_fast_claim, use_shard_claim
+from service.engine.inputs import ready_claim, ready_shard, use_shard_claim
 from service.engine.leases import release_lease
 from service.engine.loops import complete_round
 from service.engine.runtime import Runtime

@@ -267,34 +267,6 @@ def next_signal_due(session: Session) -> datetime | None:
     )
 
 
-def signals_context(session: Session, job_id: uuid.UUID, names: frozenset[str]) -> dict[str, Any]:
-    """What ``signals.<name>`` reads: ``{payload, received_at, sent_by}`` of a stored signal,
-    ``None`` for one whose wait timed out; a name with neither is left out, so reading it
-    fails naming the signal."""
-    if not names:
-        return {}
-    stored = session.scalars(
-        select(JobSignalRow).where(JobSignalRow.job_id == job_id, JobSignalRow.name.in_(names))
-    ).all()
-    context: dict[str, Any] = {
-        name: None
-        for name in session.scalars(
-            select(SignalWaitRow.signal).where(
-                SignalWaitRow.job_id == job_id,
-                SignalWaitRow.signal.in_(names),
-                SignalWaitRow.timed_out_at.is_not(None),
-            )
-        )
-    }
-    for signal in stored:
-        context[signal.name] = {
-            "payload": signal.payload,
-            "received_at": signal.received_at.isoformat(),
-            "sent_by": signal.sent_by,
-        }
-    return context
-
-
 def carry_signals(
     session: Session, parent_id: uuid.UUID, job_id: uuid.UUID, profile: Profile, reused: set[str]
 ) -> None:

@@ -1,17 +1,18 @@
 """Durable waits: a ``wait`` step parks in PostgreSQL until its time, and the elected beat
 replica wakes it, as it times out approvals.
 
-A wait step is claimed like any other; in the claim's transaction its ``seconds`` or ``until``
-becomes a ``wake_at``, and the step is parked: ``sleeping``, with no lease, while its job
-stays ``running``. Its worker moves on at once, so a wait holds no worker slot and no message,
-and a worker killed, a beat replica killed or Redis flushed meanwhile loses nothing: only
-PostgreSQL knows the step waits. Each tick the beat leader wakes the steps due (``wake_due``):
-their checkpoint says how long they waited, their children are counted off as for any step
-that succeeds, and what that makes ready is sent after the commit. The leader sleeps no later
-than the next ``wake_at`` (``next_wake``), and a parked step notifies the schedules channel so
-that a sleeping leader recomputes that.
+A wait step is claimed like any other; in the claim's transaction (``service.engine.parking``)
+its resolved ``seconds`` or ``until`` becomes a ``wake_at`` (``sleep``), and the step is
+parked: ``sleeping``, with no lease, while its job stays ``running``. Its worker moves on at
+once, so a wait holds no worker slot and no message, and a worker killed, a beat replica killed
+or Redis flushed meanwhile loses nothing: only PostgreSQL knows the step waits. Each tick the
+beat leader wakes the steps due (``wake_due``): their checkpoint says how long they waited,
+their children are counted off as for any step that succeeds, and what that makes ready is sent
+after the commit. The leader sleeps no later than the next ``wake_at`` (``next_wake``), and a
+parked step notifies the schedules channel so that a sleeping leader recomputes that.
 """
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -20,11 +21,13 @@ from sqlalchemy.orm import Session
 
 from service.catalogue.notices import record_event
 from service.engine.checkpoints import write_checkpoint
-from service.engine.completion import succeed_step
-from service.engine.steps import StepKey, Woke
+from service.engine.completion import succeed_step, unresolvable
+from service.engine.steps import StepKey, Unresolvable, Woke
 from service.language.plan import JobPlan
 from service.language.snapshots import job_profile
+from service.language.waits import wake_time
 from service.platform.constants import SCHEDULES_CHANNEL, SHARD_NONE, WAKE_BATCH
+from service.platform.errors import WaitInvalid
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_FINAL, JOB_OPEN, StepStatus
 
@@ -36,11 +39,24 @@ _ASLEEP = and_(
 than through ``close_open_steps`` would otherwise keep the leader ticking at once."""
 
 
-def park(
+def sleep(
+    session: Session, job: JobRow, row: StepRunRow, inputs: Mapping[str, Any], now: datetime
+) -> Woke | Unresolvable | None:
+    """Park a held wait step until the time its resolved inputs say, counted from its claim; a
+    time that is not one fails it for good, as inputs that do not resolve do."""
+    key = StepKey(row.job_id, row.step_id)
+    try:
+        wake_at = wake_time(inputs, row.started_at or now)
+    except WaitInvalid as exc:
+        return unresolvable(session, row, key, exc, now)
+    return _park(session, job, row, wake_at, now)
+
+
+def _park(
     session: Session, job: JobRow, row: StepRunRow, wake_at: datetime, now: datetime
 ) -> Woke | None:
-    """Park a held wait step until ``wake_at``; one whose time has passed already succeeds
-    now, in this transaction, and ``Woke`` carries what it made ready."""
+    """One whose time has passed already succeeds now, in this transaction, and ``Woke``
+    carries what it made ready."""
     if wake_at <= now:
         return Woke(StepKey(row.job_id, row.step_id), _wake(session, job, row, now))
     row.status = StepStatus.SLEEPING

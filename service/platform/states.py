@@ -9,9 +9,10 @@ walks the tables: every status reachable, every open status with a way out, ever
 carried out by a function that exists.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
 
 class JobStatus(StrEnum):
@@ -58,6 +59,15 @@ class ApprovalStatus(StrEnum):
     REJECTED = "rejected"
 
 
+class ParkReason(StrEnum):
+    """What a claimed step parks for (``service.engine.parking``), in the order it meets them."""
+
+    APPROVAL = "approval"
+    SIGNAL = "signal"
+    SLOT = "slot"
+    TIMER = "timer"
+
+
 def sql_in(statuses: Iterable[StrEnum]) -> str:
     """A parenthesised SQL list of status literals, for statements written as text: the
     statuses they name come from the enums, never typed twice."""
@@ -75,14 +85,16 @@ STEP_FINAL = frozenset(
         StepStatus.REJECTED,
     }
 )
-STEP_PARKED = frozenset(
+PARKED_AS: Mapping[ParkReason, StepStatus] = MappingProxyType(
     {
-        StepStatus.AWAITING_APPROVAL,
-        StepStatus.SLEEPING,
-        StepStatus.AWAITING_SLOT,
-        StepStatus.AWAITING_SIGNAL,
+        ParkReason.APPROVAL: StepStatus.AWAITING_APPROVAL,
+        ParkReason.SIGNAL: StepStatus.AWAITING_SIGNAL,
+        ParkReason.SLOT: StepStatus.AWAITING_SLOT,
+        ParkReason.TIMER: StepStatus.SLEEPING,
     }
 )
+"""The status each reason parks a step in: a new reason is a new status and a row here."""
+STEP_PARKED = frozenset(PARKED_AS.values())
 """Open, with no lease and no message: a decision, a signal or the beat leader moves it on."""
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
@@ -155,25 +167,25 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
         _P, _SKIP, "service.engine.completion.skip_step", "its needs rule refuses its upstream"
     ),
     Transition(_RUN, _SKIP, "service.engine.completion.skip_step", "its when condition is false"),
-    Transition(_RUN, _WAIT, "service.engine.gates.park", "its gate has no decision yet"),
+    Transition(_RUN, _WAIT, "service.engine.parking.park", "its gate has no decision yet"),
     Transition(_WAIT, _P, "service.engine.approvals.decide", "approved: sent again, to run"),
     Transition(
         _RUN, _WAIT, "service.engine.gates.ask_decision", "a loop ran out of rounds: escalate"
     ),
     Transition(_WAIT, _OK, "service.engine.approvals.decide", "approved: the loop ends"),
     Transition(_WAIT, _REJECT, "service.engine.approvals.decide", "rejected, or timed out so"),
-    Transition(_RUN, _SLEEP, "service.engine.waits.park", "a wait step: parked until wake_at"),
-    Transition(_RUN, _OK, "service.engine.waits.park", "a wait step whose time has passed"),
+    Transition(_RUN, _SLEEP, "service.engine.parking.park", "a wait step: parked until wake_at"),
+    Transition(_RUN, _OK, "service.engine.parking.park", "a wait step whose time has passed"),
     Transition(_SLEEP, _OK, "service.engine.waits.wake_due", "its wake_at passed: the beat leader"),
     Transition(_WAIT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_SLEEP, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_P, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RUN, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RETRY, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
-    Transition(_RUN, _SLOT, "service.engine.slots.take_step_slot", "its key has no slot free"),
+    Transition(_RUN, _SLOT, "service.engine.parking.park", "its key has no slot free"),
     Transition(_SLOT, _P, "service.engine.slots.let_in_steps", "a slot of its key freed"),
     Transition(_SLOT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
-    Transition(_RUN, _SIGNAL, "service.engine.signals.park", "its signal has not arrived"),
+    Transition(_RUN, _SIGNAL, "service.engine.parking.park", "its signal has not arrived"),
     Transition(_SIGNAL, _P, "service.engine.signals.send_signal", "its signal arrived"),
     Transition(
         _SIGNAL, _P, "service.engine.signals.resume_signalled", "it parked as its signal arrived"
@@ -187,7 +199,7 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
 
 _Q, _JRUN, _JWAIT = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL
 JOB_TRANSITIONS: tuple[Transition, ...] = (
-    Transition(_JRUN, _JWAIT, "service.engine.gates.park", "a step waits for a decision"),
+    Transition(_JRUN, _JWAIT, "service.engine.parking.park", "a step waits for a decision"),
     Transition(_JWAIT, _JRUN, "service.engine.approvals.decide", "no step waits any more"),
     Transition(_JWAIT, JobStatus.FAILED, "service.engine.approvals.decide", "rejected, fail_fast"),
     Transition(

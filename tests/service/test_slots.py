@@ -9,8 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from service.engine.claims import fast_claim
-from service.engine.inputs import use_fast_claim
+from service.engine.claims import fast_claim, use_fast_claim
 from service.engine.runtime import Runtime
 from service.engine.slots import let_in_steps
 from service.engine.steps import Claimed, StepKey

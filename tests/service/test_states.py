@@ -13,11 +13,13 @@ from service.platform.states import (
     JOB_FINAL,
     JOB_INITIAL,
     JOB_TRANSITIONS,
+    PARKED_AS,
     STEP_FINAL,
     STEP_INITIAL,
     STEP_TRANSITIONS,
     CompensationStatus,
     JobStatus,
+    ParkReason,
     StepStatus,
     Transition,
 )
@@ -83,3 +85,11 @@ def test_a_final_status_is_left_only_for_a_loops_next_round(
 def test_each_transition_names_the_function_that_carries_it_out(transition: Transition) -> None:
     module, _, function = transition.by.rpartition(".")
     assert callable(getattr(importlib.import_module(module), function))
+
+
+@pytest.mark.parametrize("reason", list(ParkReason))
+def test_a_running_step_parks_only_through_the_parking_call(reason: ParkReason) -> None:
+    """A loop out of rounds asks a person from its checkpoint, not from a claim."""
+    parked = PARKED_AS[reason]
+    into = {t.by for t in STEP_TRANSITIONS if t.before == StepStatus.RUNNING and t.after == parked}
+    assert into - {"service.engine.gates.ask_decision"} == {"service.engine.parking.park"}
