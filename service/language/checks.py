@@ -19,6 +19,7 @@ from service.language.cron import normalize
 from service.language.expressions import Ref, parse_refs
 from service.language.params import resolve_params
 from service.language.profiles import LoopSpec, Profile
+from service.language.secretrefs import secret_errors
 from service.language.specs import ErrorEntry, StepSpec
 from service.language.waits import problems as wait_problems
 from service.platform.constants import WAIT_ACTION
@@ -236,6 +237,8 @@ def _ref_problem(
 ) -> str | None:
     if ref.root == "params" and ref.name not in params:
         return f"{ref} refers to undeclared param {ref.name!r}"
+    if ref.root == "secrets" and not in_with:
+        return f"{ref}: secrets are read only in a step's 'with'"
     if ref.root == "steps" and ref.name == step.id and own_output:
         return None
     if ref.root == "steps" and ref.name == step.id:
@@ -393,6 +396,7 @@ def validate_profile(
         *_cycle_errors(profile, deps),
         *_trigger_errors(profile),
         *_reference_errors(profile, deps),
+        *secret_errors(profile),
         *_loop_errors(profile, deps),
         *_result_errors(profile),
         *_schedule_errors(profile),

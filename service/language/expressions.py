@@ -1,9 +1,10 @@
 """``${{ ... }}`` references in profile inputs.
 
 Profiles come from users, so expressions are a closed grammar of lookups (params, upstream step
-outputs, the current fan-out item) and never reach eval, exec or a template engine: a profile
-can move data between steps but cannot run code. ``service.language.conditions`` builds its operands
-with ``parse_ref``, so a reference means the same in a condition as in a step input.
+outputs, the current fan-out item, the names of operator secrets) and never reach eval, exec or
+a template engine: a profile can move data between steps but cannot run code.
+``service.language.conditions`` builds its operands with ``parse_ref``, so a reference means the
+same in a condition as in a step input.
 """
 
 import json
@@ -17,7 +18,16 @@ from service.platform.errors import ExpressionError
 
 PathSeg = str | int
 Root = Literal[
-    "params", "steps", "item", "output", "approval", "loop", "payload", "trigger", "signals"
+    "params",
+    "steps",
+    "item",
+    "output",
+    "approval",
+    "loop",
+    "payload",
+    "trigger",
+    "signals",
+    "secrets",
 ]
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_-]*"
@@ -35,9 +45,16 @@ _ROOTS: dict[str, Root] = {
     "payload": "payload",
     "trigger": "trigger",
     "signals": "signals",
+    "secrets": "secrets",
 }
+SECRET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*")
+"""Fits an environment variable's name, and has no ``__``: that parts an owner from a name in
+``FLOWBEAT_SECRET_<OWNER>__<NAME>``."""
+_SECRET_MARK = re.compile(r"@@flowbeat-secret:(?P<nonce>[0-9a-f]{32}):(?P<name>[A-Za-z0-9_]+)@@")
 
-INPUT_ROOTS = frozenset({"params", "steps", "item", "approval", "loop", "trigger", "signals"})
+INPUT_ROOTS = frozenset(
+    {"params", "steps", "item", "approval", "loop", "trigger", "signals", "secrets"}
+)
 TRIGGER_NAMES = frozenset({"job_id", "result", "new_items"})
 LOOP_NAMES = frozenset({"round", "previous"})
 """What a step's inputs may reference; ``output`` exists only where a caller allows it."""
@@ -99,6 +116,9 @@ class ExprContext:
     signals: Mapping[str, Any] = field(default_factory=dict)
     """Each signal the step reads: ``{payload, received_at}``, or ``None`` when its wait timed
     out and went on (``on_timeout: continue``), read as ``null`` at any path."""
+    secret: Callable[[str], str] | None = None
+    """What ``secrets.<name>`` reads as: a mark for the worker to put the value in place of at
+    the moment it calls the action (``reveal``); ``None`` where secrets are not read."""
 
 
 def _malformed(expression: str, reason: str) -> ExpressionError:
@@ -144,6 +164,13 @@ def parse_ref(expression: str, roots: frozenset[str] = INPUT_ROOTS) -> Ref:
         raise _malformed(expression, f"{root} needs a name, e.g. {root}.x")
     if root in ("params", "approval", "signals"):
         return Ref(root, segs[0], segs[1:])
+    if root == "secrets":
+        if len(segs) != 1 or not SECRET_NAME.fullmatch(segs[0]) or len(segs[0]) > 128:
+            raise _malformed(
+                expression,
+                "secret references are secrets.NAME: letters, digits and single underscores",
+            )
+        return Ref("secrets", segs[0])
     if root == "loop":
         return _loop_ref(expression, segs)
     if root == "trigger":
@@ -196,6 +223,16 @@ def _strings(value: Any) -> Iterator[str]:
 def parse_refs(value: Any, roots: frozenset[str] = INPUT_ROOTS) -> list[Ref]:
     """All references in the strings of ``value`` (dict values and list items, recursively)."""
     return [ref for text in _strings(value) for _, ref in _scan(text, roots)]
+
+
+def split_refs(text: str, roots: frozenset[str] = INPUT_ROOTS) -> list[str | Ref]:
+    """``text`` as its literal pieces and its references, in order."""
+    parts: list[str | Ref] = []
+    pos = 0
+    for match, ref in _scan(text, roots):
+        parts += [text[pos : match.start()], ref]
+        pos = match.end()
+    return [*parts, text[pos:]]
 
 
 def whole_ref(text: str) -> Ref | None:
@@ -269,6 +306,10 @@ def lookup(ref: Ref, ctx: ExprContext) -> Any:
             raise fail(str(exc)) from None
     elif ref.root == "signals":
         return _signal(ref, ctx, fail)
+    elif ref.root == "secrets":
+        if ctx.secret is None:
+            raise fail("secrets are only read in a step's 'with'")
+        return ctx.secret(name)
     elif ref.root == "approval":
         if name not in ctx.decisions:
             raise fail(f"no decision on step {name!r}")
@@ -329,4 +370,27 @@ def resolve(value: Any, ctx: ExprContext, roots: frozenset[str] = INPUT_ROOTS) -
         return {key: resolve(item, ctx, roots) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [resolve(item, ctx, roots) for item in value]
+    return value
+
+
+def secret_mark(nonce: str, name: str) -> str:
+    """What a secret reference resolves to until the action is called: its name and a nonce
+    drawn for this one attempt, so a param or an upstream output that holds text of the same
+    shape is never taken for it."""
+    return f"@@flowbeat-secret:{nonce}:{name}@@"
+
+
+def reveal(value: Any, nonce: str, value_of: Callable[[str], str]) -> Any:
+    """``value`` with this attempt's secret marks replaced by ``value_of(name)``; containers
+    are copied, as ``resolve`` copies them."""
+    if isinstance(value, str):
+        if "@@flowbeat-secret:" not in value:
+            return value
+        return _SECRET_MARK.sub(
+            lambda m: value_of(m["name"]) if m["nonce"] == nonce else m.group(0), value
+        )
+    if isinstance(value, Mapping):
+        return {key: reveal(item, nonce, value_of) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [reveal(item, nonce, value_of) for item in value]
     return value

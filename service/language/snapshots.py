@@ -54,6 +54,8 @@ class StepFacts(NamedTuple):
     """The child its worker may claim in its checkpoint and run next, without a message
     (``steps.Follow``): the first one of its queue whose only upstream it is and that needs no
     transaction to start."""
+    secrets: frozenset[str]
+    """Secrets its ``with`` names: revealed when its action is called, and masked after."""
 
     @property
     def sink(self) -> bool:
@@ -96,6 +98,7 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
             reads_signals,
             not (gated or decided or reads_loop or reads_trigger or reads_signals),
             next((c for c in children if _may_follow(profile, step_id, c)), None),
+            frozenset(ref.name for ref in refs if ref.root == "secrets" and ref.name),
         )
     return facts
 
@@ -107,6 +110,12 @@ def _may_follow(profile: Profile, step_id: str, child: str) -> bool:
         and profile.queue_of(child) == profile.queue_of(step_id)
         and step_facts(profile, child).plain
     )
+
+
+def profile_secrets(profile: Profile) -> frozenset[str]:
+    """Every secret a profile names, for the check at save and submit; a profile that names
+    none is answered from the facts of its steps, parsed once per process."""
+    return frozenset().union(*(step_facts(profile, step.id).secrets for step in profile.steps))
 
 
 def referenced_steps(value: Any) -> set[str]:

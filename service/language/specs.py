@@ -353,7 +353,14 @@ class StepSpec(BaseModel):
 
     id: str = Field(pattern=STEP_ID_PATTERN)
     action: str
-    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    with_: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="with",
+        description="the action's inputs; strings may hold ${{ params.x }}, "
+        "${{ steps.ID.output[.path] }}, ${{ item }}, ${{ secrets.NAME }} (an operator's secret, "
+        "revealed only to the action and masked in its logs, output and errors; never in a "
+        "URL's scheme or host) and the other references of the profiles guide",
+    )
     depends_on: list[str] = Field(default_factory=list)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout_s: int = Field(default=300, ge=1, le=86400)
