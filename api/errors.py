@@ -29,6 +29,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_action": 422,
     "bad_reference": 422,
     "condition_invalid": 422,
+    "secret_not_found": 422,
     "notify_url_invalid": 422,
     "egress_refused": 422,
     "egress_scheme_refused": 422,

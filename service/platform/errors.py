@@ -440,3 +440,9 @@ class TriggerCycle(FlowbeatError):
     """Saving the pipeline would make dependency triggers start each other in a circle."""
 
     code = "trigger_cycle"
+
+
+class SecretNotFound(FlowbeatError):
+    """A pipeline or job names a secret its owner has none of; ``details.secrets`` names them."""
+
+    code = "secret_not_found"

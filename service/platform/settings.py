@@ -111,6 +111,16 @@ class Settings(BaseSettings):
     sees what a client of ``flowbeat dev``'s key saved; ``default`` with your own servers."""
     mcp_key: SecretStr | None = None
     """The API key ``flowbeat mcp`` acts as over stdio; HTTP clients send their own."""
+    secrets_dir: Path | None = None
+    """A mounted directory of secrets (Kubernetes, Docker): the file ``<NAME>`` holds the value
+    of ``${{ secrets.NAME }}``, ``<owner>/<NAME>`` an owner's own. Read at each use, never kept;
+    ``FLOWBEAT_SECRET_<NAME>`` (``_<OWNER>__<NAME>``) variables are read too."""
+    secrets_json: SecretStr | None = None
+    """Secrets as JSON: ``{"NAME": "value", "<owner>": {"NAME": "value"}}``."""
+    secrets_source: str | None = None
+    """A source of secrets of your own (Vault, a cloud store), asked first: ``module:attr`` or
+    a ``flowbeat.secrets`` entry point's name, called with the settings; only an operator's
+    setting names one, never a profile."""
     notify_max_attempts: int = 5
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0
@@ -213,7 +223,7 @@ class Settings(BaseSettings):
             raise ValueError("must be at least three heartbeats (FLOWBEAT_WORKER_HEARTBEAT_S)")
         return value
 
-    @field_validator("profiles_dir")
+    @field_validator("profiles_dir", "secrets_dir")
     @classmethod
     def _profiles_dir_readable(cls, value: Path | None) -> Path | None:
         """Refused at start rather than found missing or unreadable on the first request."""
@@ -223,7 +233,7 @@ class Settings(BaseSettings):
             raise ValueError(f"{str(value)!r} cannot be read")
         return value
 
-    @field_validator("profiles_dir", "import_dir", mode="before")
+    @field_validator("profiles_dir", "import_dir", "secrets_dir", "secrets_source", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         """An empty ``FLOWBEAT_PROFILES_DIR`` or ``FLOWBEAT_IMPORT_DIR`` means none rather than
