@@ -9,10 +9,12 @@ statement (``ready_claim``, ``ready_shard``); anything else reads the rest in a 
 (``resolve_held``, ``use_shard_claim``).
 """
 
+import secrets
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -29,7 +31,7 @@ from service.engine.steps import (
     Unresolvable,
 )
 from service.language.conditions import evaluate
-from service.language.expressions import ExprContext, resolve
+from service.language.expressions import ExprContext, resolve, secret_mark
 from service.language.profiles import Profile
 from service.language.snapshots import StepFacts, step_facts
 from service.language.specs import StepSpec
@@ -129,8 +131,10 @@ def _resolved(
     trigger: dict[str, Any] | None = None,
     signals: dict[str, Any] | None = None,
 ) -> Claimed:
-    """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve."""
+    """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve.
+    A secret resolves to a mark with a nonce of this attempt's, which only the call reveals."""
     key, spec, facts, params = held.key, held.spec, held.facts, held.params
+    nonce = secrets.token_hex(16) if facts.secrets else None
     context = ExprContext(
         params=params,
         outputs=outputs,
@@ -139,6 +143,7 @@ def _resolved(
         loop=loop or {},
         trigger=trigger or {},
         signals=signals or {},
+        secret=None if nonce is None else partial(secret_mark, nonce),
     )
     if key.shard != SHARD_NONE:
         context.item = held.item
@@ -152,6 +157,7 @@ def _resolved(
         sink=facts.sink and key.shard == SHARD_NONE,
         profile=held.profile,
         trigger=trigger or {},
+        secret_nonce=nonce,
     )
 
 

@@ -31,6 +31,7 @@ from service.engine.completion import fail_step
 from service.engine.inputs import ready_claim, ready_shard, use_shard_claim
 from service.engine.leases import release_lease
 from service.engine.loops import complete_round
+from service.engine.reveal import revealed_inputs
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job, sink_settles_job
 from service.engine.shards import FannedOut, fan_out, finish_fanout
@@ -56,7 +57,14 @@ from service.platform import capture, logs, metrics
 from service.platform.clock import utcnow
 from service.platform.constants import LANE_SLICE_S, SHARD_NONE
 from service.platform.db import unit_of_work
-from service.platform.errors import ActionError, RetryLater, StepCancelled, StopChain
+from service.platform.errors import (
+    ActionError,
+    RetryLater,
+    SecretNotFound,
+    StepCancelled,
+    StopChain,
+)
+from service.platform.masking import Mask
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
 
@@ -333,17 +341,27 @@ def _attempt(
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None,
 ) -> Any:
-    """The attempt's outcome, timed by action, and what it logged kept whatever the outcome."""
+    """The attempt's outcome, timed by action, and what it logged kept whatever the outcome;
+    the secrets it revealed masked in all three before any is recorded."""
     started = time.monotonic()
-    captured = capture.Capture(rt.settings.step_log_max_bytes)
+    mask = Mask()
+    captured = capture.Capture(rt.settings.step_log_max_bytes, mask)
     try:
         with capture.capturing(captured):
-            outcome = _call_action(rt, claim, timeout_errors, inline)
+            outcome = _call_action(rt, claim, timeout_errors, inline, mask)
     finally:
         keep_lines(rt.claims, claim.key, claim.lease.attempt, captured.lines())
+    if mask:
+        outcome = _masked(outcome, mask)
     result = "error" if isinstance(outcome, _Failure) else "ok"
     metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
     return outcome
+
+
+def _masked(outcome: Any, mask: Mask) -> Any:
+    if isinstance(outcome, _Failure):
+        return _Failure(mask.data(outcome.error), outcome.retryable)
+    return mask.data(outcome)
 
 
 def _call_action(
@@ -351,6 +369,7 @@ def _call_action(
     claim: Claimed,
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None,
+    mask: Mask,
 ) -> Any:
     key = claim.key
     spec = claim.profile.step(key.step_id)
@@ -365,8 +384,9 @@ def _call_action(
     )
     try:
         with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
+            inputs = revealed_inputs(rt, claim, mask)
             with timed:
-                output = rt.registry.call(claim.action, ctx, claim.inputs)
+                output = rt.registry.call(claim.action, ctx, inputs)
             unverified = verify.check(spec.verify, output, ctx.params, claim.trigger)
         if unverified is None:
             return output
@@ -374,6 +394,8 @@ def _call_action(
         failure = _Failure(error, unverified.retry)
     except StepCancelled as exc:
         raise StopChain("cancelled") from exc
+    except SecretNotFound as exc:
+        failure = _Failure(_error(exc.code, exc.message, exc.details), False)
     except ActionError as exc:
         failure = _Failure(_error(exc.code, exc.message, exc.details), exc.retryable)
     except timeout_errors as exc:

@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.actions import REGISTRY, ActionRegistry, load_plugins
 from service.engine.heartbeat import Heartbeats
 from service.platform.db import DirectConnections, make_engine, make_session_factory
+from service.platform.secrets import secrets_of
 from service.platform.settings import Settings
 
 
@@ -22,6 +23,7 @@ class Runtime:
     @classmethod
     def start(cls, settings: Settings, *, pool_size: int = 5) -> "Runtime":
         load_plugins(REGISTRY, settings.action_modules)
+        secrets_of(settings)
         url = settings.require_database_url()
         pooled = settings.database_pooled
         engine = make_engine(url, pool_size=pool_size, pooled=pooled)

@@ -64,6 +64,8 @@ class Claimed:
     profile: Profile
     trigger: dict[str, Any] = field(default_factory=dict)
     """What ``trigger.*`` reads, loaded for a step that reads it (its verify rules too)."""
+    secret_nonce: str | None = None
+    """Set when ``inputs`` hold secret marks (``expressions.secret_mark``) to reveal."""
 
 
 @dataclass(frozen=True)

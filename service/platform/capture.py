@@ -12,6 +12,10 @@ attempt's context (``contextvars.copy_context``, as ``asyncio.to_thread`` does).
 handler on the root logger, a process that configured no logging of its own no longer gets
 logging's last-resort lines on stderr; every flowbeat process configures its own
 (``service.platform.logs``).
+
+An attempt that revealed secrets masks them (``service.platform.masking``) in what it keeps and
+in what goes on: a log record made on its context is masked as it is made, before any handler
+of the worker formats it, and a print is masked before it reaches the stream.
 """
 
 import contextlib
@@ -23,6 +27,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from service.platform.masking import Mask
 
 STEP_LOGGER = "flowbeat.step"
 """The logger an action gets as ``ctx.log``; at INFO whatever the worker's own level."""
@@ -55,8 +61,9 @@ class Capture:
     What UTF-8 cannot hold (a lone surrogate, as a file name decoded with ``surrogateescape``
     brings) is kept as ``?``, so printing it neither fails the action nor the write."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, mask: Mask | None = None) -> None:
         self.max_bytes = max_bytes
+        self.mask = mask if mask is not None else Mask()
         self._lines: list[Line] = []
         self._used = 0
         self._dropped = 0
@@ -72,6 +79,8 @@ class Capture:
         if self._cut:
             self._dropped += 1
             return
+        if self.mask:
+            message = self.mask.text(message)
         encoded = message.encode(errors="replace")
         room = self.max_bytes - self._used
         if len(encoded) > room:
@@ -140,7 +149,7 @@ class _Routed:
         capture.write(self._name, text)
         token = _FORWARDING.set(True)
         try:
-            return self._stream.write(text)
+            return self._stream.write(capture.mask.text(text) if capture.mask else text)
         finally:
             _FORWARDING.reset(token)
 
@@ -150,20 +159,46 @@ class _Routed:
 
 _HANDLER = _Handler()
 _HANDLER.set_name(_HANDLER_NAME)
+_made_record = logging.getLogRecordFactory()
+
+
+def _masked_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    """A record made on the context of an attempt that revealed secrets carries its message,
+    traceback included, masked: every handler and formatter then sees only the masked text."""
+    record = _made_record(*args, **kwargs)
+    capture = _CURRENT.get()
+    if capture is None or not capture.mask:
+        return record
+    try:
+        message = record.getMessage()
+    except Exception:
+        return record
+    if record.exc_info:
+        message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
+    if record.stack_info:
+        message = f"{message}\n{record.stack_info}"
+    record.msg, record.args = capture.mask.text(message), ()
+    record.exc_info = record.exc_text = record.stack_info = None
+    return record
 
 
 def _install() -> None:
     """Put the handler and the proxies in place, again if someone (Celery's redirection of a
     pool process's output, a test runner, a logging setup) replaced them since. Every attempt
     checks, so the check that finds them in place takes no lock."""
+    global _made_record
     root = logging.getLogger()
     if (
         isinstance(sys.stdout, _Routed)
         and isinstance(sys.stderr, _Routed)
         and _HANDLER in root.handlers
+        and logging.getLogRecordFactory() is _masked_record
     ):
         return
     with _install_lock:
+        if logging.getLogRecordFactory() is not _masked_record:
+            _made_record = logging.getLogRecordFactory()
+            logging.setLogRecordFactory(_masked_record)
         if _HANDLER not in root.handlers:
             root.addHandler(_HANDLER)
         step_logger = logging.getLogger(STEP_LOGGER)
