@@ -35,7 +35,7 @@ from service.language.checks import validate_profile
 from service.language.escalations import check_escalation_urls
 from service.language.loading import load_profile_text
 from service.language.plan import JobPlan, initial_plan
-from service.language.snapshots import job_profile
+from service.language.snapshots import job_profile, profile_secrets
 from service.language.specs import NAME_PATTERN
 from service.platform import logs
 from service.platform.auth import Principal
@@ -45,6 +45,7 @@ from service.platform.db import autocommit, connect_kwargs, libpq_url
 from service.platform.egress import check_notify_url
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
+from service.platform.secrets import secrets_of
 from service.platform.settings import Settings
 from tasks.dispatch import publish_new_jobs_async, send_new_job
 from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
@@ -105,6 +106,7 @@ def accept_job(
         known_actions=known_actions,
         open_jobs_limit=settings.max_open_jobs_per_owner,
         fair_share_ahead=settings.fair_share_ahead,
+        secrets=secrets_of(settings),
     )
     session.commit()
     with logs.bound(job_id=str(job.id)):
@@ -231,6 +233,7 @@ async def accept_job_on_loop(
         priority=body.priority,
     )
     try:
+        secrets_of(settings).require(profile_secrets(resolved.profile), principal.owner)
         job = new_job(request, resolved, owner=principal.owner, name=name)
     except FlowbeatError:
         return None

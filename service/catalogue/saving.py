@@ -25,6 +25,7 @@ from service.catalogue.pipelines import (
 )
 from service.catalogue.trigger_edges import forget_triggers, record_triggers
 from service.language.escalations import check_escalation_urls
+from service.language.snapshots import profile_secrets
 from service.platform.clock import utcnow
 from service.platform.errors import (
     InvalidShare,
@@ -32,6 +33,7 @@ from service.platform.errors import (
     PipelineReadOnly,
 )
 from service.platform.models import JobRow, PipelineRow, PipelineVersionRow, ScheduleRow
+from service.platform.secrets import secrets_of
 from service.platform.settings import Settings
 
 
@@ -69,6 +71,7 @@ def save_pipeline(
         )
     _refuse_shipped_name(settings.profiles_dir, profile.name)
     check_escalation_urls(settings, profile)
+    secrets_of(settings).require(profile_secrets(profile), owner)
     record_triggers(session, owner, profile)
     now = now or utcnow()
     content_hash = profile.content_hash()

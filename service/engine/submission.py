@@ -23,7 +23,7 @@ from service.engine.concurrency import WAITING_FOR_TURN, let_in, slot_values, ta
 from service.language.checks import validate_profile
 from service.language.params import resolve_params
 from service.language.profiles import Profile
-from service.language.snapshots import step_facts
+from service.language.snapshots import profile_secrets, step_facts
 from service.platform import metrics
 from service.platform.clock import utcnow
 from service.platform.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
@@ -33,6 +33,7 @@ from service.platform.errors import (
     OpenJobsLimit,
 )
 from service.platform.models import JobRow
+from service.platform.secrets import Secrets
 from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 
 
@@ -119,6 +120,7 @@ def submit_job(
     publish_now: bool = True,
     open_jobs_limit: int = 0,
     fair_share_ahead: int = 0,
+    secrets: Secrets | None = None,
 ) -> tuple[JobRow, bool]:
     """Store a queued job and its steps. Returns the job and whether it is new.
 
@@ -132,6 +134,7 @@ def submit_job(
     (``concurrency.take_turns``) unless it comes now.
     A new job counts against the owner's ``open_jobs_limit`` (``check_open_jobs``, 0: none); a
     replay of a key does not, as it starts nothing, so it gets its job at the limit too.
+    With ``secrets``, a new job whose profile names a secret its owner lacks is refused.
 
     Everything it reads is read-only and its one write is a single statement, so a caller may
     run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none;
@@ -153,6 +156,8 @@ def submit_job(
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:
             return _same_request(existing, request_hash), False
+    if secrets is not None:
+        secrets.require(profile_secrets(profile), owner)
     check_open_jobs(session, owner, open_jobs_limit)
     job = _job_values(request, resolved, params, request_hash, owner, publish_now)
     if fair_share_ahead and job["waiting_for"] is None:
