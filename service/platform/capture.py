@@ -160,6 +160,9 @@ class _Routed:
 _HANDLER = _Handler()
 _HANDLER.set_name(_HANDLER_NAME)
 _made_record = logging.getLogRecordFactory()
+_factory_installed = False
+"""The record factory is wrapped once per process: a factory set later calls the one it found,
+as logging asks of factories, and wrapping that again would call itself."""
 
 
 def _masked_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
@@ -186,19 +189,20 @@ def _install() -> None:
     """Put the handler and the proxies in place, again if someone (Celery's redirection of a
     pool process's output, a test runner, a logging setup) replaced them since. Every attempt
     checks, so the check that finds them in place takes no lock."""
-    global _made_record
+    global _made_record, _factory_installed
     root = logging.getLogger()
     if (
         isinstance(sys.stdout, _Routed)
         and isinstance(sys.stderr, _Routed)
         and _HANDLER in root.handlers
-        and logging.getLogRecordFactory() is _masked_record
+        and _factory_installed
     ):
         return
     with _install_lock:
-        if logging.getLogRecordFactory() is not _masked_record:
+        if not _factory_installed:
             _made_record = logging.getLogRecordFactory()
             logging.setLogRecordFactory(_masked_record)
+            _factory_installed = True
         if _HANDLER not in root.handlers:
             root.addHandler(_HANDLER)
         step_logger = logging.getLogger(STEP_LOGGER)
