@@ -147,6 +147,7 @@ def submit(
 ) -> uuid.UUID:
     from service.engine.runtime import Runtime
     from service.engine.submission import JobRequest, submit_job
+    from service.platform.secrets import secrets_of
     from tasks.dispatch import send_new_job
 
     rt = Runtime.start(settings)
@@ -158,6 +159,7 @@ def submit(
                 owner=owner,
                 profiles_dir=settings.profiles_dir,
                 known_actions=rt.registry.names(),
+                secrets=secrets_of(settings),
             )
     except FlowbeatError as exc:
         print_refusal(exc)

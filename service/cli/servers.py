@@ -83,6 +83,7 @@ def worker(
     if queues is not None:
         os.environ["FLOWBEAT_WORKER_QUEUES"] = ",".join(_queue_names(queues))
     settings = load_settings()
+    _check_secrets(settings)
     if settings.worker_metrics_port:
         _check_exporter(settings)
         files = settings.data_dir / f"worker-metrics-{settings.worker_metrics_port}"
@@ -191,6 +192,19 @@ def _check_actions(settings: Settings) -> None:
     from service.actions import REGISTRY, load_plugins
 
     load_plugins(REGISTRY, settings.action_modules)
+    _check_secrets(settings)
+
+
+def _check_secrets(settings: Settings) -> None:
+    """Refuse to start a worker whose pool processes would each fail to build the secrets
+    source the settings name (they build it on their first step, after the fork)."""
+    from service.platform.secrets import SecretSourceInvalid, secrets_of
+
+    try:
+        secrets_of(settings)
+    except SecretSourceInvalid as exc:
+        console.print(f"secret_source_invalid: {exc}", highlight=False, markup=False)
+        raise typer.Exit(code=2) from None
 
 
 def _ensure_dev_key(settings: Settings) -> str | None:

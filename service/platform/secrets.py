@@ -168,13 +168,15 @@ class Secrets:
             )
 
 
-_BUILT: dict[tuple[str | None, Path | None, SecretStr | None], Secrets] = {}
+_BUILT: dict[tuple[int, str | None, Path | None, SecretStr | None], Secrets] = {}
 
 
 def secrets_of(settings: Settings) -> Secrets:
-    """The process's sources, built once for the settings that name them; a source that does
-    not load or does not parse stops the process at start (``Runtime.start`` builds them)."""
-    key = (settings.secrets_source, settings.secrets_dir, settings.secrets_json)
+    """The process's sources, built once for the settings that name them and again in a
+    forked pool process, so that no two processes share a source's connections. A source that
+    does not load or does not parse stops the process at start (``Runtime.start``, and
+    ``flowbeat worker`` before it starts Celery)."""
+    key = (os.getpid(), settings.secrets_source, settings.secrets_dir, settings.secrets_json)
     built = _BUILT.get(key)
     if built is None:
         sources: list[SecretSource] = []

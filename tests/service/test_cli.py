@@ -360,3 +360,11 @@ def test_queues_lists_the_default_queue_and_refuses_a_bad_worker_queue(flowbeat:
     refused = flowbeat("worker", "--queues", "GPU!")
     assert refused.returncode == 2
     assert "not a queue name: GPU!" in refused.stdout + refused.stderr
+
+
+def test_a_worker_whose_secrets_source_does_not_parse_does_not_start(flowbeat: Cli) -> None:
+    done = flowbeat("worker", FLOWBEAT_SECRETS_JSON='{"TOKEN": "s3cr3t-value"', timeout_s=60)
+
+    assert done.returncode == 2
+    assert "secret_source_invalid" in done.stdout and "FLOWBEAT_SECRETS_JSON" in done.stdout
+    assert "s3cr3t-value" not in done.stdout + done.stderr
