@@ -143,10 +143,11 @@ def _resolved(
         loop=loop or {},
         trigger=trigger or {},
         signals=signals or {},
-        secret=None if nonce is None else partial(secret_mark, nonce),
     )
     if key.shard != SHARD_NONE:
         context.item = held.item
+    if nonce is not None:
+        context.secret = partial(secret_mark, nonce)
     return Claimed(
         key=key,
         lease=held.lease,

@@ -13,6 +13,7 @@ from typing import Any
 from service.engine.runtime import Runtime
 from service.engine.steps import Claimed
 from service.language.expressions import reveal
+from service.platform import capture
 from service.platform.errors import SecretNotFound
 from service.platform.masking import Mask
 from service.platform.secrets import secrets_of
@@ -24,6 +25,7 @@ def revealed_inputs(rt: Runtime, claim: Claimed, mask: Mask) -> dict[str, Any]:
     nonce = claim.secret_nonce
     if nonce is None:
         return claim.inputs
+    capture.mask_log_records()
     owner = _owner(rt, claim.key.job_id)
     source = secrets_of(rt.settings)
 

@@ -15,7 +15,8 @@ logging's last-resort lines on stderr; every flowbeat process configures its own
 
 An attempt that revealed secrets masks them (``service.platform.masking``) in what it keeps and
 in what goes on: a log record made on its context is masked as it is made, before any handler
-of the worker formats it, and a print is masked before it reaches the stream.
+of the worker formats it (``mask_log_records``, from a process's first secret on), and a print
+is masked before it reaches the stream.
 """
 
 import contextlib
@@ -79,7 +80,7 @@ class Capture:
         if self._cut:
             self._dropped += 1
             return
-        if self.mask:
+        if self.mask.forms:
             message = self.mask.text(message)
         encoded = message.encode(errors="replace")
         room = self.max_bytes - self._used
@@ -149,7 +150,7 @@ class _Routed:
         capture.write(self._name, text)
         token = _FORWARDING.set(True)
         try:
-            return self._stream.write(capture.mask.text(text) if capture.mask else text)
+            return self._stream.write(capture.mask.text(text) if capture.mask.forms else text)
         finally:
             _FORWARDING.reset(token)
 
@@ -161,8 +162,20 @@ _HANDLER = _Handler()
 _HANDLER.set_name(_HANDLER_NAME)
 _made_record = logging.getLogRecordFactory()
 _factory_installed = False
-"""The record factory is wrapped once per process: a factory set later calls the one it found,
-as logging asks of factories, and wrapping that again would call itself."""
+
+
+def mask_log_records() -> None:
+    """Wrap logging's record factory, once per process and only in one that reveals secrets,
+    so that the others make their records as before. Once: a factory set later calls the one
+    it found, as logging asks of factories, and wrapping that again would call itself."""
+    global _made_record, _factory_installed
+    if _factory_installed:
+        return
+    with _install_lock:
+        if not _factory_installed:
+            _made_record = logging.getLogRecordFactory()
+            logging.setLogRecordFactory(_masked_record)
+            _factory_installed = True
 
 
 def _masked_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
@@ -170,7 +183,7 @@ def _masked_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
     traceback included, masked: every handler and formatter then sees only the masked text."""
     record = _made_record(*args, **kwargs)
     capture = _CURRENT.get()
-    if capture is None or not capture.mask:
+    if capture is None or not capture.mask.forms:
         return record
     try:
         message = record.getMessage()
@@ -189,20 +202,14 @@ def _install() -> None:
     """Put the handler and the proxies in place, again if someone (Celery's redirection of a
     pool process's output, a test runner, a logging setup) replaced them since. Every attempt
     checks, so the check that finds them in place takes no lock."""
-    global _made_record, _factory_installed
     root = logging.getLogger()
     if (
         isinstance(sys.stdout, _Routed)
         and isinstance(sys.stderr, _Routed)
         and _HANDLER in root.handlers
-        and _factory_installed
     ):
         return
     with _install_lock:
-        if not _factory_installed:
-            _made_record = logging.getLogRecordFactory()
-            logging.setLogRecordFactory(_masked_record)
-            _factory_installed = True
         if _HANDLER not in root.handlers:
             root.addHandler(_HANDLER)
         step_logger = logging.getLogger(STEP_LOGGER)

@@ -12,6 +12,9 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 MASKED = "***"
+_ADDING = threading.Lock()
+"""One for every mask: values are added once per secret an attempt reveals, so a lock of each
+mask's own would cost every attempt its making for nothing."""
 
 
 def _forms(value: str) -> set[str]:
@@ -23,32 +26,32 @@ class Mask:
     lines it logged before and after are masked alike."""
 
     def __init__(self) -> None:
-        self._forms: tuple[str, ...] = ()
-        self._lock = threading.Lock()
+        self.forms: tuple[str, ...] = ()
+        """Longest first; empty until the attempt reveals a value, which hot paths test."""
 
     def __bool__(self) -> bool:
-        return bool(self._forms)
+        return bool(self.forms)
 
     def __repr__(self) -> str:
-        return f"Mask({len(self._forms)} forms)"
+        return f"Mask({len(self.forms)} forms)"
 
     def add(self, value: str) -> None:
         if not value:
             return
-        with self._lock:
-            known = set(self._forms) | {form for form in _forms(value) if form}
-            self._forms = tuple(sorted(known, key=len, reverse=True))
+        with _ADDING:
+            known = set(self.forms) | {form for form in _forms(value) if form}
+            self.forms = tuple(sorted(known, key=len, reverse=True))
 
     def text(self, text: str) -> str:
         """Longest forms first, so a value that holds a shorter one is masked whole."""
-        for form in self._forms:
+        for form in self.forms:
             if form in text:
                 text = text.replace(form, MASKED)
         return text
 
     def data(self, value: Any) -> Any:
         """JSON-like data with every string, keys included, masked; a copy where it changed."""
-        if not self._forms:
+        if not self.forms:
             return value
         if isinstance(value, str):
             return self.text(value)
