@@ -47,6 +47,7 @@ _ROOTS: dict[str, Root] = {
     "signals": "signals",
     "secrets": "secrets",
 }
+
 SECRET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*")
 """Fits an environment variable's name, and has no ``__``: that parts an owner from a name in
 ``FLOWBEAT_SECRET_<OWNER>__<NAME>``."""
