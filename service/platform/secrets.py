@@ -58,7 +58,7 @@ class EnvironmentSource:
 
 def _path_part(owner: str) -> bool:
     """An owner names a sub-directory only as one plain path component."""
-    return bool(owner) and "/" not in owner and "\\" not in owner and not owner.startswith(".")
+    return bool(owner) and not owner.startswith(".") and not {"/", "\\", "\0"} & set(owner)
 
 
 class DirectorySource:

@@ -156,7 +156,8 @@ def test_a_directory_is_read_at_each_use_with_an_owners_subdirectory_first(
     assert source.value("TOKEN", "bob") == "deployment"
     (tmp_path / "TOKEN").write_text("rotated")
     assert source.value("TOKEN", "bob") == "rotated"
-    assert source.value("TOKEN", "..") == "rotated"
+    for odd in ("..", ".", "a/b", "a\0b", ""):
+        assert source.value("TOKEN", odd) == "rotated"
     assert source.value("alice", None) is None
 
 
