@@ -11,8 +11,9 @@ from sqlalchemy import select
 
 from service.actions import StepContext, action
 from service.engine.inputs import ready_claim
-from service.engine.runner import run_step
+from service.engine.runner import run_lane, run_step
 from service.engine.runtime import Runtime
+from service.engine.shards import FannedOut
 from service.engine.steplogs import read_lines
 from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
@@ -39,11 +40,13 @@ def secret_echo(ctx: StepContext, token: str, fail: str = "", other: str = "") -
     return {"token": token, "header": f"Bearer {token}", token: "as a key", "other": other}
 
 
-def submit(rt: Runtime, owner: str, with_: dict[str, Any], params: Any = None) -> uuid.UUID:
+def submit(
+    rt: Runtime, owner: str, with_: dict[str, Any], params: Any = None, **step: Any
+) -> uuid.UUID:
     profile = {
         "name": "secret-run",
-        "params": {"p": {"type": "string", "default": ""}},
-        "steps": [{"id": "a", "action": "tests.secret_echo", "with": with_}],
+        "params": {"p": {"type": "string", "default": ""}, "items": {"type": "array"}},
+        "steps": [{"id": "a", "action": "tests.secret_echo", "with": with_, **step}],
     }
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
@@ -159,3 +162,24 @@ def test_a_step_without_secrets_claims_as_before(runtime: Runtime, owner: str) -
     assert VALUE not in repr(claims[1])
     for job_id in (plain, secret):
         run(runtime, job_id)
+
+
+def test_each_item_of_a_fan_out_reveals_and_masks_on_its_own(runtime: Runtime, owner: str) -> None:
+    each = {"for_each": {"items": "${{ params.items }}"}}
+    with_ = {"token": "${{ secrets.RUN_TOKEN }}", "other": "${{ item }}"}
+    job_id = submit(runtime, owner, with_, {"items": ["x", "y"]}, **each)
+    key = StepKey(job_id, "a")
+    SEEN.clear()
+
+    assert isinstance(run_step(runtime, key, task_id=uuid.uuid4().hex), FannedOut)
+    while run_lane(runtime, key, task_id=uuid.uuid4().hex):
+        pass
+
+    assert sorted(seen["other"] for seen in SEEN) == ["x", "y"]
+    assert {seen["token"] for seen in SEEN} == {VALUE}
+    with runtime.sessions() as session:
+        outputs = session.scalars(
+            select(CheckpointRow.output).where(CheckpointRow.job_id == job_id)
+        ).all()
+    assert len(outputs) == 2 and VALUE not in repr(outputs) + kept(runtime, job_id)
+    assert all(output["token"] == "***" for output in outputs)
