@@ -40,6 +40,8 @@ class Principal:
     owner: str
     scopes: frozenset[str]
     key_id: uuid.UUID
+    prefix: str = ""
+    """The key's public prefix, which the audit trail names it by."""
 
     @property
     def granted(self) -> frozenset[str]:
@@ -111,7 +113,9 @@ def authenticate(session: Session, token: str) -> Principal:
     matches = hmac.compare_digest(expected, hash_secret(secret))
     if row is None or not matches or row.revoked_at is not None:
         raise Unauthorized(_BAD_KEY)
-    return Principal(owner=row.owner, scopes=frozenset(row.scopes), key_id=row.id)
+    return Principal(
+        owner=row.owner, scopes=frozenset(row.scopes), key_id=row.id, prefix=row.prefix
+    )
 
 
 def revoke_api_key(session: Session, prefix: str, *, now: datetime | None = None) -> bool:

@@ -100,6 +100,10 @@ SYNC_WAIT_DEFAULT_S: Final = 30.0
 """The longest a ``"mode": "sync"`` submission holds its request open before answering 202."""
 RETENTION_BATCH_ROWS: Final = 1000
 """Finished jobs one sweep deletes at most, so the pass stays a short transaction."""
+AUDIT_DETAIL_MAX_BYTES: Final = 1024
+"""An audit event's detail beyond this (as JSON) is replaced by a note of its size."""
+AUDIT_LIST_MAX_LIMIT: Final = 200
+AUDIT_LIST_DEFAULT_LIMIT: Final = 50
 TOMBSTONES_KEPT_S: Final = 30 * 86_400
 """How long the tombstone of a pruned job is kept when no maximum age is set: long enough for
 any client still polling a job to learn it expired rather than never existed."""

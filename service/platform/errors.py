@@ -108,6 +108,12 @@ class InvalidCursor(FlowbeatError):
     code = "invalid_cursor"
 
 
+class AuditQueryInvalid(FlowbeatError):
+    """A filter of the audit trail that names no moment or no target (a time without a zone)."""
+
+    code = "invalid_query"
+
+
 class Unauthorized(FlowbeatError):
     code = "unauthorized"
 

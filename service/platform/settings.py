@@ -153,6 +153,8 @@ class Settings(BaseSettings):
     retention_max_age_days: float | None = Field(default=None, gt=0)
     """Finished jobs older than this are pruned whatever the count (never before the minimum
     age, nor a diff base still needed); none: no age limit."""
+    audit_retention_days: float = Field(default=90.0, gt=0)
+    """Audit events older than this are pruned by the sweeper, a batch per pass."""
     beat_lock_ttl_s: float = 30.0
 
     llm_providers: list[LlmProvider] = Field(default_factory=list)

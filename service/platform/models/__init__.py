@@ -2,6 +2,7 @@
 here, and importing any of them loads them all, so the metadata that Alembic and the
 foreign keys read is always whole."""
 
+from service.platform.models.audit import AuditEventRow
 from service.platform.models.base import ApiKeyRow, Base
 from service.platform.models.catalogue import (
     DependencyFireRow,
@@ -35,6 +36,7 @@ __all__ = [
     "OPEN_SHARD_PREDICATE",
     "ApiKeyRow",
     "ApprovalRow",
+    "AuditEventRow",
     "Base",
     "CheckpointRow",
     "CompensationRow",
