@@ -7,6 +7,7 @@ and the rollback of a session its route left open, go to the thread pool.
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Annotated
 
 import redis
@@ -18,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from api.errors import ApiError
 from api.throttle import check_rate
 from service.engine.runtime import Runtime
+from service.platform.audit import Actor, Channel
 from service.platform.auth import SCOPES, KeyCache, Principal
 from service.platform.errors import Unauthorized
 from service.platform.settings import Settings
@@ -94,12 +96,42 @@ def _authenticate(app: FastAPI, keys: KeyCache, token: str) -> Principal:
         return keys.authenticate(session, token)
 
 
+@dataclass(frozen=True)
+class Via:
+    """The channel and the route a change came through, for its audit event: a route's own,
+    or the dashboard's when one of its buttons calls the route function."""
+
+    channel: Channel
+    source: str
+
+    def actor(self, principal: Principal) -> Actor:
+        return Actor.of_key(principal, self.channel, self.source)
+
+
+def route_of(request: Request) -> str:
+    """``METHOD /path/{param}``: the route as declared, not the URL with its values."""
+    route = request.scope.get("route")
+    return f"{request.method} {getattr(route, 'path', request.url.path)}"
+
+
+async def via_api(request: Request) -> Via:
+    return Via("api", route_of(request))
+
+
+async def via_ui(request: Request) -> Via:
+    """A dashboard button, which calls the API's route function with this in place of its own."""
+    return Via("ui", route_of(request))
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
+Admin = Annotated[Principal, Depends(require("admin"))]
+ViaDep = Annotated[Via, Depends(via_api)]
+UiVia = Annotated[Via, Depends(via_ui)]
 
 
 BROKER_PROBE_TIMEOUT_S = 1.0

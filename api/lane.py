@@ -25,7 +25,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.routes import jobs
 from api.schemas import JobCreate
 from api.throttle import check_rate
+from service.platform.audit import Actor
 from service.platform.auth import KeyCache, Principal
+
+SUBMIT_ROUTE = "POST /v1/jobs"
+"""The route the lane answers for, as the audit trail names it (``api.deps.route_of``)."""
 
 
 class SubmitLane:
@@ -48,7 +52,8 @@ class SubmitLane:
         scope["route"] = self.route
         try:
             await check_rate(self.api, principal)
-            response = jobs.job_response(*await jobs.accept(self.api, body, principal))
+            actor = Actor.of_key(principal, "api", SUBMIT_ROUTE)
+            response = jobs.job_response(*await jobs.accept(self.api, body, principal, actor))
         except Exception as exc:
             response = await self._error(scope, exc)
         await response(scope, receive, send)

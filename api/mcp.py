@@ -39,6 +39,15 @@ from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.language.loading import load_profile_text
 from service.language.yamlsafe import load_yaml
+from service.platform.audit import (
+    Actor,
+    Target,
+    record,
+    record_signal,
+    saved_event,
+    schedule_event,
+    schedule_saved,
+)
 from service.platform.auth import KeyCache, Principal
 from service.platform.clock import utcnow
 from service.platform.constants import (
@@ -108,6 +117,10 @@ async def _call(
                 raise ToolError(f"{exc.code}: {exc.message}") from None
 
     return await anyio.to_thread.run_sync(run)
+
+
+def _actor(principal: Principal, tool: str) -> Actor:
+    return Actor.of_key(principal, "mcp", f"mcp {tool}")
 
 
 def _admin(principal: Principal) -> bool:
@@ -200,8 +213,10 @@ def _schedule(
     spec: ScheduleSpec | None,
 ) -> dict[str, Any]:
     """``schedule`` None is the pipeline's only schedule, as on the one-schedule routes."""
+    actor = _actor(principal, "schedule_pipeline")
     if spec is None:
         row = delete_schedule(session, owner=principal.owner, pipeline=name, schedule=schedule)
+        record(session, actor, "schedule.delete", *schedule_event(row))
         session.commit()
         return {"pipeline": name, "schedule_id": str(row.id), "removed": True}
     profile = resolve_request(
@@ -231,6 +246,7 @@ def _schedule(
             settings=deps.settings,
             now=now,
         )
+    record(session, actor, schedule_saved(row, now), *schedule_event(row), at=now)
     public = SchedulePublic.of(summarize(session, [row])[0]).model_dump(mode="json")
     session.commit()
     return {"pipeline": name, "schedule": public}
@@ -278,8 +294,12 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
                 settings=settings,
                 known_actions=deps.runtime.registry.names(),
             )
+            view = outcome.view
+            if outcome.created_version:
+                event = saved_event(view.name, view.owner, view.version)
+                record(session, _actor(principal, "save_pipeline"), "pipeline.save", *event)
             session.commit()
-            return {"pipeline": _public(outcome.view), "created_version": outcome.created_version}
+            return {"pipeline": _public(view), "created_version": outcome.created_version}
 
         return await _call(deps, ctx, "write", work)
 
@@ -324,6 +344,9 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
                 admin=_admin(principal),
                 purge_history=purge_history,
             )
+            actor, target = _actor(principal, "delete_pipeline"), Target("pipeline", name)
+            detail = {"owner": principal.owner, "purged_jobs": purged}
+            record(session, actor, "pipeline.delete", target, detail)
             session.commit()
             return {"name": name, "purged_jobs": purged}
 
@@ -416,8 +439,9 @@ def _job_tools(server: MCPServer, deps: McpDeps) -> None:
         )
 
         def work(session: Session, principal: Principal) -> dict[str, Any]:
+            actor = _actor(principal, "run_pipeline")
             job, _ = accept_job(
-                body, principal, session, deps.runtime, deps.settings, deps.celery_app
+                body, principal, session, deps.runtime, deps.settings, deps.celery_app, actor
             )
             return {"job": job.model_dump(mode="json")}
 
@@ -451,6 +475,7 @@ def _job_tools(server: MCPServer, deps: McpDeps) -> None:
                 visible_to=_visible_to(principal),
                 now=utcnow(),
             )
+            record_signal(session, _actor(principal, "send_signal"), sent.job.id, name)
             session.commit()
             envelope = SignalEnvelope(
                 signal=SignalPublic.of(sent.signal, sent.resumed),

@@ -38,6 +38,7 @@ from service.language.plan import JobPlan, initial_plan
 from service.language.snapshots import job_profile, profile_secrets
 from service.language.specs import NAME_PATTERN
 from service.platform import logs
+from service.platform.audit import Actor
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
@@ -83,9 +84,10 @@ def accept_job(
     runtime: Runtime,
     settings: Settings,
     celery_app: "Celery",
+    actor: Actor,
 ) -> tuple[JobPublic, int]:
     """The job and 202 when it is new, or the first job and 200 when its idempotency key was
-    seen before."""
+    seen before. A new job's audit event, by ``actor``, is stored by the job's own statement."""
     known_actions = runtime.registry.names()
     request = JobRequest(
         pipeline=_pipeline(body, known_actions, settings),
@@ -107,6 +109,7 @@ def accept_job(
         open_jobs_limit=settings.max_open_jobs_per_owner,
         fair_share_ahead=settings.fair_share_ahead,
         secrets=secrets_of(settings),
+        audit=actor,
     )
     session.commit()
     with logs.bound(job_id=str(job.id)):
@@ -203,6 +206,7 @@ async def accept_job_on_loop(
     runtime: Runtime,
     settings: Settings,
     io: LoopIO,
+    actor: Actor,
 ) -> tuple[JobPublic, int] | None:
     """A new job of a pipeline name, accepted without leaving the event loop: the hop to the
     thread pool, the session and the separate lookup, count and insert were most of what the
@@ -234,7 +238,7 @@ async def accept_job_on_loop(
     )
     try:
         secrets_of(settings).require(profile_secrets(resolved.profile), principal.owner)
-        job = new_job(request, resolved, owner=principal.owner, name=name)
+        job = new_job(request, resolved, owner=principal.owner, name=name, audit=actor)
     except FlowbeatError:
         return None
     profile = resolved.profile

@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep
+from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, UiVia
 from api.errors import status_for
 from api.routes import approvals, events, jobs, pipelines, runs, schedules
 from api.routes.queues import QueuePublic, read_queues
@@ -314,9 +314,14 @@ async def job_events(
 
 @router.post("/jobs/{job_id}/cancel")
 def cancel(
-    job_id: str, actor: Actor, session: SessionDep, runtime: RuntimeDep, celery_app: CeleryDep
+    job_id: str,
+    actor: Actor,
+    session: SessionDep,
+    runtime: RuntimeDep,
+    celery_app: CeleryDep,
+    via: UiVia,
 ) -> Response:
-    jobs.cancel(job_id, actor, session, runtime, celery_app)
+    jobs.cancel(job_id, actor, session, runtime, celery_app, via)
     return _back(f"/ui/jobs/{job_id}")
 
 
@@ -327,10 +332,11 @@ def rerun(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: UiVia,
     from_step: Annotated[str, Form()],
 ) -> Response:
     created = jobs.rerun(
-        job_id, RerunCreate(from_step=from_step), actor, session, runtime, celery_app
+        job_id, RerunCreate(from_step=from_step), actor, session, runtime, celery_app, via
     )
     return _back(f"/ui/jobs/{created.job.id}")
 
@@ -344,13 +350,14 @@ def decide(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: UiVia,
     comment: Annotated[str, Form()] = "",
 ) -> Response:
     body = DecisionCreate(comment=comment or None)
     decide_with = {"approve": approvals.approve, "reject": approvals.reject}.get(decision)
     if decide_with is None:
         raise Forbidden(f"no decision {decision!r}", {"decision": decision})
-    decide_with(job_id, step_id, body, actor, session, runtime, celery_app)
+    decide_with(job_id, step_id, body, actor, session, runtime, celery_app, via)
     return _back(f"/ui/jobs/{job_id}")
 
 

@@ -5,7 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, Writer
+from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, Via, ViaDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
 from api.routes.jobs import parse_job_id, visible_to
@@ -18,6 +18,7 @@ from api.schemas import (
 )
 from service.engine.approvals import decide, list_approvals
 from service.engine.jobs import job_view
+from service.platform.audit import record_decision
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.constants import APPROVAL_LIST_MAX
@@ -46,6 +47,7 @@ def _decide(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: Via,
 ) -> DecisionEnvelope:
     decided = decide(
         session,
@@ -58,6 +60,7 @@ def _decide(
         visible_to=visible_to(principal),
         now=utcnow(),
     )
+    record_decision(session, via.actor(principal), decided.job.id, step_id, approve=approve)
     session.commit()
     envelope = DecisionEnvelope(
         approval=ApprovalPublic.of(decided.approval, decided.job.pipeline),
@@ -79,9 +82,10 @@ def approve(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: ViaDep,
 ) -> DecisionEnvelope:
     """The gated step runs; its ``with`` and its downstream read the payload."""
-    return _decide(True, job_id, step_id, body, principal, session, runtime, celery_app)
+    return _decide(True, job_id, step_id, body, principal, session, runtime, celery_app, via)
 
 
 @router.post(
@@ -95,9 +99,10 @@ def reject(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: ViaDep,
 ) -> DecisionEnvelope:
     """The gated step fails for good as ``rejected``; the failure policy decides the rest."""
-    return _decide(False, job_id, step_id, body, principal, session, runtime, celery_app)
+    return _decide(False, job_id, step_id, body, principal, session, runtime, celery_app, via)
 
 
 @router.get("/approvals", response_model=ApprovalList, responses=errors({400: "invalid_query"}))

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, require
+from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, ViaDep, require
 from api.errors import ApiError
 from api.openapi import RETRY_AFTER, errors, read_by_route
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
@@ -20,6 +20,7 @@ from api.throttle import check_hook_rate
 from service.engine.jobs import job_view, new_job_view
 from service.language.snapshots import job_profile
 from service.language.specs import NAME_PATTERN
+from service.platform.audit import Target, record
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.errors import FlowbeatError, HookNotFound
@@ -122,6 +123,7 @@ def save_hook(
     runtime: RuntimeDep,
     settings: SettingsDep,
     response: Response,
+    via: ViaDep,
 ) -> HookEnvelope:
     """201 with the secret for a new hook; 200 for a replaced one (the secret only if given)."""
     saved = put_hook(
@@ -132,6 +134,9 @@ def save_hook(
         profiles_dir=settings.profiles_dir,
         known_actions=runtime.registry.names(),
     )
+    action = "hook.create" if saved.created else "hook.update"
+    detail = {"pipeline": body.pipeline, "enabled": body.enabled, "secret_set": bool(saved.secret)}
+    record(session, via.actor(principal), action, Target("hook", name), detail)
     session.commit()
     session.refresh(saved.hook)
     response.status_code = 201 if saved.created else 200
@@ -149,8 +154,9 @@ def read_hook(name: str, _: Admin, session: SessionDep) -> HookEnvelope:
 
 
 @router.delete("/{name}", status_code=204, responses=_NOT_FOUND)
-def remove_hook(name: str, _: Admin, session: SessionDep) -> Response:
+def remove_hook(name: str, principal: Admin, session: SessionDep, via: ViaDep) -> Response:
     delete_hook(session, name)
+    record(session, via.actor(principal), "hook.delete", Target("hook", name))
     session.commit()
     return Response(status_code=204)
 

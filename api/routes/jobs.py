@@ -11,7 +11,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, Writer
+from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, ViaDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
 from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
@@ -21,6 +21,7 @@ from service.engine.jobs import cancel_job, get_job, job_view, list_jobs
 from service.engine.reruns import RerunRequest, rerun_job
 from service.engine.runtime import Runtime
 from service.language.plan import JobPlan, load_plan
+from service.platform.audit import Actor, record_cancel, record_rerun
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMIT
@@ -75,13 +76,13 @@ def visible_to(principal: Principal) -> str | None:
     },
 )
 async def create_job(
-    request: Request, body: JobCreate, principal: Writer, runtime: RuntimeDep
+    request: Request, body: JobCreate, principal: Writer, runtime: RuntimeDep, via: ViaDep
 ) -> Response:
     """202 for a new job; 200 with the first job when the idempotency key was seen before.
 
     With ``"mode": "sync"`` the request waits, up to ``wait_s``, for the job to be final:
     200 with the final job, else 202 with the job as it stands."""
-    job, status_code = await accept(request.app, body, principal)
+    job, status_code = await accept(request.app, body, principal, via.actor(principal))
     if body.mode == "async" or job.status in JOB_FINAL:
         return job_response(job, status_code)
     listener = await run_in_threadpool(listener_of, request.app)
@@ -90,17 +91,22 @@ async def create_job(
     return job_response(job, 200 if job.status in JOB_FINAL else 202)
 
 
-async def accept(app: FastAPI, body: JobCreate, principal: Principal) -> tuple[JobPublic, int]:
+async def accept(
+    app: FastAPI, body: JobCreate, principal: Principal, actor: Actor
+) -> tuple[JobPublic, int]:
     """On the event loop where the job can be taken there, else in the thread pool. The route
-    and ``api.lane.SubmitLane`` both accept jobs through here."""
+    and ``api.lane.SubmitLane`` both accept jobs through here; ``actor`` is recorded with a
+    new job, in the statement that stores it."""
     state = app.state
     io: LoopIO | None = state.loop_io
     if io is not None:
-        accepted = await accept_job_on_loop(body, principal, state.runtime, state.settings, io)
+        accepted = await accept_job_on_loop(
+            body, principal, state.runtime, state.settings, io, actor
+        )
         if accepted is not None:
             return accepted
     return await run_in_threadpool(
-        _accept, body, principal, state.runtime, state.settings, state.celery_app
+        _accept, body, principal, state.runtime, state.settings, state.celery_app, actor
     )
 
 
@@ -110,11 +116,12 @@ def _accept(
     runtime: Runtime,
     settings: Settings,
     celery_app: Celery,
+    actor: Actor,
 ) -> tuple[JobPublic, int]:
     """``accept_job`` in a session of its own: a job accepted on the event loop needs none,
     and the session a route declares is made for every request."""
     with runtime.sessions() as session:
-        return accept_job(body, principal, session, runtime, settings, celery_app)
+        return accept_job(body, principal, session, runtime, settings, celery_app, actor)
 
 
 def _read(runtime: Runtime, job_id: uuid.UUID) -> JobPublic:
@@ -186,13 +193,14 @@ def cancel(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: ViaDep,
 ) -> JobEnvelope:
     """Cancelling a cancelled job is a no-op; cancelling a finished one is a 409. Running tasks
     are revoked only after the commit, and only as a courtesy: the cancelled status in
     PostgreSQL is what stops them at their next checkpoint even if the revoke is lost."""
-    job, running = cancel_job(
-        session, parse_job_id(job_id), owner=visible_to(principal), now=utcnow()
-    )
+    now = utcnow()
+    job, running = cancel_job(session, parse_job_id(job_id), owner=visible_to(principal), now=now)
+    record_cancel(session, via.actor(principal), job, now)
     session.commit()
     view = job_view(session, job)
     envelope = JobEnvelope(job=JobPublic.of(view))
@@ -227,6 +235,7 @@ def rerun(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: ViaDep,
 ) -> JobEnvelope:
     """A new job of the parent's profile that reuses the checkpoints of the steps upstream of
     ``from_step``; it is stored before its first steps are sent."""
@@ -240,6 +249,7 @@ def rerun(
     job = rerun_job(
         session, parse_job_id(job_id), request, visible_to=visible_to(principal), now=utcnow()
     )
+    record_rerun(session, via.actor(principal), job, body.from_step)
     session.commit()
     plan = load_plan(session, job.id)
     session.commit()

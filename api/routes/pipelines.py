@@ -10,12 +10,13 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
+from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Via, ViaDep, Writer
 from api.openapi import errors, read_by_route
 from api.schemas import UtcDatetime
 from service.catalogue.imports import fetch_url, import_policy, read_import_file
 from service.catalogue.pipelines import PipelineView, get_pipeline, list_pipelines, list_versions
 from service.catalogue.saving import SaveOutcome, delete_pipeline, save_pipeline, set_share
+from service.platform.audit import Target, record, saved_event
 from service.platform.auth import Principal
 from service.platform.errors import ImportRequestInvalid, UnsupportedMediaType
 from service.platform.settings import Settings
@@ -197,6 +198,7 @@ def import_pipeline(
     session: SessionDep,
     runtime: RuntimeDep,
     settings: SettingsDep,
+    via: ViaDep,
 ) -> PipelineEnvelope:
     """Fetch a profile from an allow-listed https URL or a file in the import directory, then
     save it exactly as ``PUT`` would. The authentication's transaction ends first, so no
@@ -217,6 +219,10 @@ def import_pipeline(
         settings=settings,
         known_actions=runtime.registry.names(),
     )
+    if outcome.created_version:
+        view = outcome.view
+        event = saved_event(view.name, view.owner, view.version, source=body.url or body.path)
+        record(session, via.actor(principal), "pipeline.import", *event)
     session.commit()
     return _saved(outcome, response)
 
@@ -258,6 +264,7 @@ def save(
     session: SessionDep,
     runtime: RuntimeDep,
     settings: SettingsDep,
+    via: ViaDep,
 ) -> PipelineEnvelope:
     """201 with a new version; 200 when the content is one already saved (no new version)."""
     outcome = save_pipeline(
@@ -268,6 +275,9 @@ def save(
         settings=settings,
         known_actions=runtime.registry.names(),
     )
+    if outcome.created_version:
+        event = saved_event(outcome.view.name, outcome.view.owner, outcome.view.version)
+        record(session, via.actor(principal), "pipeline.save", *event)
     session.commit()
     return _saved(outcome, response)
 
@@ -315,6 +325,7 @@ def remove(
     principal: Writer,
     session: SessionDep,
     settings: SettingsDep,
+    via: ViaDep,
     purge_history: bool = False,
     owner: Annotated[str | None, OWNER_QUERY] = None,
 ) -> Deleted:
@@ -329,6 +340,8 @@ def remove(
         admin=_admin(principal),
         purge_history=purge_history,
     )
+    detail = {"owner": owner or principal.owner, "purged_jobs": purged}
+    record(session, via.actor(principal), "pipeline.delete", Target("pipeline", name), detail)
     session.commit()
     return Deleted(name=name, purged_jobs=purged)
 
@@ -342,6 +355,7 @@ def _share(
     principal: Principal,
     session: Session,
     settings: Settings,
+    via: Via,
 ) -> Shares:
     grantees = set_share(
         session,
@@ -353,6 +367,9 @@ def _share(
         owner=owner,
         admin=_admin(principal),
     )
+    action = "pipeline.share" if shared else "pipeline.unshare"
+    detail = {"owner": owner or principal.owner, "grantee": grantee}
+    record(session, via.actor(principal), action, Target("pipeline", name), detail)
     session.commit()
     return Shares(name=name, shared_with=grantees)
 
@@ -368,6 +385,7 @@ def share(
     principal: Writer,
     session: SessionDep,
     settings: SettingsDep,
+    via: ViaDep,
     owner: Annotated[str | None, OWNER_QUERY] = None,
 ) -> Shares:
     """Let ``grantee`` read and run the pipeline, not change it. Owner or admin only."""
@@ -379,6 +397,7 @@ def share(
         principal=principal,
         session=session,
         settings=settings,
+        via=via,
     )
 
 
@@ -393,6 +412,7 @@ def unshare(
     principal: Writer,
     session: SessionDep,
     settings: SettingsDep,
+    via: ViaDep,
     owner: Annotated[str | None, OWNER_QUERY] = None,
 ) -> Shares:
     return _share(
@@ -403,4 +423,5 @@ def unshare(
         principal=principal,
         session=session,
         settings=settings,
+        via=via,
     )

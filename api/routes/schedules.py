@@ -12,13 +12,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Response
 from pydantic import BaseModel
 
-from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, Writer
+from api.deps import Reader, RuntimeDep, SessionDep, SettingsDep, ViaDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
 from api.schemas import UtcDatetime
 from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.language.profiles import Profile
+from service.platform.audit import record, schedule_event, schedule_saved
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
 from service.platform.models import ScheduleRow
@@ -160,14 +161,17 @@ def save_schedule(
     session: SessionDep,
     settings: SettingsDep,
     runtime: RuntimeDep,
+    via: ViaDep,
     body: Annotated[ScheduleSpec | None, Body()] = None,
 ) -> ScheduleEnvelope:
     """The pipeline's only schedule, created or replaced; an empty body takes the
     ``schedule:`` block of its profile."""
     profile, spec = _profile_and_spec(name, body, principal, session, settings, runtime)
+    now = utcnow()
     row = put_schedule(
-        session, owner=principal.owner, profile=profile, spec=spec, settings=settings, now=utcnow()
+        session, owner=principal.owner, profile=profile, spec=spec, settings=settings, now=now
     )
+    record(session, via.actor(principal), schedule_saved(row, now), *schedule_event(row), at=now)
     envelope = _envelope(session, row)
     session.commit()
     return envelope
@@ -180,9 +184,10 @@ def read_schedule(name: str, principal: Reader, session: SessionDep) -> Schedule
 
 
 @router.delete("/pipelines/{name}/schedule", status_code=204, responses=_ONE_SCHEDULE)
-def remove_schedule(name: str, principal: Writer, session: SessionDep) -> Response:
+def remove_schedule(name: str, principal: Writer, session: SessionDep, via: ViaDep) -> Response:
     """The pipeline's only schedule."""
-    delete_schedule(session, owner=principal.owner, pipeline=name)
+    row = delete_schedule(session, owner=principal.owner, pipeline=name)
+    record(session, via.actor(principal), "schedule.delete", *schedule_event(row))
     session.commit()
     return Response(status_code=204)
 
@@ -205,14 +210,17 @@ def add_schedule(
     session: SessionDep,
     settings: SettingsDep,
     runtime: RuntimeDep,
+    via: ViaDep,
     body: Annotated[ScheduleSpec | None, Body()] = None,
 ) -> ScheduleEnvelope:
     """One more schedule of the pipeline, beside those it has; an empty body takes the
     ``schedule:`` block of its profile."""
     profile, spec = _profile_and_spec(name, body, principal, session, settings, runtime)
+    now = utcnow()
     row = create_schedule(
-        session, owner=principal.owner, profile=profile, spec=spec, settings=settings, now=utcnow()
+        session, owner=principal.owner, profile=profile, spec=spec, settings=settings, now=now
     )
+    record(session, via.actor(principal), "schedule.create", *schedule_event(row), at=now)
     envelope = _envelope(session, row)
     session.commit()
     return envelope
@@ -261,12 +269,14 @@ def replace_schedule(
     session: SessionDep,
     settings: SettingsDep,
     runtime: RuntimeDep,
+    via: ViaDep,
     body: Annotated[ScheduleSpec | None, Body()] = None,
 ) -> ScheduleEnvelope:
     """Replace a schedule by id or name, or create it (201) under a name the pipeline has no
     schedule of yet, so a named schedule can be declared twice alike. A body without ``name``
     keeps the schedule's name; one with another name renames it (refused on creation)."""
     profile, spec = _profile_and_spec(name, body, principal, session, settings, runtime)
+    now = utcnow()
     row, created = set_schedule(
         session,
         owner=principal.owner,
@@ -274,8 +284,9 @@ def replace_schedule(
         schedule=schedule,
         spec=spec,
         settings=settings,
-        now=utcnow(),
+        now=now,
     )
+    record(session, via.actor(principal), schedule_saved(row, now), *schedule_event(row), at=now)
     envelope = _envelope(session, row)
     session.commit()
     if created:
@@ -285,10 +296,11 @@ def replace_schedule(
 
 @router.delete("/pipelines/{name}/schedules/{schedule}", status_code=204, responses=_NOT_FOUND)
 def remove_one_schedule(
-    name: str, schedule: str, principal: Writer, session: SessionDep
+    name: str, schedule: str, principal: Writer, session: SessionDep, via: ViaDep
 ) -> Response:
     """By id or name; the jobs it started stay."""
-    delete_schedule(session, owner=principal.owner, pipeline=name, schedule=schedule)
+    row = delete_schedule(session, owner=principal.owner, pipeline=name, schedule=schedule)
+    record(session, via.actor(principal), "schedule.delete", *schedule_event(row))
     session.commit()
     return Response(status_code=204)
 

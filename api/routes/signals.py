@@ -4,12 +4,13 @@ sweeper sends the step."""
 
 from fastapi import APIRouter
 
-from api.deps import CeleryDep, RuntimeDep, SessionDep, Writer
+from api.deps import CeleryDep, RuntimeDep, SessionDep, ViaDep, Writer
 from api.openapi import errors
 from api.routes.jobs import parse_job_id, visible_to
 from api.schemas import JobPublic, SignalCreate, SignalEnvelope, SignalPublic
 from service.engine.jobs import job_view
 from service.engine.signals import send_signal
+from service.platform.audit import record_signal
 from service.platform.clock import utcnow
 from tasks.dispatch import publish_or_defer
 
@@ -37,6 +38,7 @@ def signal(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    via: ViaDep,
 ) -> SignalEnvelope:
     """Stored once per name: the steps waiting for it (``wait_for``) run, and one that waits
     later finds it; a second signal of the same name is ``409 signal_already_received``."""
@@ -49,6 +51,7 @@ def signal(
         visible_to=visible_to(principal),
         now=utcnow(),
     )
+    record_signal(session, via.actor(principal), sent.job.id, name)
     session.commit()
     envelope = SignalEnvelope(
         signal=SignalPublic.of(sent.signal, sent.resumed),

@@ -25,6 +25,7 @@ from service.language.params import resolve_params
 from service.language.profiles import Profile
 from service.language.snapshots import profile_secrets, step_facts
 from service.platform import metrics
+from service.platform.audit import Actor, audit_columns, submit_events
 from service.platform.clock import utcnow
 from service.platform.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
 from service.platform.db import driver
@@ -121,6 +122,7 @@ def submit_job(
     open_jobs_limit: int = 0,
     fair_share_ahead: int = 0,
     secrets: Secrets | None = None,
+    audit: Actor | None = None,
 ) -> tuple[JobRow, bool]:
     """Store a queued job and its steps. Returns the job and whether it is new.
 
@@ -135,6 +137,9 @@ def submit_job(
     A new job counts against the owner's ``open_jobs_limit`` (``check_open_jobs``, 0: none); a
     replay of a key does not, as it starts nothing, so it gets its job at the limit too.
     With ``secrets``, a new job whose profile names a secret its owner lacks is refused.
+
+    With ``audit``, the statement that stores a new job records its ``job.submit`` event too
+    (a replay stores nothing, so it records nothing).
 
     Everything it reads is read-only and its one write is a single statement, so a caller may
     run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none;
@@ -162,7 +167,7 @@ def submit_job(
     job = _job_values(request, resolved, params, request_hash, owner, publish_now)
     if fair_share_ahead and job["waiting_for"] is None:
         job.update(waiting_for=WAITING_FOR_TURN, dispatched_at=None)
-    if insert_job(session, job, step_rows(profile)):
+    if insert_job(session, job, step_rows(profile), audit):
         job = take_slot(session, job, publish_now)
         return JobRow(**take_turn(session, job, fair_share_ahead, publish_now)), True
     raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
@@ -245,6 +250,11 @@ _INSERT_JOB = (
         ON CONFLICT (owner, idempotency_key) DO NOTHING
         RETURNING id"""
     + _new_steps("new_job, jsonb_to_recordset(%(steps)s)")
+    + submit_events(
+        "%(created_at)s::timestamptz, %(audit_channel)s::text, %(audit_source)s::text,"
+        " %(audit_actor)s::text, %(owner)s::text, %(pipeline)s::text, %(pipeline_version)s::int",
+        "new_job WHERE %(audit_channel)s::text IS NOT NULL",
+    )
     + " SELECT count(*) FROM new_job"
 )
 
@@ -258,6 +268,7 @@ _JOB_TYPES = {
 _BATCH_COLUMNS = ", ".join(
     [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in _JOB_COLUMNS]
     + ["ord int", "name text", "seen text", "steps jsonb"]
+    + [f"{column} text" for column in audit_columns(None)]
 )
 _OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
 _INSERT_JOBS_IF_RESOLVED = (
@@ -293,6 +304,11 @@ _INSERT_JOBS_IF_RESOLVED = (
         ON CONFLICT (owner, idempotency_key) DO NOTHING
         RETURNING id"""
     + _new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
+    + submit_events(
+        "allowed.created_at, allowed.audit_channel, allowed.audit_source, allowed.audit_actor,"
+        " allowed.owner, allowed.pipeline, allowed.pipeline_version",
+        "new_job JOIN allowed USING (id) WHERE allowed.audit_channel IS NOT NULL",
+    )
     + " SELECT id FROM new_job"
 )
 
@@ -305,6 +321,7 @@ class NewJob:
     values: dict[str, Any]
     steps: list[dict[str, Any]]
     name: str
+    audit: Actor | None = None
 
     @property
     def id(self) -> uuid.UUID:
@@ -317,12 +334,20 @@ class NewJob:
         return priority
 
 
-def new_job(request: JobRequest, resolved: ResolvedPipeline, *, owner: str, name: str) -> NewJob:
-    """The job ``submit_job`` would store for ``request``, asked for by the pipeline ``name``."""
+def new_job(
+    request: JobRequest,
+    resolved: ResolvedPipeline,
+    *,
+    owner: str,
+    name: str,
+    audit: Actor | None = None,
+) -> NewJob:
+    """The job ``submit_job`` would store for ``request``, asked for by the pipeline ``name``;
+    with ``audit``, the statement that stores it records its ``job.submit`` event."""
     params = resolve_params(resolved.profile, request.params)
     request_hash = _request_hash(resolved.profile, params, request)
     values = _job_values(request, resolved, params, request_hash, owner, True)
-    return NewJob(values, step_rows(resolved.profile), name)
+    return NewJob(values, step_rows(resolved.profile), name, audit)
 
 
 async def insert_jobs_if_resolved(
@@ -389,7 +414,7 @@ def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
     pipeline_id = values["pipeline_id"]
     seen = "" if pipeline_id is None else f"{pipeline_id} {values['pipeline_version']}"
     row = {column: _json_value(values[column]) for column in _JOB_COLUMNS}
-    row.update(ord=ord_, name=job.name, seen=seen, steps=job.steps)
+    row.update(ord=ord_, name=job.name, seen=seen, steps=job.steps, **audit_columns(job.audit))
     return row
 
 
@@ -419,21 +444,30 @@ def step_rows(
     ]
 
 
-def _insert_values(job: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def _insert_values(
+    job: dict[str, Any], steps: list[dict[str, Any]], audit: Actor | None
+) -> dict[str, Any]:
     """The parameters both job inserts share: the job's row and its steps' rows."""
     return {
         **job,
         "profile": Jsonb(job["profile"]),
         "params": Jsonb(job["params"]),
         "steps": Jsonb(steps),
+        **audit_columns(audit),
     }
 
 
-def insert_job(session: Session, job: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
-    """The job and its steps in one constant statement; ``False`` if its idempotency key was
-    taken first. ``ON CONFLICT`` waits for a concurrent holder of the key to commit or roll
-    back, so a key is never stored twice and no savepoint is needed."""
-    row = driver(session).execute(_INSERT_JOB, _insert_values(job, steps)).fetchone()
+def insert_job(
+    session: Session,
+    job: dict[str, Any],
+    steps: list[dict[str, Any]],
+    audit: Actor | None = None,
+) -> bool:
+    """The job and its steps (and, with ``audit``, its audit event) in one constant statement;
+    ``False`` if its idempotency key was taken first. ``ON CONFLICT`` waits for a concurrent
+    holder of the key to commit or roll back, so a key is never stored twice and no savepoint
+    is needed."""
+    row = driver(session).execute(_INSERT_JOB, _insert_values(job, steps, audit)).fetchone()
     inserted = row is not None and row[0] == 1
     if inserted:
         counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
