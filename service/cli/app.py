@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from service.platform.audit import Actor
 from service.platform.errors import FlowbeatError
 from service.platform.settings import Settings, get_settings
 
@@ -107,6 +108,12 @@ def load_settings() -> Settings:
 def acting_owner(settings: Settings, given: str | None) -> str:
     """``--owner`` when given, else the owner ``load_settings`` resolved for this mode."""
     return given or settings.cli_owner or DEFAULT_OWNER
+
+
+def cli_actor(settings: Settings, command: str, owner: str | None = None) -> Actor:
+    """The audit trail's actor of a command: the OS user, acting as ``--owner`` or the
+    command's default owner."""
+    return Actor.of_cli(command, acting_owner(settings, owner))
 
 
 def celery_app(settings: Settings) -> "Celery":

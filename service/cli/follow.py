@@ -15,6 +15,7 @@ from service.cli.app import (
     acting_owner,
     celery_app,
     cli,
+    cli_actor,
     console,
     load_settings,
     migrate_schema,
@@ -160,6 +161,7 @@ def submit(
                 profiles_dir=settings.profiles_dir,
                 known_actions=rt.registry.names(),
                 secrets=secrets_of(settings),
+                audit=cli_actor(settings, "run", owner),
             )
     except FlowbeatError as exc:
         print_refusal(exc)

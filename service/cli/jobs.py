@@ -11,6 +11,7 @@ from service.cli.app import (
     FINAL,
     JsonOption,
     celery_app,
+    cli_actor,
     console,
     emit_json,
     jobs_cli,
@@ -26,6 +27,7 @@ from service.cli.follow import (
     view_job,
 )
 from service.cli.tables import narrow_table
+from service.platform.audit import record_cancel, record_decision, record_rerun, record_signal
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
@@ -203,8 +205,10 @@ def jobs_cancel(job: JobArgument) -> None:
     job_id = resolve_job(settings, job)
     app = celery_app(settings)
     rt = Runtime.start(settings)
+    now = utcnow()
     with unit_of_work(rt.sessions) as session:
-        cancelled, running = cancel_job(session, job_id, owner=None, now=utcnow())
+        cancelled, running = cancel_job(session, job_id, owner=None, now=now)
+        record_cancel(session, cli_actor(settings, "jobs cancel"), cancelled, now)
         compensation = job_view(session, cancelled).compensation
     if compensation is not None and compensation["status"] == "running":
         publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
@@ -249,6 +253,7 @@ def jobs_rerun(
         job_id = resolve_job(settings, job)
         with unit_of_work(rt.sessions) as session:
             rerun = rerun_job(session, job_id, request, visible_to=None, now=utcnow())
+            record_rerun(session, cli_actor(settings, "jobs rerun"), rerun, from_step)
             new_id, waiting = rerun.id, rerun.waiting_for is not None
         with unit_of_work(rt.sessions) as session:
             plan = None if waiting else load_plan(session, new_id)
@@ -315,6 +320,8 @@ def _decide(
             now=utcnow(),
         )
         status = decided.approval.status
+        actor = cli_actor(settings, "jobs approve" if approve else "jobs reject")
+        record_decision(session, actor, job_id, step_id, approve=approve, by=by)
     publish_or_defer(app, rt, decided.ready)
     console.print(f"job {job_id} step {step_id}: {status} by {by}", markup=False)
 
@@ -371,6 +378,7 @@ def jobs_signal(
     rt = Runtime.start(settings)
     with unit_of_work(rt.sessions) as session:
         sent = send_signal(session, job_id, name, body, by=by, visible_to=None, now=utcnow())
+        record_signal(session, cli_actor(settings, "jobs signal"), job_id, name, by=by)
         resumed = sent.resumed
     publish_or_defer(app, rt, sent.ready)
     waiting = ", ".join(resumed) if resumed else "kept until a step waits for it"

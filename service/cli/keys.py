@@ -10,12 +10,14 @@ from service.cli.app import (
     JsonOption,
     OwnerOption,
     acting_owner,
+    cli_actor,
     console,
     emit_json,
     keys_cli,
     load_settings,
 )
 from service.cli.tables import narrow_table
+from service.platform.audit import record_key
 from service.platform.db import sessions_of, unit_of_work
 
 
@@ -32,7 +34,15 @@ def keys_create(
     wanted = [scope.strip() for scope in scopes.split(",") if scope.strip()]
     try:
         with unit_of_work(sessions) as session:
-            key, _ = create_api_key(session, owner=acting_owner(settings, owner), scopes=wanted)
+            key, row = create_api_key(session, owner=acting_owner(settings, owner), scopes=wanted)
+            record_key(
+                session,
+                cli_actor(settings, "keys create", owner),
+                "key.create",
+                row.prefix,
+                owner=row.owner,
+                scopes=row.scopes,
+            )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     typer.echo(key)
@@ -98,6 +108,7 @@ def keys_revoke(
     with unit_of_work(sessions) as session:
         if not revoke_api_key(session, key):
             raise KeyNotFound("no live key with this prefix", {"prefix": key[:12]})
+        record_key(session, cli_actor(settings, "keys revoke"), "key.revoke", key)
     console.print(
         f"revoked; refused everywhere within {settings.auth_cache_s:g}s (FLOWBEAT_AUTH_CACHE_S)"
     )

@@ -14,6 +14,7 @@ from service.cli.app import (
     JsonOption,
     OwnerOption,
     acting_owner,
+    cli_actor,
     console,
     emit_json,
     load_settings,
@@ -21,6 +22,7 @@ from service.cli.app import (
     print_refusal,
 )
 from service.cli.tables import narrow_table
+from service.platform.audit import Actor, Target, record, saved_event
 from service.platform.db import unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.settings import Settings
@@ -48,6 +50,19 @@ def _print_saved(outcome: Any) -> None:
     console.print(f"{view.name} v{view.version} ({view.content_hash[:12]}): {verb}", markup=False)
 
 
+def _record_saved(
+    session: Any,
+    actor: Actor,
+    outcome: Any,
+    action: str = "pipeline.save",
+    source: str | None = None,
+) -> None:
+    """Only a new version is a change: saving unchanged content records nothing."""
+    if outcome.created_version:
+        view = outcome.view
+        record(session, actor, action, *saved_event(view.name, view.owner, view.version, source))
+
+
 @pipelines_cli.command("save")
 def pipelines_save(
     file: Annotated[Path, typer.Argument(help="a YAML or JSON profile", exists=True)],
@@ -67,6 +82,7 @@ def pipelines_save(
             settings=settings,
             known_actions=rt.registry.names(),
         )
+        _record_saved(session, cli_actor(settings, "pipelines save", owner), outcome)
     _print_saved(outcome)
 
 
@@ -164,6 +180,9 @@ def pipelines_delete(
             profiles_dir=settings.profiles_dir,
             purge_history=purge_history,
         )
+        detail = {"owner": acting_owner(settings, owner), "purged_jobs": purged}
+        actor = cli_actor(settings, "pipelines delete", owner)
+        record(session, actor, "pipeline.delete", Target("pipeline", name), detail)
     console.print(f"deleted {name} ({purged} jobs purged)", markup=False)
 
 
@@ -195,6 +214,8 @@ def pipelines_import(
             settings=settings,
             known_actions=rt.registry.names(),
         )
+        actor = cli_actor(settings, "pipelines import", owner)
+        _record_saved(session, actor, outcome, "pipeline.import", url or path)
     _print_saved(outcome)
 
 

@@ -15,6 +15,7 @@ from service.cli.app import (
     JsonOption,
     OwnerOption,
     acting_owner,
+    cli_actor,
     console,
     emit_json,
     load_settings,
@@ -23,6 +24,7 @@ from service.cli.app import (
 from service.cli.follow import parse_params
 from service.cli.tables import narrow_table
 from service.language.cron import ScheduleSpec
+from service.platform.audit import record, record_schedule_state, schedule_event, schedule_saved
 from service.platform.constants import MAX_PRIORITY
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import ScheduleNotFound
@@ -250,6 +252,8 @@ def schedules_set(
                     settings=settings,
                     now=now,
                 )
+            actor = cli_actor(settings, "schedules set", owner)
+            record(session, actor, schedule_saved(row, now), *schedule_event(row), at=now)
             document = schedule_document(summarize(session, [row])[0])
     finally:
         rt.sessions.kw["bind"].dispose()
@@ -270,6 +274,7 @@ def _set_enabled(name: str, schedule: str | None, owner: str | None, enabled: bo
 
     settings = load_settings()
     sessions = sessions_of(settings)
+    now = utcnow()
     with unit_of_work(sessions) as session:
         row = set_schedule_enabled(
             session,
@@ -277,9 +282,11 @@ def _set_enabled(name: str, schedule: str | None, owner: str | None, enabled: bo
             pipeline=name,
             enabled=enabled,
             settings=settings,
-            now=utcnow(),
+            now=now,
             schedule=schedule,
         )
+        command = "schedules resume" if enabled else "schedules pause"
+        record_schedule_state(session, cli_actor(settings, command, owner), row, now)
         next_fire = _iso(row.next_fire_at)
         label = _label(name, row)
     if enabled:
@@ -311,5 +318,7 @@ def schedules_delete(name: str, schedule: ScheduleOption = None, owner: OwnerOpt
         row = delete_schedule(
             session, owner=acting_owner(settings, owner), pipeline=name, schedule=schedule
         )
+        actor = cli_actor(settings, "schedules delete", owner)
+        record(session, actor, "schedule.delete", *schedule_event(row))
         label = _label(name, row)
     console.print(f"{label}: schedule deleted", markup=False)

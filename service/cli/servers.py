@@ -17,6 +17,7 @@ from rich.markup import escape
 from service.cli.app import (
     acting_owner,
     cli,
+    cli_actor,
     console,
     load_settings,
     migrate_schema,
@@ -210,6 +211,7 @@ def _check_secrets(settings: Settings) -> None:
 def _ensure_dev_key(settings: Settings) -> str | None:
     from sqlalchemy import select
 
+    from service.platform.audit import record_key
     from service.platform.auth import create_api_key
     from service.platform.models import ApiKeyRow
 
@@ -218,7 +220,8 @@ def _ensure_dev_key(settings: Settings) -> str | None:
         owner = acting_owner(settings, None)
         if session.scalars(select(ApiKeyRow.id).where(ApiKeyRow.owner == owner)).first():
             return None
-        key, _ = create_api_key(session, owner=owner, scopes=["admin"])
+        key, row = create_api_key(session, owner=owner, scopes=["admin"])
+        record_key(session, cli_actor(settings, "dev"), "key.create", row.prefix, owner=owner)
         return key
 
 
