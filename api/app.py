@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
+from api import ui_audit
 from api.deps import text_parameters
 from api.docs import install_docs
 from api.errors import install_error_handlers
@@ -17,6 +18,7 @@ from api.mcp import McpDeps
 from api.openapi import install_openapi
 from api.routes import (
     approvals,
+    audit,
     events,
     health,
     hooks,
@@ -43,6 +45,24 @@ from service.platform.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from celery import Celery
+
+
+ROUTES = (
+    health,
+    jobs,
+    events,
+    steplogs,
+    approvals,
+    signals,
+    runs,
+    pipelines,
+    schedules,
+    hooks,
+    metrics,
+    queues,
+    audit,
+)
+"""The route modules, in the order their routes are matched."""
 
 
 def create_app(
@@ -93,21 +113,12 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(SubmitLane, api=app, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)
-    app.include_router(health.router)
-    app.include_router(jobs.router)
-    app.include_router(events.router)
-    app.include_router(steplogs.router)
-    app.include_router(approvals.router)
-    app.include_router(signals.router)
-    app.include_router(runs.router)
-    app.include_router(pipelines.router)
-    app.include_router(schedules.router)
-    app.include_router(hooks.router)
-    app.include_router(metrics.router)
-    app.include_router(queues.router)
+    for routes in ROUTES:
+        app.include_router(routes.router)
     install_mcp(app, McpDeps(settings, runtime, celery_app, app.state.keys))
     metrics.install_metrics(app, runtime)
     install_ui(app)
+    app.include_router(ui_audit.router)
     install_openapi(app)
     install_docs(app)
     return app
