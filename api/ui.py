@@ -132,6 +132,10 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
     )
 
 
+page = _page
+"""For the dashboard's pages in modules of their own (``api.ui_audit``)."""
+
+
 def _back(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303)
 
