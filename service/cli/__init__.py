@@ -7,6 +7,7 @@ none of them imports it.
 """
 
 from service.cli import (
+    audit,
     flower,
     follow,
     jobs,
@@ -20,6 +21,7 @@ from service.cli import (
 from service.cli.app import cli, main
 
 __all__ = [
+    "audit",
     "cli",
     "flower",
     "follow",
