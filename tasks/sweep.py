@@ -18,6 +18,7 @@ from service.engine.runtime import Runtime
 from service.engine.slots import let_in_steps
 from service.engine.submission import mark_dispatched
 from service.language.plan import JobPlan
+from service.platform.audit import prune_events
 from service.platform.clock import utcnow
 from service.platform.constants import TASK_SWEEP
 from service.platform.db import unit_of_work
@@ -62,6 +63,7 @@ def sweep() -> dict[str, int]:
         pruned_fires = prune_fires(session, now)
         prune_deliveries(session, now)
         prune_dependency_fires(session)
+        pruned_events = prune_events(session, now, settings.audit_retention_days)
     if sent or report.timed_out or lost_notices:
         log.warning(
             "sweep: broker_lost=%s republished=%d timed_out=%d notices=%d",
@@ -76,6 +78,7 @@ def sweep() -> dict[str, int]:
         "notices": len(lost_notices),
         "pruned_jobs": pruned,
         "pruned_fires": pruned_fires,
+        "pruned_audit_events": pruned_events,
     }
 
 
