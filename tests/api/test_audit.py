@@ -4,6 +4,7 @@ a refused change records nothing; ``GET /v1/audit`` is for admin keys, filtered 
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +18,10 @@ from service.platform.audit import Actor, Target, record
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.models import AuditEventRow
+from service.platform.settings import Settings
 from tests.api.conftest import GREET, KeyFactory
 from tests.support.approvals import parked_job
+from tests.support.apps import api_client
 
 Headers = dict[str, str]
 
@@ -74,8 +77,9 @@ def test_a_submission_records_one_event_on_the_route_and_on_the_lane(
     event = only(runtime, caller, "job.submit", f"job:{first}")
     assert event.source == "POST /v1/jobs"
     assert event.detail == {"pipeline": "inline"}
-    submitted = [e.target_id for e in events(runtime, caller.owner)]
-    assert submitted == [first, *named]
+    trail = events(runtime, caller.owner)
+    assert [e.target_id for e in trail] == [first, *named]
+    assert {(e.action, e.source) for e in trail} == {("job.submit", "POST /v1/jobs")}
 
 
 def test_a_replayed_idempotency_key_records_nothing_more(
@@ -178,6 +182,21 @@ def test_pipeline_save_share_and_delete(
     for action in ("pipeline.share", "pipeline.unshare"):
         assert only(runtime, caller, action, "pipeline:saved").detail["grantee"] == "student"
     only(runtime, caller, "pipeline.delete", "pipeline:saved")
+
+
+def test_an_import_records_where_from_and_an_unchanged_one_nothing(
+    settings: Settings, runtime: Runtime, caller: Caller, tmp_path: Path
+) -> None:
+    (tmp_path / "mine.yaml").write_text(SAVED)
+    with api_client(settings.model_copy(update={"import_dir": tmp_path}), runtime) as client:
+        for _ in range(2):
+            body = {"path": "mine.yaml"}
+            answer = client.post("/v1/pipelines/import", json=body, headers=caller.headers)
+            assert answer.status_code in (200, 201), answer.text
+
+    event = only(runtime, caller, "pipeline.import", "pipeline:saved")
+    assert event.source == "POST /v1/pipelines/import"
+    assert event.detail == {"owner": caller.owner, "version": 1, "source": "mine.yaml"}
 
 
 def test_schedule_create_update_and_delete_one_of_several(

@@ -10,7 +10,7 @@ from sqlalchemy import delete, func, select, text
 
 from service.engine.runtime import Runtime
 from service.engine.submission import JobRequest, submit_job
-from service.platform.audit import Actor, Target, prune_events, record, small
+from service.platform.audit import Actor, Target, prune_events, record, saved_event, small
 from service.platform.clock import utcnow
 from service.platform.constants import AUDIT_DETAIL_MAX_BYTES, SWEEP_ADVISORY_LOCK_ID
 from service.platform.db import autocommit, unit_of_work
@@ -90,6 +90,12 @@ def test_jobs_stored_together_record_the_events_of_the_audited_ones_stored(
         ("api", "job.submit", str(jobs[0].id)),
         ("api", "job.submit", str(jobs[2].id)),
     ]
+
+
+def test_an_import_names_its_url_without_credentials_or_query() -> None:
+    url = "https://me:pw@lab.example.org/p.yaml?token=s3cret#x"
+    target, detail = saved_event("p", "o", 2, url)
+    assert (target, detail["source"]) == (Target("pipeline", "p"), "https://lab.example.org/p.yaml")
 
 
 def test_a_large_detail_is_replaced_by_a_note_of_its_size() -> None:
