@@ -1,7 +1,7 @@
 """audit_events: who changed what, through which channel, recorded with the change
 
 Revision ID: 0031
-Revises: 0030
+Revises: 0035
 """
 
 import sqlalchemy as sa
@@ -9,7 +9,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0031"
-down_revision = "0030"
+down_revision = "0035"
 branch_labels = None
 depends_on = None
 
