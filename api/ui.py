@@ -133,7 +133,7 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
 
 
 page = _page
-"""For the dashboard's pages in modules of their own (``api.ui_audit``)."""
+"""For the dashboard's pages in modules of their own (``api.ui_audit``, ``api.ui_inbox``)."""
 
 
 def _back(url: str) -> RedirectResponse:
@@ -356,13 +356,15 @@ def decide(
     celery_app: CeleryDep,
     via: UiVia,
     comment: Annotated[str, Form()] = "",
+    back: Annotated[str, Form()] = "",
 ) -> Response:
+    """Back to the job, or to the page the button was on (the approvals inbox)."""
     body = DecisionCreate(comment=comment or None)
     decide_with = {"approve": approvals.approve, "reject": approvals.reject}.get(decision)
     if decide_with is None:
         raise Forbidden(f"no decision {decision!r}", {"decision": decision})
     decide_with(job_id, step_id, body, actor, session, runtime, celery_app, via)
-    return _back(f"/ui/jobs/{job_id}")
+    return _back(_local(back) if back else f"/ui/jobs/{job_id}")
 
 
 @router.get("/pipelines", response_class=HTMLResponse)

@@ -241,6 +241,42 @@ def test_a_waiting_step_is_decided_through_its_button(
     assert f'id="job-status">{job_status}<' in ui.get(f"/ui/jobs/{job_id}").text
 
 
+def test_the_inbox_lists_waiting_gates_and_a_decision_there_returns_to_it(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    key = make_key("read", "write")
+    job_id = parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
+    _login(ui, key)
+    inbox = ui.get("/ui/approvals").text
+    assert f'data-job="{job_id}" data-step="gate" data-status="pending"' in inbox
+    assert 'name="back" value="/ui/approvals"' in inbox
+
+    answer = ui.post(
+        f"/ui/jobs/{job_id}/steps/gate/approve",
+        data={"csrf": _csrf(inbox), "comment": "from the inbox", "back": "/ui/approvals"},
+    )
+
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/approvals"
+    assert _approval(ui, key, job_id) == "approved"
+    assert f'data-job="{job_id}"' not in ui.get("/ui/approvals").text
+
+
+def test_a_decision_never_sends_the_browser_off_the_dashboard(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime
+) -> None:
+    key = make_key("read", "write")
+    job_id = parked_job(ui, {"Authorization": f"Bearer {key}"}, runtime)
+    _login(ui, key)
+    page = ui.get(f"/ui/jobs/{job_id}").text
+
+    answer = ui.post(
+        f"/ui/jobs/{job_id}/steps/gate/reject",
+        data={"csrf": _csrf(page), "back": "https://elsewhere.example/ui/"},
+    )
+
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/jobs"
+
+
 @pytest.mark.parametrize("decision", ["approve", "reject"])
 def test_a_decision_without_the_page_token_or_from_another_site_changes_nothing(
     ui: TestClient, make_key: KeyFactory, runtime: Runtime, decision: str
