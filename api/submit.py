@@ -21,16 +21,10 @@ from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
 from service.catalogue.notices import validate_notify_url
 from service.catalogue.resolution import seen_resolution
+from service.engine.intake import NewJob, insert_jobs_if_resolved, let_in_new, new_job
 from service.engine.jobs import job_view, new_job_view
 from service.engine.runtime import Runtime
-from service.engine.submission import (
-    JobRequest,
-    NewJob,
-    insert_jobs_if_resolved,
-    let_in_new,
-    new_job,
-    submit_job,
-)
+from service.engine.submission import JobRequest, submit_job
 from service.language.checks import validate_profile
 from service.language.escalations import check_escalation_urls
 from service.language.loading import load_profile_text

@@ -83,7 +83,8 @@ def _first_job(rt: Any) -> uuid.UUID:
 
 async def _accept(rt: Any, conn: psycopg.AsyncConnection[Any], jobs: int) -> list[uuid.UUID]:
     from service.catalogue.resolution import seen_resolution
-    from service.engine.submission import JobRequest, insert_jobs_if_resolved, new_job
+    from service.engine.intake import insert_jobs_if_resolved, new_job
+    from service.engine.submission import JobRequest
 
     resolved = seen_resolution(
         PIPELINE,

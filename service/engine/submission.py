@@ -5,19 +5,17 @@ when the pipeline they named has changed since it was resolved."""
 import hashlib
 import json
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import validate_notify_url
-from service.catalogue.pipelines import own_or_shared
 from service.catalogue.resolution import ResolvedPipeline, resolve_pipeline
 from service.engine.concurrency import WAITING_FOR_TURN, let_in, slot_values, take_turns
 from service.language.checks import validate_profile
@@ -73,7 +71,7 @@ def resolve_request(
     )
 
 
-def _request_hash(profile: Profile, params: Mapping[str, Any], request: JobRequest) -> str:
+def request_hash_of(profile: Profile, params: Mapping[str, Any], request: JobRequest) -> str:
     """What makes two submissions the same request, for idempotency keys."""
     canonical = json.dumps(
         {
@@ -156,7 +154,7 @@ def submit_job(
         validate_notify_url(request.notify_url)
     profile = resolved.profile
     params = resolve_params(profile, request.params)
-    request_hash = _request_hash(profile, params, request)
+    request_hash = request_hash_of(profile, params, request)
     if request.idempotency_key:
         existing = _by_idempotency_key(session, owner, request.idempotency_key)
         if existing is not None:
@@ -164,7 +162,7 @@ def submit_job(
     if secrets is not None:
         secrets.require(profile_secrets(profile), owner)
     check_open_jobs(session, owner, open_jobs_limit)
-    job = _job_values(request, resolved, params, request_hash, owner, publish_now)
+    job = job_values(request, resolved, params, request_hash, owner, publish_now)
     if fair_share_ahead and job["waiting_for"] is None:
         job.update(waiting_for=WAITING_FOR_TURN, dispatched_at=None)
     if insert_job(session, job, step_rows(profile), audit):
@@ -179,7 +177,7 @@ def submit_job(
     return _same_request(raced, request_hash), False
 
 
-def _job_values(
+def job_values(
     request: JobRequest,
     resolved: ResolvedPipeline,
     params: dict[str, Any],
@@ -217,7 +215,7 @@ def _job_values(
     }
 
 
-_JOB_COLUMNS = (
+JOB_COLUMNS = (
     "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
     "priority", "queue", "parent_job_id", "idempotency_key", "request_hash", "created_at",
     "dispatched_at",
@@ -229,7 +227,7 @@ _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status t
                     waiting_on int, finished_at timestamptz"""
 
 
-def _new_steps(steps_from: str) -> str:
+def new_steps(steps_from: str) -> str:
     """The step rows of the jobs that the statement's ``new_job`` stored, from ``steps_from``:
     the job's ``new_job`` row and the recordset of its steps."""
     return f"""
@@ -245,11 +243,11 @@ def _new_steps(steps_from: str) -> str:
 _INSERT_JOB = (
     f"""
     WITH new_job AS (
-        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
-        VALUES ({", ".join(f"%({column})s" for column in _JOB_COLUMNS)})
+        INSERT INTO jobs ({", ".join(JOB_COLUMNS)})
+        VALUES ({", ".join(f"%({column})s" for column in JOB_COLUMNS)})
         ON CONFLICT (owner, idempotency_key) DO NOTHING
         RETURNING id"""
-    + _new_steps("new_job, jsonb_to_recordset(%(steps)s)")
+    + new_steps("new_job, jsonb_to_recordset(%(steps)s)")
     + submit_events(
         "%(created_at)s::timestamptz, %(audit_channel)s::text, %(audit_source)s::text,"
         " %(audit_actor)s::text, %(owner)s::text, %(pipeline)s::text, %(pipeline_version)s::int",
@@ -257,173 +255,6 @@ _INSERT_JOB = (
     )
     + " SELECT count(*) FROM new_job"
 )
-
-
-_JOB_TYPES = {
-    "id": "uuid", "profile": "jsonb", "params": "jsonb", "parent_job_id": "uuid", "priority": "int",
-    "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
-    "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
-    "scheduled_for": "timestamptz", "concurrency_limit": "integer", "deadline_at": "timestamptz",
-}  # fmt: skip
-_BATCH_COLUMNS = ", ".join(
-    [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in _JOB_COLUMNS]
-    + ["ord int", "name text", "seen text", "steps jsonb"]
-    + [f"{column} text" for column in audit_columns(None)]
-)
-_OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
-_INSERT_JOBS_IF_RESOLVED = (
-    f"""
-    WITH batch AS (
-        SELECT b.* FROM jsonb_to_recordset(%(jobs)s) AS b({_BATCH_COLUMNS})
-    ), fresh AS (
-        SELECT batch.*, row_number() OVER (PARTITION BY batch.owner ORDER BY batch.ord)
-                        AS owner_rank
-          FROM batch
-         WHERE batch.idempotency_key IS NULL
-            OR (NOT EXISTS (SELECT 1 FROM jobs
-                             WHERE jobs.owner = batch.owner
-                               AND jobs.idempotency_key = batch.idempotency_key)
-                AND NOT EXISTS (SELECT 1 FROM batch AS earlier
-                                 WHERE earlier.owner = batch.owner
-                                   AND earlier.idempotency_key = batch.idempotency_key
-                                   AND earlier.ord < batch.ord))
-    ), allowed AS (
-        SELECT * FROM fresh
-         WHERE coalesce((SELECT id::text || ' ' || current_version
-                           FROM ({own_or_shared("fresh.name", "fresh.owner")}) AS resolved), '')
-               = fresh.seen
-           AND (%(cap)s <= 0 OR (
-                SELECT count(*) FROM (
-                    SELECT 1 FROM jobs
-                     WHERE owner = fresh.owner AND status IN ({_OPEN_STATUSES})
-                     LIMIT greatest(%(cap)s, 0)
-                ) AS open_jobs) + fresh.owner_rank <= %(cap)s)
-    ), new_job AS (
-        INSERT INTO jobs ({", ".join(_JOB_COLUMNS)})
-        SELECT {", ".join(_JOB_COLUMNS)} FROM allowed ORDER BY ord
-        ON CONFLICT (owner, idempotency_key) DO NOTHING
-        RETURNING id"""
-    + _new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
-    + submit_events(
-        "allowed.created_at, allowed.audit_channel, allowed.audit_source, allowed.audit_actor,"
-        " allowed.owner, allowed.pipeline, allowed.pipeline_version",
-        "new_job JOIN allowed USING (id) WHERE allowed.audit_channel IS NOT NULL",
-    )
-    + " SELECT id FROM new_job"
-)
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """A job to be sent right after it is stored (``insert_jobs_if_resolved``): its row, its
-    step rows, and the pipeline name it was asked for by."""
-
-    values: dict[str, Any]
-    steps: list[dict[str, Any]]
-    name: str
-    audit: Actor | None = None
-
-    @property
-    def id(self) -> uuid.UUID:
-        job_id: uuid.UUID = self.values["id"]
-        return job_id
-
-    @property
-    def priority(self) -> int:
-        priority: int = self.values["priority"]
-        return priority
-
-
-def new_job(
-    request: JobRequest,
-    resolved: ResolvedPipeline,
-    *,
-    owner: str,
-    name: str,
-    audit: Actor | None = None,
-) -> NewJob:
-    """The job ``submit_job`` would store for ``request``, asked for by the pipeline ``name``;
-    with ``audit``, the statement that stores it records its ``job.submit`` event."""
-    params = resolve_params(resolved.profile, request.params)
-    request_hash = _request_hash(resolved.profile, params, request)
-    values = _job_values(request, resolved, params, request_hash, owner, True)
-    return NewJob(values, step_rows(resolved.profile), name, audit)
-
-
-async def insert_jobs_if_resolved(
-    conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], *, open_jobs_limit: int
-) -> set[uuid.UUID]:
-    """The ids of the jobs stored, in one statement on an autocommitted connection. A job is
-    stored only if its idempotency key is free (not stored, nor taken by an earlier job of the
-    batch), its name still resolves for its owner to the saved pipeline and version of its row
-    (or still to no saved pipeline), and its owner is under ``open_jobs_limit`` counting the
-    batch's earlier jobs with a free key: a replay starts nothing, so it takes no place under
-    the cap from a new job beside it.
-
-    A job left out says only that it was not stored: ``submit_job`` then finds out why and
-    answers as it always does. One statement instead of the lookup, the open-jobs count and
-    the insert, for every job of the batch: one round trip and one commit, and the lookup can
-    be skipped safely from a hint.
-    """
-    rows = [_batch_row(ord_, job) for ord_, job in enumerate(jobs)]
-    cursor = await conn.execute(
-        _INSERT_JOBS_IF_RESOLVED, {"jobs": Jsonb(rows), "cap": open_jobs_limit}
-    )
-    stored = {row[0] for row in await cursor.fetchall()}
-    for job in jobs:
-        if job.id in stored:
-            metrics.JOBS_SUBMITTED.labels(job.values["pipeline"], job.values["trigger"]).inc()
-    return stored
-
-
-_LET_IN_NEW = """
-    SELECT let.job FROM unnest(%(keys)s::text[], %(limits)s::int[], %(ids)s::uuid[])
-                        WITH ORDINALITY AS w(key, lim, id, ord)
-     CROSS JOIN LATERAL flowbeat_let_in(w.key, w.lim, w.id, %(sent_at)s) AS let(job)
-     ORDER BY w.ord
-"""
-
-
-async def let_in_new(
-    conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], *, sent_at: datetime
-) -> set[uuid.UUID]:
-    """The stored jobs of ``jobs`` waiting for a slot that take one now, in one statement, as
-    ``take_slot`` does for a job stored alone: each only if none of its key waits ahead of
-    it, so those are left to the beat that their storing woke."""
-    waiting = [job for job in jobs if job.values["waiting_for"] is not None]
-    if not waiting:
-        return set()
-    cursor = await conn.execute(
-        _LET_IN_NEW,
-        {
-            "keys": [job.values["concurrency_key"] for job in waiting],
-            "limits": [job.values["concurrency_limit"] for job in waiting],
-            "ids": [job.id for job in waiting],
-            "sent_at": sent_at,
-        },
-    )
-    let = {row[0] for row in await cursor.fetchall()}
-    for job in waiting:
-        if job.id in let:
-            job.values.update(waiting_for=None, dispatched_at=sent_at)
-    return let
-
-
-def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
-    values = job.values
-    pipeline_id = values["pipeline_id"]
-    seen = "" if pipeline_id is None else f"{pipeline_id} {values['pipeline_version']}"
-    row = {column: _json_value(values[column]) for column in _JOB_COLUMNS}
-    row.update(ord=ord_, name=job.name, seen=seen, steps=job.steps, **audit_columns(job.audit))
-    return row
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
 
 
 def step_rows(

@@ -13,8 +13,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job
 from service.engine.runtime import Runtime
-from service.engine.submission import NewJob, insert_jobs_if_resolved, new_job
 from service.platform import logs
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,

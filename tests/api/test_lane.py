@@ -174,7 +174,8 @@ def test_a_key_without_the_write_scope_is_refused_by_the_route(
 def test_a_rate_limited_key_gets_429_with_retry_after(
     settings: Settings, runtime: Runtime, make_key: KeyFactory
 ) -> None:
-    strict = settings.model_copy(update={"rate_limit_per_s": 0.5, "rate_limit_burst": 2})
+    strict = settings.model_copy(update={"rate_limit_per_s": 1 / 3600, "rate_limit_burst": 2})
+    # A token an hour: however slowly a loaded machine sends them, none comes back between.
     with api_client(strict, runtime) as client:
         writer = known_key(client, make_key, "write")
         answers = [post(client, writer, GREET_JOB) for _ in range(2)]

@@ -10,14 +10,9 @@ import pytest
 from sqlalchemy import func, select
 
 from service.catalogue.resolution import ResolvedPipeline
+from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job
 from service.engine.runtime import Runtime
-from service.engine.submission import (
-    JobRequest,
-    NewJob,
-    insert_jobs_if_resolved,
-    new_job,
-    submit_job,
-)
+from service.engine.submission import JobRequest, submit_job
 from service.language.loading import find_profile
 from service.platform.db import libpq_url, unit_of_work
 from service.platform.errors import IdempotencyConflict, OpenJobsLimit
