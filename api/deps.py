@@ -21,6 +21,7 @@ from api.throttle import check_rate
 from service.engine.runtime import Runtime
 from service.platform.audit import Actor, Channel
 from service.platform.auth import SCOPES, KeyCache, Principal
+from service.platform.brokers import redis_client
 from service.platform.errors import Unauthorized
 from service.platform.settings import Settings
 
@@ -140,8 +141,8 @@ BROKER_PROBE_TIMEOUT_S = 1.0
 @contextmanager
 def broker_probe(settings: Settings) -> Iterator[redis.Redis]:
     """A short-lived broker client with a short timeout, for health and metrics probes."""
-    client = redis.Redis.from_url(
-        settings.require_broker_url(),
+    client = redis_client(
+        settings.broker(),
         socket_timeout=BROKER_PROBE_TIMEOUT_S,
         socket_connect_timeout=BROKER_PROBE_TIMEOUT_S,
     )

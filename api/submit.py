@@ -43,7 +43,7 @@ from service.platform.models import JobRow
 from service.platform.secrets import secrets_of
 from service.platform.settings import Settings
 from tasks.dispatch import publish_new_jobs_async, send_new_job
-from tasks.messages import DIRECT_BROKER_SCHEME, async_broker_client
+from tasks.messages import DIRECT_BROKER_SCHEMES, async_broker_client
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -143,10 +143,10 @@ def _sent(job: NewJob, let_in: set[uuid.UUID]) -> bool:
 async def loop_io(
     settings: Settings, runtime: Runtime, celery_app: "Celery"
 ) -> "AsyncIterator[LoopIO | None]":
-    """``None`` where jobs are not pushed without Celery (a broker other than plain Redis):
-    every job goes the thread's way."""
+    """``None`` where jobs are not pushed without Celery (a broker other than Redis, plain or
+    Sentinel): every job goes the thread's way."""
     broker_url = settings.broker_url
-    if broker_url is None or not broker_url.startswith(DIRECT_BROKER_SCHEME):
+    if broker_url is None or not broker_url.startswith(DIRECT_BROKER_SCHEMES):
         yield None
         return
     pool = AsyncConnectionPool(
@@ -158,7 +158,7 @@ async def loop_io(
         open=False,
     )
     await pool.open(wait=False)
-    broker = async_broker_client(broker_url)
+    broker = async_broker_client(settings.broker())
 
     async def store_and_send(batch: Sequence[Submission]) -> list[bool | BaseException]:
         """For each job: whether it was stored (and sent, unless it waits for a slot of its

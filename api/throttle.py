@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from api.batching import Coalescer
 from service.platform.auth import Principal
+from service.platform.brokers import async_redis_client
 from service.platform.constants import RATE_LIMIT_BATCH_MAX, RATE_LIMIT_REDIS_TIMEOUT_S
 from service.platform.errors import RateLimited
 from service.platform.ratelimit import AsyncRateLimiter, try_acquire_all
@@ -82,8 +83,8 @@ async def throttle(settings: Settings) -> AsyncIterator[Throttle | None]:
     if settings.rate_limit_per_s <= 0:
         yield None
         return
-    client = redis.asyncio.Redis.from_url(
-        settings.require_broker_url(),
+    client = async_redis_client(
+        settings.broker(),
         socket_connect_timeout=RATE_LIMIT_REDIS_TIMEOUT_S,
         socket_timeout=RATE_LIMIT_REDIS_TIMEOUT_S,
     )

@@ -17,7 +17,6 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-import redis
 from celery import beat
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
@@ -34,6 +33,7 @@ from service.engine.signals import expire_waits, next_signal_due, resume_signall
 from service.engine.slots import let_in_steps, steps_waiting
 from service.engine.waits import next_wake, wake_due
 from service.language.plan import JobPlan
+from service.platform.brokers import redis_client
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
 from service.platform.db import unit_of_work
@@ -62,9 +62,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.settings: Settings = get_settings()
         self.tick_s = max(MIN_SLEEP_S, self.settings.beat_lock_ttl_s / 3)
-        client: redis.Redis = redis.Redis.from_url(
-            self.settings.require_broker_url(), socket_timeout=self.tick_s
-        )
+        client = redis_client(self.settings.broker(), socket_timeout=self.tick_s)
         self.lock = LeaderLock(client, BEAT_LOCK_KEY, self.settings.beat_lock_ttl_s, make_token())
         self.wakeups = ScheduleWakeups(self.settings.listen_url())
         super().__init__(*args, **kwargs)

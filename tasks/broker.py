@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import redis
 
+from service.platform.brokers import BrokerAddress, redis_client
 from service.platform.clock import utcnow
 from service.platform.constants import (
     BROKER_EPOCH_KEY,
@@ -45,11 +46,11 @@ return 0
 """
 
 
-def read_broker(broker_url: str) -> BrokerState:
+def read_broker(broker: BrokerAddress | str) -> BrokerState:
     """The marker key is set again by the pass that finds it gone, so the next pass does not
     see the same loss twice; a pass that fails before it has sent every open job again takes
     its marker back with ``forget_loss``."""
-    client = redis.Redis.from_url(broker_url)
+    client = redis_client(broker)
     epoch = f"{utcnow().isoformat()} {uuid.uuid4().hex}"
     try:
         lost = bool(client.set(BROKER_EPOCH_KEY, epoch, nx=True))
@@ -59,10 +60,10 @@ def read_broker(broker_url: str) -> BrokerState:
         client.close()
 
 
-def forget_loss(broker_url: str, epoch: str) -> None:
+def forget_loss(broker: BrokerAddress | str, epoch: str) -> None:
     """Delete the marker only if it is still the one ``epoch`` set: a later restart's loss,
     marked by another pass, is not this pass's to forget."""
-    client = redis.Redis.from_url(broker_url)
+    client = redis_client(broker)
     try:
         client.eval(_DELETE_IF_OURS, 1, BROKER_EPOCH_KEY, epoch)
     finally:

@@ -34,6 +34,7 @@ from typing import Any, cast
 import redis
 from celery import Celery, bootsteps
 
+from service.platform.brokers import redis_client
 from service.platform.constants import (
     WORKER_HELD_KEY_PREFIX,
     WORKER_QUEUES_KEY,
@@ -185,7 +186,7 @@ class LivenessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         global _holder
         settings = runtime.settings()
         name = f"{worker.hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        client = redis.Redis.from_url(settings.require_broker_url(), decode_responses=True)
+        client = redis_client(settings.broker(), decode_responses=True)
         self.liveness = Liveness(
             worker.app,
             client,

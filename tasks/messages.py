@@ -7,7 +7,7 @@ queue's list. Built here it costs a small fraction of that, and it is the same d
 same body, headers, properties and delivery info that kombu's Redis transport writes, as
 ``tests/tasks/test_messages.py`` pins field by field against kombu.
 
-Only where nothing else would change that document: a plain ``redis://`` broker, Celery's
+Only where nothing else would change that document: a Redis broker (plain or Sentinel), Celery's
 protocol 2 in JSON without compression, no task-sent events, nobody listening to the publish
 signals (a tracer adding its headers), and no task running in this thread (a worker's task
 would make itself the message's parent). Anywhere else Celery publishes as before.
@@ -32,6 +32,7 @@ from redis.retry import Retry
 
 from service.engine.steps import StepKey
 from service.language.plan import JobPlan, StepPlan
+from service.platform.brokers import BrokerAddress, async_redis_client, redis_client
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUBLISH_RETRY_INTERVAL_S,
@@ -42,7 +43,7 @@ from service.platform.constants import (
 from tasks.canvas import readable, step_limits
 from tasks.queues import broker_level, queue_name, step_list
 
-DIRECT_BROKER_SCHEME = "redis://"
+DIRECT_BROKER_SCHEMES = ("redis://", "sentinel://")
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _PUBLISH_SIGNALS = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
 _DELIVERY_MODE_PERSISTENT = 2
@@ -50,17 +51,17 @@ _PERSISTENT = (_DELIVERY_MODE_PERSISTENT, "persistent")
 _KWARGSREPR = repr({})
 
 
-def direct_broker(app: Celery) -> str | None:
-    """The broker URL when a step message built here is the one Celery would send."""
+def direct_broker(app: Celery) -> BrokerAddress | None:
+    """The broker when a step message built here is the one Celery would send."""
     if any(signal.receivers for signal in _PUBLISH_SIGNALS) or app.current_worker_task:
         return None
     return _configured_broker(app)
 
 
-_CONFIGURED: weakref.WeakKeyDictionary[Celery, str | None] = weakref.WeakKeyDictionary()
+_CONFIGURED: weakref.WeakKeyDictionary[Celery, BrokerAddress | None] = weakref.WeakKeyDictionary()
 
 
-def _configured_broker(app: Celery) -> str | None:
+def _configured_broker(app: Celery) -> BrokerAddress | None:
     """Read once per app, as Celery reads the serializer and compression of its publishes once:
     reading the configuration on every message cost as much as building it."""
     try:
@@ -69,17 +70,20 @@ def _configured_broker(app: Celery) -> str | None:
         pass
     conf = app.conf
     url = conf.broker_write_url
+    options = conf.broker_transport_options
     plain = (
         isinstance(url, str)
-        and url.startswith(DIRECT_BROKER_SCHEME)
+        and url.startswith(DIRECT_BROKER_SCHEMES)
         and conf.task_protocol == 2
         and conf.task_serializer == "json"
         and conf.task_compression is None
         and not conf.task_send_sent_event
         and conf.task_default_delivery_mode in _PERSISTENT
-        and not conf.broker_transport_options.get("global_keyprefix")
+        and not options.get("global_keyprefix")
     )
-    _CONFIGURED[app] = url if plain else None
+    sentinels = options.get("sentinel_kwargs") or {}
+    address = BrokerAddress(url, options.get("master_name"), sentinels.get("password"))
+    _CONFIGURED[app] = address if plain else None
     return _CONFIGURED[app]
 
 
@@ -158,37 +162,37 @@ def _retry() -> Retry:
 
 
 @lru_cache(maxsize=4)
-def broker_client(url: str) -> redis.Redis:
+def broker_client(broker: BrokerAddress | str) -> redis.Redis:
     """One pool per broker and process; redis-py replaces its connections after a fork."""
-    return redis.Redis.from_url(
-        url,
+    return redis_client(
+        broker,
         retry=_retry(),
         socket_timeout=BROKER_PUSH_TIMEOUT_S,
         socket_connect_timeout=BROKER_PUSH_TIMEOUT_S,
     )
 
 
-def push(url: str, messages: Sequence[Outgoing]) -> None:
+def push(broker: BrokerAddress | str, messages: Sequence[Outgoing]) -> None:
     """Oldest first: ``LPUSH a b`` leaves ``a`` rightmost, where workers pop from. Messages
     for several lists go in one round trip."""
     lists = _by_list(messages)
     if len(lists) == 1:
         [(key, values)] = lists.items()
-        broker_client(url).lpush(key, *values)
+        broker_client(broker).lpush(key, *values)
     elif lists:
-        with broker_client(url).pipeline(transaction=False) as pipe:
+        with broker_client(broker).pipeline(transaction=False) as pipe:
             for key, values in lists.items():
                 pipe.lpush(key, *values)
             pipe.execute()
 
 
-def async_broker_client(url: str) -> redis.asyncio.Redis:
+def async_broker_client(broker: BrokerAddress | str) -> redis.asyncio.Redis:
     """For one event loop: its connections belong to the loop that opened them."""
     retry = redis.asyncio.retry.Retry(
         ConstantBackoff(BROKER_PUBLISH_RETRY_INTERVAL_S), BROKER_PUBLISH_RETRIES
     )
-    return redis.asyncio.Redis.from_url(
-        url,
+    return async_redis_client(
+        broker,
         retry=retry,
         socket_timeout=BROKER_PUSH_TIMEOUT_S,
         socket_connect_timeout=BROKER_PUSH_TIMEOUT_S,

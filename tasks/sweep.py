@@ -40,13 +40,13 @@ def sweep() -> dict[str, int]:
     loss again instead of leaving those jobs to stall detection, minutes later."""
     rt = runtime.get()
     settings = rt.settings
-    broker = read_broker(settings.require_broker_url())
+    broker = read_broker(settings.broker())
     lost = broker.lost
     try:
         report, sent = _republish(rt, broker)
     except Exception:
         if lost:
-            forget_loss(settings.require_broker_url(), broker.epoch)
+            forget_loss(settings.broker(), broker.epoch)
         raise
     sent += _resend_compensations(rt, sorted(report.compensate))
     sent += _let_in_waiting(rt)

@@ -97,7 +97,7 @@ def _url(provider: LlmProvider, model: str, path: str) -> tuple[str, dict[str, s
 def _limiter(ctx: StepContext, provider: LlmProvider) -> RateLimiter | None:
     if provider.requests_per_minute <= 0:
         return None
-    client = redis_client(ctx.settings.require_broker_url())
+    client = redis_client(ctx.settings.broker())
     return RateLimiter(f"llm:{provider.name}", provider.requests_per_minute, 60.0, client=client)
 
 

@@ -24,7 +24,7 @@ SORTS = frozenset({"relevance", "pub_date", "Author", "JournalName"})
 
 def ncbi_limiter(settings: Settings) -> RateLimiter:
     limit = settings.ncbi_rate_per_s_with_key if settings.ncbi_api_key else settings.ncbi_rate_per_s
-    client = redis_client(settings.require_broker_url())
+    client = redis_client(settings.broker())
     return RateLimiter(NCBI_RATE_LIMIT_NAME, limit, NCBI_RATE_WINDOW_S, client=client)
 
 

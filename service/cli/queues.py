@@ -11,12 +11,11 @@ from service.cli.tables import narrow_table
 def queues(as_json: JsonOption = False) -> None:
     """Each queue with its depth, the age of its oldest message and its live workers; a queue
     with messages and no worker waits for a worker of its pool (``flowbeat worker --queues``)."""
-    import redis
-
+    from service.platform.brokers import redis_client
     from tasks.broker import queue_states
 
     settings = load_settings()
-    client = redis.Redis.from_url(settings.require_broker_url())
+    client = redis_client(settings.broker())
     try:
         states = queue_states(client, settings.worker_dead_after_s)
         seconds, _ = client.time()

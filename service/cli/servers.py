@@ -135,9 +135,10 @@ def _beat_check(settings: Settings) -> int:
     import redis
 
     from scheduler.lock import inspect
+    from service.platform.brokers import redis_client
     from service.platform.constants import BEAT_LOCK_KEY
 
-    client = redis.Redis.from_url(settings.require_broker_url(), socket_timeout=5)
+    client = redis_client(settings.broker(), socket_timeout=5)
     try:
         state = inspect(client, BEAT_LOCK_KEY)
     except redis.RedisError as exc:

@@ -18,6 +18,8 @@ import redis.asyncio
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from service.platform import brokers
+from service.platform.brokers import BrokerAddress
 from service.platform.constants import RATE_LIMIT_KEY_PREFIX
 
 _ACQUIRE = """
@@ -39,9 +41,9 @@ return {0, tonumber(oldest[2]) + window_us - now + 1}
 
 
 @lru_cache(maxsize=8)
-def redis_client(url: str) -> redis.Redis:
-    """One connection pool per Redis URL and process, shared by every limiter."""
-    return redis.Redis.from_url(url)
+def redis_client(broker: BrokerAddress | str) -> redis.Redis:
+    """One connection pool per Redis and process, shared by every limiter."""
+    return brokers.redis_client(broker)
 
 
 @dataclass

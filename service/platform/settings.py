@@ -13,9 +13,11 @@ from pydantic import (
     StringConstraints,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.platform.brokers import BrokerAddress, is_sentinel, parse_sentinel_url
 from service.platform.constants import DEFAULT_QUEUE, EVENT_KEEPALIVE_S, QUEUE_PATTERN
 from service.platform.errors import ServersHalfSet
 
@@ -52,6 +54,13 @@ class Settings(BaseSettings):
     """A direct connection for ``LISTEN`` (the event stream, the beat's wakeups), which a
     transaction pooler cannot carry; none: ``FLOWBEAT_DATABASE_URL``."""
     broker_url: str | None = None
+    broker_sentinel_master: str | None = None
+    """The name the sentinels monitor the primary under (``sentinel monitor <name> ...``);
+    required when ``FLOWBEAT_BROKER_URL`` is a Sentinel URL,
+    ``sentinel://[:password@]host:port[/db];sentinel://host2:port;...``."""
+    broker_sentinel_password: SecretStr | None = None
+    """The sentinels' own password (their ``requirepass``), when they ask for one; the
+    primary's goes in the URL."""
     result_backend_url: str | None = None
     profiles_dir: Path | None = None
     action_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -254,6 +263,22 @@ class Settings(BaseSettings):
                 raise ValueError("expected user:password (several separated by commas)")
         return value
 
+    @model_validator(mode="after")
+    def _sentinel_named(self) -> "Settings":
+        """A Sentinel URL without the master's name, or one that does not parse, is refused at
+        start rather than at the first connection, in every process alike."""
+        if self.broker_url and is_sentinel(self.broker_url):
+            if not self.broker_sentinel_master:
+                raise ValueError(
+                    "FLOWBEAT_BROKER_URL is a sentinel:// URL: set FLOWBEAT_BROKER_SENTINEL_MASTER "
+                    "to the name the sentinels monitor the primary under"
+                )
+            try:
+                parse_sentinel_url(self.broker_url)
+            except ValueError as exc:
+                raise ValueError(f"FLOWBEAT_BROKER_URL: {exc}") from None
+        return self
+
     def embedded(self) -> bool:
         """Whether this process runs on the embedded servers: neither server is set."""
         if bool(self.database_url) != bool(self.broker_url):
@@ -279,6 +304,15 @@ class Settings(BaseSettings):
         if not self.broker_url:
             raise RuntimeError("FLOWBEAT_BROKER_URL is not set (or run `flowbeat dev`)")
         return self.broker_url
+
+    def broker(self) -> BrokerAddress:
+        """Where every client of the broker's Redis connects (``service.platform.brokers``)."""
+        password = self.broker_sentinel_password
+        return BrokerAddress(
+            self.require_broker_url(),
+            self.broker_sentinel_master,
+            password.get_secret_value() if password else None,
+        )
 
 
 @lru_cache(maxsize=1)
