@@ -7,6 +7,7 @@ that every worker consumes.
 """
 
 import gc
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -35,9 +36,10 @@ def create_celery(settings: Settings) -> Celery:
     back to ``amqp://guest@localhost:5672``, where a command that imported this module before
     it resolved its settings (the embedded default's broker) published into a server nobody
     consumes, or failed where none runs."""
-    broker_url = settings.require_broker_url()
-    results = settings.result_backend_url or broker_url
-    app = Celery("flowbeat", broker=broker_url, backend=backend_url(results))
+    broker = settings.broker()
+    broker_url = broker.celery_url()
+    results = replace(broker, url=settings.result_backend_url or broker.url)
+    app = Celery("flowbeat", broker=broker_url, backend=backend_url(results.celery_url()))
     app.conf.update(
         broker_transport=transport_for(broker_url),
         task_serializer="json",
@@ -68,8 +70,12 @@ def create_celery(settings: Settings) -> Celery:
             "socket_connect_timeout": REDIS_SOCKET_TIMEOUT_S,
             "socket_keepalive": True,
             "health_check_interval": REDIS_HEALTH_CHECK_S,
+            **broker.transport_options(REDIS_SOCKET_TIMEOUT_S),
         },
-        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        result_backend_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            **results.transport_options(REDIS_SOCKET_TIMEOUT_S),
+        },
         redis_socket_timeout=REDIS_SOCKET_TIMEOUT_S,
         redis_socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
         redis_socket_keepalive=True,

@@ -13,7 +13,9 @@ each, and the broker one channel per lane (Celery issues #4824, #6963, #3812).
 
 from typing import Any
 
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
+
+from service.platform.brokers import is_sentinel
 
 
 class PublishOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
@@ -29,5 +31,10 @@ class PublishOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
         return result
 
 
+class PublishOnlySentinelBackend(PublishOnlyRedisBackend, SentinelBackend):  # type: ignore[misc]
+    """The same on the primary the sentinels name."""
+
+
 def backend_url(redis_url: str) -> str:
-    return f"{__name__}:{PublishOnlyRedisBackend.__name__}+{redis_url}"
+    backend = PublishOnlySentinelBackend if is_sentinel(redis_url) else PublishOnlyRedisBackend
+    return f"{__name__}:{backend.__name__}+{redis_url}"

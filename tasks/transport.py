@@ -95,14 +95,27 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The channel above on the primary kombu's Sentinel channel finds: the same priority
+    lists, liveness notes and survival of a lost connection, whose next pool asks the
+    sentinels again, so a worker follows a failover."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 def transport_for(broker_url: str | None) -> str | None:
-    """This transport for a plain ``redis://`` broker; ``None`` keeps kombu's choice."""
+    """This transport for a plain ``redis://`` broker, its Sentinel flavour for a
+    ``sentinel://`` one; ``None`` keeps kombu's choice."""
     if broker_url and broker_url.startswith("redis://"):
         return f"{__name__}:{Transport.__name__}"
+    if broker_url and broker_url.startswith("sentinel://"):
+        return f"{__name__}:{SentinelTransport.__name__}"
     return None
 
 
-REDIS_SCHEMES = ("redis", "rediss", "redis+socket")
+REDIS_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel")
 ARGSREPR_MAX_CHARS = 1024
 
 
