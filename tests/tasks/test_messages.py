@@ -250,3 +250,31 @@ def test_jobs_published_together_answer_each_for_itself(
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], RuntimeError)
     assert [_next(queue)["headers"]["shadow"] for _ in range(2)] == ["digest/a", "digest/c"]
+
+
+SENTINEL_URL = "sentinel://:pw@127.0.0.1:26379;sentinel://127.0.0.1:26380/0"
+
+
+def test_a_sentinel_broker_pushes_through_the_primary_the_sentinels_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast path stays: the push goes to the master the app's transport options name,
+    and Celery's transport and backend are the Sentinel ones, on the canonical URL."""
+    from tasks import app as app_module
+
+    monkeypatch.setattr("tasks.runtime.configure", lambda _: None)
+    settings = get_settings().model_copy(
+        update={"broker_url": SENTINEL_URL, "broker_sentinel_master": "main"}
+    )
+    app = app_module.create_celery(settings)
+    try:
+        canonical = "sentinel://:pw@127.0.0.1:26379/0;sentinel://:pw@127.0.0.1:26380/0"
+        assert app.conf.broker_url == canonical
+        assert app.conf.broker_transport == "tasks.transport:SentinelTransport"
+        assert app.conf.broker_transport_options["master_name"] == "main"
+        assert app.conf.result_backend_transport_options["master_name"] == "main"
+        assert type(app.backend).__name__ == "PublishOnlySentinelBackend"
+        assert direct_broker(app) == BrokerAddress(canonical, "main")
+        assert "LivenessStep" in {step.__name__ for step in app.steps["worker"]}
+    finally:
+        app.close()

@@ -22,6 +22,19 @@ def test_a_plain_redis_broker_gets_the_shared_client_transport() -> None:
     assert transport_for("redis://127.0.0.1:6379/3") == "tasks.transport:Transport"
 
 
+def test_a_sentinel_broker_gets_its_flavour_with_the_same_priorities_and_liveness() -> None:
+    from kombu.transport import redis as kombu_redis
+
+    from tasks.transport import Channel, SentinelTransport
+
+    url = "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380"
+    assert transport_for(url) == "tasks.transport:SentinelTransport"
+    channel = SentinelTransport.Channel
+    assert issubclass(channel, Channel) and issubclass(channel, kombu_redis.SentinelChannel)
+    assert channel.QoS is Channel.QoS and channel._q_for_pri is Channel._q_for_pri
+    assert channel._get_pool is kombu_redis.SentinelChannel._get_pool
+
+
 def test_other_brokers_keep_kombus_own_choice() -> None:
     for url in ("rediss://example:6380/0", "redis+socket:///tmp/redis.sock", "amqp://x", None):
         assert transport_for(url) is None
