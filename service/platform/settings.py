@@ -13,7 +13,6 @@ from pydantic import (
     StringConstraints,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -54,7 +53,7 @@ class Settings(BaseSettings):
     """A direct connection for ``LISTEN`` (the event stream, the beat's wakeups), which a
     transaction pooler cannot carry; none: ``FLOWBEAT_DATABASE_URL``."""
     broker_url: str | None = None
-    broker_sentinel_master: str | None = None
+    broker_sentinel_master: str | None = Field(default=None, validate_default=True)
     """The name the sentinels monitor the primary under (``sentinel monitor <name> ...``);
     required when ``FLOWBEAT_BROKER_URL`` is a Sentinel URL,
     ``sentinel://[:password@]host:port[/db];sentinel://host2:port;...``."""
@@ -263,21 +262,24 @@ class Settings(BaseSettings):
                 raise ValueError("expected user:password (several separated by commas)")
         return value
 
-    @model_validator(mode="after")
-    def _sentinel_named(self) -> "Settings":
-        """A Sentinel URL without the master's name, or one that does not parse, is refused at
-        start rather than at the first connection, in every process alike."""
-        if self.broker_url and is_sentinel(self.broker_url):
-            if not self.broker_sentinel_master:
-                raise ValueError(
-                    "FLOWBEAT_BROKER_URL is a sentinel:// URL: set FLOWBEAT_BROKER_SENTINEL_MASTER "
-                    "to the name the sentinels monitor the primary under"
-                )
-            try:
-                parse_sentinel_url(self.broker_url)
-            except ValueError as exc:
-                raise ValueError(f"FLOWBEAT_BROKER_URL: {exc}") from None
-        return self
+    @field_validator("broker_url")
+    @classmethod
+    def _sentinel_url_parses(cls, value: str | None) -> str | None:
+        """Refused at start, in every process alike, rather than at the first connection."""
+        if value and is_sentinel(value):
+            parse_sentinel_url(value)
+        return value
+
+    @field_validator("broker_sentinel_master")
+    @classmethod
+    def _sentinel_named(cls, value: str | None, info: ValidationInfo) -> str | None:
+        url = info.data.get("broker_url")
+        if url and is_sentinel(url) and not value:
+            raise ValueError(
+                "required with a sentinel:// FLOWBEAT_BROKER_URL: the name the sentinels "
+                "monitor the primary under (sentinel monitor <name> ...)"
+            )
+        return value
 
     def embedded(self) -> bool:
         """Whether this process runs on the embedded servers: neither server is set."""

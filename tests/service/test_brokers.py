@@ -68,12 +68,12 @@ def test_the_transport_options_name_the_master_and_give_the_sentinels_timeouts()
 
 
 def test_a_sentinel_url_without_the_masters_name_is_a_settings_error() -> None:
-    with pytest.raises(ValidationError, match="FLOWBEAT_BROKER_SENTINEL_MASTER"):
+    with pytest.raises(ValidationError, match="broker_sentinel_master\n  Value error, required"):
         Settings(broker_url=SENTINELS, database_url="postgresql://x/y")
 
 
 def test_a_sentinel_url_that_does_not_parse_is_a_settings_error() -> None:
-    with pytest.raises(ValidationError, match="FLOWBEAT_BROKER_URL: the database must be"):
+    with pytest.raises(ValidationError, match="the database must be a number"):
         Settings(broker_url="sentinel://a:1/x", broker_sentinel_master="main")
 
 
