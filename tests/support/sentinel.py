@@ -18,6 +18,7 @@ SENTINELS = 3
 QUORUM = 2
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 5000
+TIMEOUT_S = 1.0
 
 
 def _free_port() -> int:
@@ -32,7 +33,7 @@ def _server(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 def _answers(port: int) -> bool:
     try:
-        with redis.Redis(port=port, socket_timeout=0.5) as client:
+        with redis.Redis(port=port, socket_timeout=TIMEOUT_S) as client:
             return bool(client.ping())
     except redis.RedisError:
         return False
@@ -47,6 +48,7 @@ class SentinelGroup:
         self.servers: dict[int, subprocess.Popen[bytes]] = {}
         self.primary = self.replica = self.down = 0
         self.sentinels: list[int] = []
+        self.started: list[int] = []
 
     def start(self) -> None:
         self.primary = self._redis()
@@ -56,10 +58,15 @@ class SentinelGroup:
         wait_for(self._watched, 20, "every sentinel to see the replica and its peers")
 
     def _redis(self, *extra: str, port: int | None = None) -> int:
+        """A server in a directory of its own, new at each start: a replica writes the RDB of
+        its full sync there, which a server started again in it would load and resume from."""
         port = port or _free_port()
+        home = self.directory / f"redis-{port}-{len(self.started)}"
+        home.mkdir()
+        self.started.append(port)
         argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no", "--dir", str(self.directory), *extra]
-        self.servers[port] = _server(argv, self.directory / f"redis-{port}.log")
+        argv += ["--appendonly", "no", "--dir", str(home), *extra]
+        self.servers[port] = _server(argv, home / "redis.log")
         wait_for(lambda: _answers(port), 10, f"redis-server on {port}")
         return port
 
@@ -78,14 +85,14 @@ class SentinelGroup:
         return port
 
     def _replicating(self) -> bool:
-        with redis.Redis(port=self.replica) as client:
+        with redis.Redis(port=self.replica, socket_timeout=TIMEOUT_S) as client:
             info = client.info("replication")
         return bool(info.get("master_link_status") == "up")
 
     def _watched(self) -> bool:
         """Every sentinel knows its peers and a replica it does not think down."""
         for port in self.sentinels:
-            with redis.Redis(port=port) as sentinel:
+            with redis.Redis(port=port, socket_timeout=TIMEOUT_S) as sentinel:
                 master = cast(dict[str, Any], sentinel.sentinel_master(MASTER))
                 replicas = cast(list[dict[str, Any]], sentinel.sentinel_slaves(MASTER))
             if master["num-other-sentinels"] < SENTINELS - 1:
@@ -128,7 +135,7 @@ class SentinelGroup:
             named = {self._named_by(port) for port in self.sentinels}
             if named != {self.replica}:
                 return False
-            with redis.Redis(port=self.replica) as client:
+            with redis.Redis(port=self.replica, socket_timeout=TIMEOUT_S) as client:
                 return bool(client.info("replication").get("role") == "master")
 
         wait_for(promoted, timeout_s, "the sentinels to promote the replica")
@@ -137,7 +144,7 @@ class SentinelGroup:
 
     def _named_by(self, sentinel: int) -> int | None:
         try:
-            with redis.Redis(port=sentinel) as client:
+            with redis.Redis(port=sentinel, socket_timeout=TIMEOUT_S) as client:
                 address = client.sentinel_get_master_addr_by_name(MASTER)
         except redis.RedisError:
             return None
