@@ -99,8 +99,11 @@ class BrokerAddress:
         if found is None:
             return self.url
         login = ""
-        if found.password is not None:
-            login = f"{quote(found.username or '', safe='')}:{quote(found.password, safe='')}@"
+        if found.username or found.password:
+            user, password = (
+                quote(part or "", safe="") for part in (found.username, found.password)
+            )
+            login = f"{user}:{password}@"
         return ";".join(
             f"{_SENTINEL_PREFIX}{login}{host}:{port}/{found.db}" for host, port in found.sentinels
         )
@@ -111,9 +114,11 @@ class BrokerAddress:
         Celery ask a sentinel that vanished without closing its socket forever."""
         if self.sentinel is None:
             return {}
-        return {"master_name": self.master, "sentinel_kwargs": self._sentinel_kwargs(timeout_s)}
+        return {"master_name": self.master, "sentinel_kwargs": self.sentinel_kwargs(timeout_s)}
 
-    def _sentinel_kwargs(self, timeout_s: float | None) -> dict[str, Any]:
+    def sentinel_kwargs(self, timeout_s: float | None) -> dict[str, Any]:
+        """For the connections to the sentinels, which take their own password, not the
+        primary's."""
         given: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         if self.sentinel_password is not None:
             given["password"] = self.sentinel_password
@@ -142,7 +147,7 @@ def _sentinel_plan(address: BrokerAddress, kwargs: dict[str, Any]) -> _SentinelP
     timeout = kwargs.get("socket_connect_timeout") or kwargs.get("socket_timeout")
     primary = {"db": found.db, "username": found.username, "password": found.password}
     return _SentinelPlan(
-        address.master, found.sentinels, address._sentinel_kwargs(timeout), {**primary, **kwargs}
+        address.master, found.sentinels, address.sentinel_kwargs(timeout), {**primary, **kwargs}
     )
 
 

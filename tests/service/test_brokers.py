@@ -134,3 +134,8 @@ def test_an_event_loop_gets_the_same_choice() -> None:
 def test_a_sentinel_client_without_the_masters_name_is_refused() -> None:
     with pytest.raises(ValueError, match="FLOWBEAT_BROKER_SENTINEL_MASTER"):
         redis_client(SENTINELS)
+
+
+def test_a_username_alone_is_kept_on_every_sentinel() -> None:
+    url = BrokerAddress("sentinel://flow@a:1;sentinel://b:2", "main").celery_url()
+    assert url == "sentinel://flow:@a:1/0;sentinel://flow:@b:2/0"
