@@ -19,6 +19,8 @@ QUORUM = 2
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 5000
 TIMEOUT_S = 1.0
+PROMOTABLE = "100"
+"""Redis's default replica priority."""
 
 
 def _free_port() -> int:
@@ -37,6 +39,14 @@ def _answers(port: int) -> bool:
             return bool(client.ping())
     except redis.RedisError:
         return False
+
+
+def _promotable(replica: dict[str, Any], port: int) -> bool:
+    return bool(
+        replica["port"] == port
+        and not replica["is_sdown"]
+        and int(replica.get("slave-priority", 0)) == int(PROMOTABLE)
+    )
 
 
 class SentinelGroup:
@@ -97,7 +107,7 @@ class SentinelGroup:
                 replicas = cast(list[dict[str, Any]], sentinel.sentinel_slaves(MASTER))
             if master["num-other-sentinels"] < SENTINELS - 1:
                 return False
-            if not any(r["port"] == self.replica and not r["is_sdown"] for r in replicas):
+            if not any(_promotable(r, self.replica) for r in replicas):
                 return False
         return True
 
@@ -113,30 +123,50 @@ class SentinelGroup:
         )
 
     def kill_primary(self) -> float:
-        """SIGKILL the primary; when it died (epoch seconds)."""
+        """SIGKILL the primary the sentinels agree on (on a busy machine they may have failed
+        over on their own, taking a slow answer for a death); when it died (epoch seconds)."""
+        self.primary = wait_for(self._agreed_primary, 20, "the sentinels to agree on a primary")
+        self.replica = next(
+            port for port in self.servers if port not in (self.primary, *self.sentinels)
+        )
         proc = self.servers.pop(self.primary)
         proc.kill()
         proc.wait(timeout=10)
         self.down = self.primary
         return time.time()
 
+    def _agreed_primary(self) -> int | None:
+        named = {self._named_by(port) for port in self.sentinels}
+        if len(named) != 1:
+            return None
+        port = named.pop()
+        return port if port is not None and self._is_primary(port) else None
+
+    def _is_primary(self, port: int) -> bool:
+        if port not in self.servers:
+            return False
+        with redis.Redis(port=port, socket_timeout=TIMEOUT_S) as client:
+            return bool(client.info("replication").get("role") == "master")
+
     def revive(self) -> None:
-        """The killed primary started again, empty, as the new primary's replica; returns once
-        it is in sync and every sentinel counts it a healthy replica, so that the next
-        failover has it to promote."""
-        self.replica = self._redis("--replicaof", "127.0.0.1", str(self.primary), port=self.down)
+        """The killed primary started again, empty, as the primary's replica; returns once it
+        is in sync and every sentinel counts it a healthy replica, so that the next failover
+        has it to promote. It starts with priority 0, which no sentinel promotes: one that
+        took the new primary for dead meanwhile would otherwise promote an empty replica."""
+        self.replica = self._redis(
+            "--replicaof", "127.0.0.1", str(self.primary), "--replica-priority", "0", port=self.down
+        )
         wait_for(self._replicating, 20, "the revived server to sync with the primary")
-        wait_for(self._watched, 20, "every sentinel to see the revived replica")
+        with redis.Redis(port=self.replica, socket_timeout=TIMEOUT_S) as client:
+            client.config_set("replica-priority", PROMOTABLE)
+        wait_for(self._watched, 30, "every sentinel to see the revived replica, promotable")
 
     def await_failover(self, timeout_s: float) -> float:
         """Wait until every sentinel names the replica and it takes writes; when (epoch s)."""
 
         def promoted() -> bool:
             named = {self._named_by(port) for port in self.sentinels}
-            if named != {self.replica}:
-                return False
-            with redis.Redis(port=self.replica, socket_timeout=TIMEOUT_S) as client:
-                return bool(client.info("replication").get("role") == "master")
+            return named == {self.replica} and self._is_primary(self.replica)
 
         wait_for(promoted, timeout_s, "the sentinels to promote the replica")
         self.primary = self.replica
