@@ -32,7 +32,12 @@ from redis.retry import Retry
 
 from service.engine.steps import StepKey
 from service.language.plan import JobPlan, StepPlan
-from service.platform.brokers import BrokerAddress, async_redis_client, redis_client
+from service.platform.brokers import (
+    BrokerAddress,
+    async_redis_client,
+    is_sentinel,
+    redis_client,
+)
 from service.platform.constants import (
     BROKER_PUBLISH_RETRIES,
     BROKER_PUBLISH_RETRY_INTERVAL_S,
@@ -51,17 +56,21 @@ _PERSISTENT = (_DELIVERY_MODE_PERSISTENT, "persistent")
 _KWARGSREPR = repr({})
 
 
-def direct_broker(app: Celery) -> BrokerAddress | None:
-    """The broker when a step message built here is the one Celery would send."""
+def direct_broker(app: Celery) -> BrokerAddress | str | None:
+    """The broker when a step message built here is the one Celery would send: a plain
+    ``redis://`` one as its URL, whose cached client is found by the string's own hash, a
+    Sentinel one with its master's name."""
     if any(signal.receivers for signal in _PUBLISH_SIGNALS) or app.current_worker_task:
         return None
     return _configured_broker(app)
 
 
-_CONFIGURED: weakref.WeakKeyDictionary[Celery, BrokerAddress | None] = weakref.WeakKeyDictionary()
+_CONFIGURED: weakref.WeakKeyDictionary[Celery, BrokerAddress | str | None] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _configured_broker(app: Celery) -> BrokerAddress | None:
+def _configured_broker(app: Celery) -> BrokerAddress | str | None:
     """Read once per app, as Celery reads the serializer and compression of its publishes once:
     reading the configuration on every message cost as much as building it."""
     try:
@@ -81,10 +90,15 @@ def _configured_broker(app: Celery) -> BrokerAddress | None:
         and conf.task_default_delivery_mode in _PERSISTENT
         and not options.get("global_keyprefix")
     )
-    sentinels = options.get("sentinel_kwargs") or {}
-    address = BrokerAddress(url, options.get("master_name"), sentinels.get("password"))
-    _CONFIGURED[app] = address if plain else None
+    _CONFIGURED[app] = _address(url, options) if plain else None
     return _CONFIGURED[app]
+
+
+def _address(url: str, options: dict[str, Any]) -> BrokerAddress | str:
+    if not is_sentinel(url):
+        return url
+    sentinels = options.get("sentinel_kwargs") or {}
+    return BrokerAddress(url, options.get("master_name"), sentinels.get("password"))
 
 
 def plain_steps(plan: JobPlan) -> bool:
