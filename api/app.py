@@ -38,7 +38,7 @@ from api.telemetry import RequestMetrics
 from api.throttle import throttle
 from api.ui import install_ui
 from service.engine.runtime import Runtime
-from service.platform import logs
+from service.platform import logs, tracing
 from service.platform.auth import KeyCache
 from service.platform.constants import VERSION
 from service.platform.settings import Settings, get_settings
@@ -135,6 +135,10 @@ def app_from_env() -> FastAPI:
     settings = get_settings()
     logs.configure(settings.log_format, settings.log_level, background=True)
     app = create_app(settings)
+    if tracing.configure("flowbeat-api"):
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+        app.add_middleware(OpenTelemetryMiddleware)
     gc.collect()
     gc.freeze()
     return app

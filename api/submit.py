@@ -31,7 +31,7 @@ from service.language.loading import load_profile_text
 from service.language.plan import JobPlan, initial_plan
 from service.language.snapshots import job_profile, profile_secrets
 from service.language.specs import NAME_PATTERN
-from service.platform import logs
+from service.platform import logs, tracing
 from service.platform.audit import Actor
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
@@ -106,7 +106,10 @@ def accept_job(
         audit=actor,
     )
     session.commit()
-    with logs.bound(job_id=str(job.id)):
+    with (
+        logs.bound(job_id=str(job.id)),
+        tracing.span("job.submit", job_id=str(job.id), pipeline=job.pipeline),
+    ):
         if not created:
             log.info("job %s seen before (idempotency key), not submitted again", job.id)
             return JobPublic.of(job_view(session, job)), 200
@@ -236,8 +239,12 @@ async def accept_job_on_loop(
     except FlowbeatError:
         return None
     profile = resolved.profile
-    with logs.bound(job_id=str(job.id)):
-        if not await io.jobs.submit(Submission(job, initial_plan(profile, job.id, job.priority))):
+    with (
+        logs.bound(job_id=str(job.id)),
+        tracing.span("job.submit", job_id=str(job.id), pipeline=profile.name),
+    ):
+        plan = initial_plan(profile, job.id, job.priority, tracing.traceparent())
+        if not await io.jobs.submit(Submission(job, plan)):
             return None
         log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
     return JobPublic.of(new_job_view(JobRow(**job.values), profile)), 202

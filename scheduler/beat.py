@@ -33,6 +33,7 @@ from service.engine.signals import expire_waits, next_signal_due, resume_signall
 from service.engine.slots import let_in_steps, steps_waiting
 from service.engine.waits import next_wake, wake_due
 from service.language.plan import JobPlan
+from service.platform import tracing
 from service.platform.brokers import redis_client
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
@@ -109,16 +110,17 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             due = due_schedule_ids(session, now)
         held: dict[uuid.UUID, datetime] = {}
         for schedule_id in due:
-            with unit_of_work(sessions) as session:
-                result = fire_schedule(
-                    session,
-                    schedule_id,
-                    now=now,
-                    grace_s=3 * settings.beat_lock_ttl_s,
-                    profiles_dir=settings.profiles_dir,
-                    known_actions=self.runtime.registry.names(),
-                )
-            self.send(result)
+            with tracing.span("schedule.fire", schedule_id=str(schedule_id)):
+                with unit_of_work(sessions) as session:
+                    result = fire_schedule(
+                        session,
+                        schedule_id,
+                        now=now,
+                        grace_s=3 * settings.beat_lock_ttl_s,
+                        profiles_dir=settings.profiles_dir,
+                        known_actions=self.runtime.registry.names(),
+                    )
+                self.send(result)
             if result.held_until is not None:
                 held[schedule_id] = result.held_until
         with unit_of_work(sessions) as session:

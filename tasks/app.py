@@ -12,9 +12,10 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_before_create_process, worker_process_init
+from celery.signals import beat_init, worker_before_create_process, worker_init, worker_process_init
 from kombu.entity import Exchange, Queue
 
+from service.platform import tracing
 from service.platform.constants import (
     QUEUE_CONTROL,
     QUEUE_STEPS,
@@ -101,6 +102,16 @@ def _direct_queue(name: str) -> Any:
     """Named as the default queue is (exchange and routing key its own name): with the same
     routing key, another queue would be bound to receive a copy of every step's message."""
     return Queue(name, Exchange(name), routing_key=name)  # type: ignore[no-untyped-call]
+
+
+@worker_init.connect
+def _trace_worker(**_: Any) -> None:
+    tracing.configure("flowbeat-worker")
+
+
+@beat_init.connect
+def _trace_beat(**_: Any) -> None:
+    tracing.configure("flowbeat-beat")
 
 
 @worker_process_init.connect

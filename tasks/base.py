@@ -8,6 +8,7 @@ from celery import Task
 from celery.exceptions import Ignore
 from sqlalchemy.exc import OperationalError
 
+from service.platform import tracing
 from service.platform.constants import HEADER_SENT_AT
 from service.platform.errors import RetryLater, StopChain
 from service.platform.metrics import STEP_QUEUE_WAIT
@@ -30,7 +31,10 @@ class FlowbeatTask(Task):  # type: ignore[misc]
         if isinstance(sent_at, int | float) and not self.request.retries:
             STEP_QUEUE_WAIT.labels(self.name).observe(max(0.0, time.time() - sent_at))
         try:
-            return super().__call__(*args, **kwargs)
+            with tracing.span(
+                self.name, self.request.get(tracing.TRACEPARENT), retries=self.request.retries or 0
+            ):
+                return super().__call__(*args, **kwargs)
         except RetryLater as exc:
             raise self.retry(countdown=exc.delay_s) from None
         except (OperationalError, psycopg.OperationalError):

@@ -32,6 +32,7 @@ from redis.retry import Retry
 
 from service.engine.steps import StepKey
 from service.language.plan import JobPlan, StepPlan
+from service.platform import tracing
 from service.platform.brokers import (
     BrokerAddress,
     async_redis_client,
@@ -134,6 +135,9 @@ def step_message(app: Celery, plan: JobPlan, step: StepPlan) -> str:
         "stamps": {},
         HEADER_SENT_AT: time.time(),
     }
+    trace = plan.trace or tracing.traceparent()
+    if trace is not None:
+        headers[tracing.TRACEPARENT] = trace
     body = json.dumps([[str(plan.job_id), step.step_id], {}, _EMBED])
     message: dict[str, Any] = {
         "body": base64.b64encode(body.encode()).decode(),

@@ -22,7 +22,7 @@ from celery.signals import (
     worker_process_shutdown,
 )
 
-from service.platform import logs, metrics
+from service.platform import logs, metrics, tracing
 from service.platform.errors import MetricsTokenRequired
 from service.platform.settings import get_settings
 
@@ -51,7 +51,9 @@ def _bind_task(
         return
     job_id, step_id = given.get("job_id"), given.get("step_id")
     _BOUND[task_id] = logs.bind(
-        job_id=str(job_id) if job_id else None, step_id=str(step_id) if step_id else None
+        job_id=str(job_id) if job_id else None,
+        step_id=str(step_id) if step_id else None,
+        trace_id=tracing.trace_id_of(task.request.get(tracing.TRACEPARENT)),
     )
 
 

@@ -21,6 +21,7 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from service.platform import tracing
 from service.platform.constants import HEADER_SENT_AT
 from tasks import liveness
 from tasks.queues import BROKER_LEVELS, DEFAULT_LEVEL, list_key
@@ -142,12 +143,16 @@ def message_router(
     def route(
         name: str, args: Any, kwargs: Any, options: dict[str, Any], **_: Any
     ) -> dict[str, Any]:
+        headers: dict[str, Any] = {HEADER_SENT_AT: time.time()}
+        trace = tracing.traceparent()
+        if trace is not None:
+            headers[tracing.TRACEPARENT] = trace
         return {
             "queue": queues.get(name, queue),
             **declare,
             "argsrepr": _short_repr(tuple(args or ())),
             "kwargsrepr": _short_repr(kwargs or {}),
-            "headers": {HEADER_SENT_AT: time.time()},
+            "headers": headers,
         }
 
     return route

@@ -53,7 +53,7 @@ from service.language import verify
 from service.language.plan import JobPlan
 from service.language.snapshots import step_facts
 from service.language.specs import RetryPolicy
-from service.platform import capture, logs, metrics
+from service.platform import capture, logs, metrics, tracing
 from service.platform.clock import utcnow
 from service.platform.constants import LANE_SLICE_S, SHARD_NONE
 from service.platform.db import unit_of_work
@@ -276,7 +276,16 @@ def _run_claim(
         return JobPlan(asked.job_id), None
     if not isinstance(claim, Claimed):
         return claim.ready, None
-    with logs.bound(attempt=claim.lease.attempt):
+    with (
+        logs.bound(attempt=claim.lease.attempt),
+        tracing.span(
+            f"step {claim.key.step_id}",
+            job_id=str(claim.key.job_id),
+            step_id=claim.key.step_id,
+            shard=claim.key.shard,
+            attempt=claim.lease.attempt,
+        ),
+    ):
         return _settled(rt, claim, timeout_errors, inline, task_id)
 
 

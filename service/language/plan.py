@@ -41,6 +41,9 @@ class JobPlan:
     label, so two plans of the same steps are equal with or without it."""
     priority: int = 0
     """The job's: its messages go to their queue's list for it, higher taken first."""
+    trace: str | None = field(default=None, compare=False)
+    """The ``traceparent`` its messages carry when it was made outside the span they continue
+    (a batch of jobs sent together, each in its own trace); none: the current span's."""
 
     def at(self, priority: int) -> "JobPlan":
         return self if priority == self.priority else replace(self, priority=priority)
@@ -62,10 +65,13 @@ def steps_plan(profile: Profile, job_id: uuid.UUID, step_ids: Iterable[str]) -> 
     )
 
 
-def initial_plan(profile: Profile, job_id: uuid.UUID, priority: int) -> JobPlan:
+def initial_plan(
+    profile: Profile, job_id: uuid.UUID, priority: int, trace: str | None = None
+) -> JobPlan:
     """The root steps of a job that has not started yet."""
     roots = (s.id for s in profile.steps if not s.depends_on)
-    return steps_plan(profile, job_id, roots).at(priority)
+    plan = steps_plan(profile, job_id, roots).at(priority)
+    return plan if trace is None else replace(plan, trace=trace)
 
 
 def plan_remaining(

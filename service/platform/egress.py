@@ -22,6 +22,7 @@ from typing import Any, Final
 import httpcore
 import httpx
 
+from service.platform import tracing
 from service.platform.errors import (
     EgressAddressRefused,
     EgressHostNotAllowed,
@@ -261,7 +262,15 @@ class GuardedClient(httpx.Client):
     def send(self, request: httpx.Request, **options: Any) -> httpx.Response:
         self._policy.check_url(request.url)
         try:
-            return super().send(request, **options)
+            with tracing.span(
+                f"HTTP {request.method}",
+                **{"server.address": request.url.host, "url.scheme": request.url.scheme},
+            ) as span:
+                tracing.inject(request.headers)
+                response = super().send(request, **options)
+                if span is not None:
+                    span.set_attribute("http.response.status_code", response.status_code)
+                return response
         except (EgressSchemeRefused, EgressHostNotAllowed) as exc:
             raise EgressRedirectRefused(
                 f"a redirect from {request.url} was refused: {exc.message}",

@@ -19,15 +19,18 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from service.platform import tracing
 from service.platform.constants import LOG_FLUSH_S, LOG_QUEUE_RECORDS, LOG_WRITE_INTERVAL_S
 
 JOB_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_id", default=None)
 STEP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("step_id", default=None)
 ATTEMPT: contextvars.ContextVar[int | None] = contextvars.ContextVar("attempt", default=None)
+TRACE_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace_id", default=None)
 _CONTEXT: dict[str, contextvars.ContextVar[Any]] = {
     "job_id": JOB_ID,
     "step_id": STEP_ID,
     "attempt": ATTEMPT,
+    "trace_id": TRACE_ID,
 }
 _HANDLER_NAME = "flowbeat"
 
@@ -75,6 +78,10 @@ class JsonFormatter(logging.Formatter):
             value = var.get()
             if value is not None:
                 line[name] = value
+        if "trace_id" not in line:
+            trace_id = tracing.trace_id()
+            if trace_id is not None:
+                line["trace_id"] = trace_id
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
