@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from service.platform.audit import Actor
-from service.platform.errors import FlowbeatError
+from service.platform.errors import FlowbeatError, PayloadInvalid
 from service.platform.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -79,11 +79,33 @@ def main() -> None:
 
 
 def print_refusal(exc: FlowbeatError) -> None:
-    """Messages quote what the user gave (file names, profile text, ``flowbeat[embedded]``),
-    which rich would otherwise read as markup and drop."""
-    console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
-    for problem in exc.details.get("errors", []):
-        console.print(f"  - {problem}", highlight=False, markup=False)
+    """One line for the refusal, unwrapped, so a script or a grep sees its code and position
+    together; messages quote what the user gave (file names, profile text,
+    ``flowbeat[embedded]``), which rich would otherwise read as markup and drop. The message
+    already states the first problem, so only the further ones get a line of their own."""
+    console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False, soft_wrap=True)
+    for problem in exc.details.get("errors", [])[1:]:
+        console.print(f"  - {problem_line(problem)}", highlight=False, markup=False, soft_wrap=True)
+
+
+def problem_line(problem: dict[str, Any]) -> str:
+    """A further problem of a refusal as its step and field, then its message."""
+    where = [f"{key} {problem[key]!r}" for key in ("step", "field", "param") if problem.get(key)]
+    return f"{' '.join(where)}: {problem['message']}" if where else str(problem["message"])
+
+
+def parse_json_option(raw: str | None, option: str) -> Any:
+    """The JSON an option carries, or ``payload_invalid`` with the line and column, the one
+    line any parse error of the command prints, rather than a traceback or a usage box."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise PayloadInvalid(
+            f"{option}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            {"line": exc.lineno, "column": exc.colno},
+        ) from None
 
 
 def load_settings() -> Settings:

@@ -281,14 +281,43 @@ def test_run_refuses_a_file_with_a_syntax_error_as_saving_it_does(
         '{"name": "broken",\n "steps": [\n  {"id": "a",\n   "action": "noop"\n   "x"}]}\n'
     )
 
-    ran = flowbeat("run", str(broken), "--no-wait")
-    saved = flowbeat("pipelines", "save", str(broken))
+    ran = flowbeat("run", str(broken), "--no-wait", COLUMNS="80")
+    saved = flowbeat("pipelines", "save", str(broken), COLUMNS="80")
 
     assert ran.returncode == saved.returncode == 2, ran.stdout + ran.stderr
     assert "Traceback" not in ran.stdout + ran.stderr
     for refusal in (ran.stdout, saved.stdout):
-        assert refusal.startswith("profile_invalid: ")
-        assert "invalid YAML at line 5, column 4: expected ','" in refusal
+        [line] = refusal.splitlines()
+        assert line.startswith("profile_invalid: ")
+        assert "invalid YAML at line 5, column 4: expected ','" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ("run", "dag", "-p", "items=[7", "--no-wait"),
+            "params_invalid: invalid params: param 'items': invalid YAML at line 1, column 3:",
+        ),
+        (
+            ("jobs", "approve", "00000000-0000-0000-0000-000000000000", "gate", "--payload", "{x"),
+            "payload_invalid: --payload: invalid JSON at line 1, column 2:",
+        ),
+        (
+            ("jobs", "signal", "00000000-0000-0000-0000-000000000000", "go", "--payload", "[1,"),
+            "payload_invalid: --payload: invalid JSON at line 1, column 4:",
+        ),
+    ],
+)
+def test_a_value_that_does_not_parse_is_one_line_with_its_code_and_position(
+    flowbeat: Cli, args: tuple[str, ...], expected: str
+) -> None:
+    done = flowbeat(*args, COLUMNS="80")
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == ""
+    [line] = done.stdout.splitlines()
+    assert line.startswith(expected)
 
 
 def test_the_embedded_default_without_its_wheels_names_the_extra_to_install(
