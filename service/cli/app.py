@@ -25,9 +25,9 @@ cli = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help=(
-        "flowbeat job pipelines. Commands act as the owner FLOWBEAT_CLI_OWNER where --owner "
-        "is not given; unset, as 'dev' (the owner of the key flowbeat dev prints) in the "
-        "embedded default, and as 'default' with FLOWBEAT_DATABASE_URL and "
+        "flowbeat job pipelines. Commands act as --owner, else FLOWBEAT_CLI_OWNER, else the "
+        "owner of the key FLOWBEAT_API_KEY, else 'dev' (the owner of the key flowbeat dev "
+        "prints) in the embedded default and 'default' with FLOWBEAT_DATABASE_URL and "
         "FLOWBEAT_BROKER_URL set."
     ),
 )
@@ -47,7 +47,10 @@ JsonOption = Annotated[
 
 OwnerOption = Annotated[
     str | None,
-    typer.Option(help="whose; default: FLOWBEAT_CLI_OWNER ('dev' embedded, else 'default')"),
+    typer.Option(
+        help="whose; default: FLOWBEAT_CLI_OWNER, or FLOWBEAT_API_KEY's owner "
+        "('dev' embedded, else 'default')"
+    ),
 ]
 DEV_OWNER = "dev"
 DEFAULT_OWNER = "default"
@@ -112,19 +115,32 @@ def load_settings() -> Settings:
     """Settings from the environment; with neither server set, the embedded default, its
     schema brought up to date, so any command works on a data directory made a moment ago."""
     settings = get_settings()
-    if not settings.embedded():
-        return settings
-    from service.platform.embedded import start_embedded
+    if settings.embedded():
+        from service.platform.embedded import start_embedded
 
-    servers = start_embedded(settings.data_dir)
-    os.environ["FLOWBEAT_DATABASE_URL"] = servers.database_url
-    os.environ["FLOWBEAT_BROKER_URL"] = servers.broker_url
-    get_settings.cache_clear()
-    embedded = get_settings()
-    migrate_schema(embedded)
-    if embedded.cli_owner is None:
-        return embedded.model_copy(update={"cli_owner": DEV_OWNER})
-    return embedded
+        servers = start_embedded(settings.data_dir)
+        os.environ["FLOWBEAT_DATABASE_URL"] = servers.database_url
+        os.environ["FLOWBEAT_BROKER_URL"] = servers.broker_url
+        get_settings.cache_clear()
+        embedded = get_settings()
+        migrate_schema(embedded)
+        owner = _key_owner(embedded) or DEV_OWNER
+        return embedded.model_copy(update={"cli_owner": embedded.cli_owner or owner})
+    if settings.cli_owner is None and settings.api_key is not None:
+        return settings.model_copy(update={"cli_owner": _key_owner(settings)})
+    return settings
+
+
+def _key_owner(settings: Settings) -> str | None:
+    """The owner of ``FLOWBEAT_API_KEY``, the same check the API makes of it, so the command
+    and a client of that key act on the same pipelines and schedules."""
+    if settings.api_key is None:
+        return None
+    from service.platform.auth import authenticate
+    from service.platform.db import sessions_of, unit_of_work
+
+    with unit_of_work(sessions_of(settings)) as session:
+        return authenticate(session, settings.api_key.get_secret_value()).owner
 
 
 def acting_owner(settings: Settings, given: str | None) -> str:

@@ -364,6 +364,24 @@ def test_the_command_acts_as_flowbeat_cli_owner_where_no_owner_is_given(
     assert unseen.returncode == 2 and "pipeline_not_found" in unseen.stdout
 
 
+def test_the_command_acts_as_the_owner_of_flowbeat_api_key_where_no_owner_is_given(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    """What a client of the key saved through the API is what the command saves over."""
+    owner = f"lab-{uuid.uuid4().hex[:6]}"
+    key = flowbeat("keys", "create", "--scopes", "write", "--owner", owner).stdout.strip()
+    file = tmp_path / "theirs.yaml"
+    file.write_text(f"name: theirs-{owner}\nsteps:\n  - {{id: s1, action: noop}}\n")
+
+    saved = flowbeat("pipelines", "save", str(file), FLOWBEAT_API_KEY=key)
+    shown = flowbeat("pipelines", "show", f"theirs-{owner}", FLOWBEAT_API_KEY=key)
+    refused = flowbeat("pipelines", "list", FLOWBEAT_API_KEY="fb_nosuchke_secret")
+
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert f"by {owner}" in shown.stdout, shown.stdout + shown.stderr
+    assert refused.returncode == 2 and refused.stdout.startswith("unauthorized: ")
+
+
 def test_run_with_a_local_worker_consumes_the_queues_its_steps_name(
     flowbeat: Cli, tmp_path: Path
 ) -> None:
