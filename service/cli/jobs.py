@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from service.engine.runtime import Runtime
+    from service.language.plan import JobPlan
 
 
 def job_document(job: JobRow) -> dict[str, Any]:
@@ -91,6 +92,17 @@ class JobCommand:
     job_id: uuid.UUID
     app: "Celery"
     rt: "Runtime"
+
+    def publish(self, plan: "JobPlan") -> None:
+        """Send what the change made ready; with the broker away, say that the sweeper sends
+        it later, so a command that could not publish never looks like one that did."""
+        from tasks.dispatch import publish_or_defer
+
+        if not publish_or_defer(self.app, self.rt, plan):
+            console.print(
+                f"broker unreachable: job {self.job_id} waits for the sweeper to send its steps",
+                markup=False,
+            )
 
 
 def job_command(job: str) -> JobCommand:
@@ -225,7 +237,6 @@ def jobs_cancel(job: JobArgument) -> None:
     from service.engine.jobs import cancel_job, job_view
     from service.language.plan import JobPlan
     from service.platform.clock import utcnow
-    from tasks.dispatch import publish_or_defer
 
     command = job_command(job)
     now = utcnow()
@@ -234,7 +245,7 @@ def jobs_cancel(job: JobArgument) -> None:
         record_cancel(session, cli_actor(command.settings, "jobs cancel"), cancelled, now)
         compensation = job_view(session, cancelled).compensation
     if compensation is not None and compensation["status"] == "running":
-        publish_or_defer(command.app, command.rt, JobPlan(command.job_id, compensate=True))
+        command.publish(JobPlan(command.job_id, compensate=True))
     console.print(f"job {command.job_id}: {cancelled.status}")
     if running:
         try:
@@ -311,7 +322,6 @@ def _decide(
 ) -> None:
     from service.engine.approvals import decide
     from service.platform.clock import utcnow
-    from tasks.dispatch import publish_or_defer
 
     body = parse_json_option(payload, "--payload")
     command = job_command(job)
@@ -330,7 +340,7 @@ def _decide(
         status = decided.approval.status
         actor = cli_actor(command.settings, "jobs approve" if approve else "jobs reject")
         record_decision(session, actor, command.job_id, step_id, approve=approve, by=by)
-    publish_or_defer(command.app, command.rt, decided.ready)
+    command.publish(decided.ready)
     console.print(f"job {command.job_id} step {step_id}: {status} by {by}", markup=False)
 
 
@@ -373,7 +383,6 @@ def jobs_signal(
     for it run, and one that waits later finds it."""
     from service.engine.signals import send_signal
     from service.platform.clock import utcnow
-    from tasks.dispatch import publish_or_defer
 
     body = parse_json_option(payload, "--payload")
     command = job_command(job)
@@ -382,6 +391,6 @@ def jobs_signal(
         sent = send_signal(session, job_id, name, body, by=by, visible_to=None, now=utcnow())
         record_signal(session, cli_actor(command.settings, "jobs signal"), job_id, name, by=by)
         resumed = sent.resumed
-    publish_or_defer(command.app, command.rt, sent.ready)
+    command.publish(sent.ready)
     waiting = ", ".join(resumed) if resumed else "kept until a step waits for it"
     console.print(f"job {job_id} signal {name}: received ({waiting})", markup=False)
