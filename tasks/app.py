@@ -7,6 +7,7 @@ that every worker consumes.
 """
 
 import gc
+import os
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -31,12 +32,28 @@ from tasks.queues import queue_name
 from tasks.timers import CompactTimers
 from tasks.transport import message_router, transport_for
 
+CELERY_URL_VARIABLES = (
+    "CELERY_BROKER_URL",
+    "CELERY_BROKER_READ_URL",
+    "CELERY_BROKER_WRITE_URL",
+    "CELERY_RESULT_BACKEND",
+)
+"""Variables Celery reads ahead of the broker and backend an app is built with
+(``celery.app.utils.Settings``), so one left in the environment would send every message
+elsewhere, whatever the settings say."""
+
 
 def create_celery(settings: Settings) -> Celery:
     """An app on the broker ``settings`` name, and none other: without one, Celery would fall
     back to ``amqp://guest@localhost:5672``, where a command that imported this module before
     it resolved its settings (the embedded default's broker) published into a server nobody
     consumes, or failed where none runs."""
+    overriding = [name for name in CELERY_URL_VARIABLES if os.environ.get(name)]
+    if overriding:
+        raise RuntimeError(
+            f"{', '.join(overriding)} is set: Celery would use it over FLOWBEAT_BROKER_URL "
+            "and FLOWBEAT_RESULT_BACKEND_URL; unset it and set those instead"
+        )
     broker = settings.broker()
     broker_url = broker.celery_url()
     results = replace(broker, url=settings.result_backend_url or broker.url)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from service.platform.audit import Actor
-from service.platform.errors import FlowbeatError
+from service.platform.errors import FlowbeatError, PayloadInvalid
 from service.platform.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -25,9 +25,9 @@ cli = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help=(
-        "flowbeat job pipelines. Commands act as the owner FLOWBEAT_CLI_OWNER where --owner "
-        "is not given; unset, as 'dev' (the owner of the key flowbeat dev prints) in the "
-        "embedded default, and as 'default' with FLOWBEAT_DATABASE_URL and "
+        "flowbeat job pipelines. Commands act as --owner, else FLOWBEAT_CLI_OWNER, else the "
+        "owner of the key FLOWBEAT_API_KEY, else 'dev' (the owner of the key flowbeat dev "
+        "prints) in the embedded default and 'default' with FLOWBEAT_DATABASE_URL and "
         "FLOWBEAT_BROKER_URL set."
     ),
 )
@@ -47,7 +47,10 @@ JsonOption = Annotated[
 
 OwnerOption = Annotated[
     str | None,
-    typer.Option(help="whose; default: FLOWBEAT_CLI_OWNER ('dev' embedded, else 'default')"),
+    typer.Option(
+        help="whose; default: FLOWBEAT_CLI_OWNER, or FLOWBEAT_API_KEY's owner "
+        "('dev' embedded, else 'default')"
+    ),
 ]
 DEV_OWNER = "dev"
 DEFAULT_OWNER = "default"
@@ -79,30 +82,65 @@ def main() -> None:
 
 
 def print_refusal(exc: FlowbeatError) -> None:
-    """Messages quote what the user gave (file names, profile text, ``flowbeat[embedded]``),
-    which rich would otherwise read as markup and drop."""
-    console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
-    for problem in exc.details.get("errors", []):
-        console.print(f"  - {problem}", highlight=False, markup=False)
+    """One line for the refusal, unwrapped, so a script or a grep sees its code and position
+    together; messages quote what the user gave (file names, profile text,
+    ``flowbeat[embedded]``), which rich would otherwise read as markup and drop. The message
+    already states the first problem, so only the further ones get a line of their own."""
+    console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False, soft_wrap=True)
+    for problem in exc.details.get("errors", [])[1:]:
+        console.print(f"  - {problem_line(problem)}", highlight=False, markup=False, soft_wrap=True)
+
+
+def problem_line(problem: dict[str, Any]) -> str:
+    """A further problem of a refusal as its step and field, then its message."""
+    where = [f"{key} {problem[key]!r}" for key in ("step", "field", "param") if problem.get(key)]
+    return f"{' '.join(where)}: {problem['message']}" if where else str(problem["message"])
+
+
+def parse_json_option(raw: str | None, option: str) -> Any:
+    """The JSON an option carries, or ``payload_invalid`` with the line and column, the one
+    line any parse error of the command prints, rather than a traceback or a usage box."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise PayloadInvalid(
+            f"{option}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            {"line": exc.lineno, "column": exc.colno},
+        ) from None
 
 
 def load_settings() -> Settings:
     """Settings from the environment; with neither server set, the embedded default, its
     schema brought up to date, so any command works on a data directory made a moment ago."""
     settings = get_settings()
-    if not settings.embedded():
-        return settings
-    from service.platform.embedded import start_embedded
+    if settings.embedded():
+        from service.platform.embedded import start_embedded
 
-    servers = start_embedded(settings.data_dir)
-    os.environ["FLOWBEAT_DATABASE_URL"] = servers.database_url
-    os.environ["FLOWBEAT_BROKER_URL"] = servers.broker_url
-    get_settings.cache_clear()
-    embedded = get_settings()
-    migrate_schema(embedded)
-    if embedded.cli_owner is None:
-        return embedded.model_copy(update={"cli_owner": DEV_OWNER})
-    return embedded
+        servers = start_embedded(settings.data_dir)
+        os.environ["FLOWBEAT_DATABASE_URL"] = servers.database_url
+        os.environ["FLOWBEAT_BROKER_URL"] = servers.broker_url
+        get_settings.cache_clear()
+        embedded = get_settings()
+        migrate_schema(embedded)
+        owner = _key_owner(embedded) or DEV_OWNER
+        return embedded.model_copy(update={"cli_owner": embedded.cli_owner or owner})
+    if settings.cli_owner is None and settings.api_key is not None:
+        return settings.model_copy(update={"cli_owner": _key_owner(settings)})
+    return settings
+
+
+def _key_owner(settings: Settings) -> str | None:
+    """The owner of ``FLOWBEAT_API_KEY``, the same check the API makes of it, so the command
+    and a client of that key act on the same pipelines and schedules."""
+    if settings.api_key is None:
+        return None
+    from service.platform.auth import authenticate
+    from service.platform.db import sessions_of, unit_of_work
+
+    with unit_of_work(sessions_of(settings)) as session:
+        return authenticate(session, settings.api_key.get_secret_value()).owner
 
 
 def acting_owner(settings: Settings, given: str | None) -> str:

@@ -32,11 +32,13 @@ from service.cli.processes import (
 from service.language.yamlsafe import load_yaml
 from service.platform.constants import WAIT_ACTION
 from service.platform.db import sessions_of, unit_of_work
-from service.platform.errors import FlowbeatError
+from service.platform.errors import FlowbeatError, ParamsInvalid
 from service.platform.settings import Settings, get_settings
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
+    """``-p key=value`` pairs, each value read as YAML; one that does not parse is
+    ``params_invalid`` naming the param and the position, on one line as any parse error."""
     params: dict[str, Any] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
@@ -45,7 +47,12 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
         try:
             params[name] = load_yaml(raw) if raw else ""
         except yaml.YAMLError as exc:
-            raise typer.BadParameter(f"{name}: not a YAML value ({exc})") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or exc
+            message = f"param {name!r}: invalid YAML{where}: {problem}"
+            entry = {"param": name, "code": "yaml_syntax", "message": message}
+            raise ParamsInvalid(f"invalid params: {message}", {"errors": [entry]}) from None
     return params
 
 

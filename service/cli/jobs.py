@@ -3,7 +3,8 @@ service functions as the API's routes; each change is committed before its messa
 
 import json
 import uuid
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -16,6 +17,7 @@ from service.cli.app import (
     emit_json,
     jobs_cli,
     load_settings,
+    parse_json_option,
     print_refusal,
 )
 from service.cli.follow import (
@@ -33,6 +35,12 @@ from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from service.engine.runtime import Runtime
+    from service.language.plan import JobPlan
 
 
 def job_document(job: JobRow) -> dict[str, Any]:
@@ -72,6 +80,37 @@ def resolve_job(settings: Settings, given: str) -> uuid.UUID:
     sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         return resolve_job_id(session, given, owner=None)
+
+
+@dataclass(frozen=True)
+class JobCommand:
+    """What a command that changes one job needs: the job, and the app it publishes with,
+    built from the settings ``load_settings`` resolved, so in the embedded default it
+    publishes to the embedded broker, never to one Celery would default to."""
+
+    settings: Settings
+    job_id: uuid.UUID
+    app: "Celery"
+    rt: "Runtime"
+
+    def publish(self, plan: "JobPlan") -> None:
+        """Send what the change made ready; with the broker away, say that the sweeper sends
+        it later, so a command that could not publish never looks like one that did."""
+        from tasks.dispatch import publish_or_defer
+
+        if not publish_or_defer(self.app, self.rt, plan):
+            console.print(
+                f"broker unreachable: job {self.job_id} waits for the sweeper to send its steps",
+                markup=False,
+            )
+
+
+def job_command(job: str) -> JobCommand:
+    from service.engine.runtime import Runtime
+
+    settings = load_settings()
+    job_id = resolve_job(settings, job)
+    return JobCommand(settings, job_id, celery_app(settings), Runtime.start(settings))
 
 
 StatusOption = Annotated[
@@ -196,26 +235,21 @@ def jobs_cancel(job: JobArgument) -> None:
     from redis.exceptions import RedisError
 
     from service.engine.jobs import cancel_job, job_view
-    from service.engine.runtime import Runtime
     from service.language.plan import JobPlan
     from service.platform.clock import utcnow
-    from tasks.dispatch import publish_or_defer
 
-    settings = load_settings()
-    job_id = resolve_job(settings, job)
-    app = celery_app(settings)
-    rt = Runtime.start(settings)
+    command = job_command(job)
     now = utcnow()
-    with unit_of_work(rt.sessions) as session:
-        cancelled, running = cancel_job(session, job_id, owner=None, now=now)
-        record_cancel(session, cli_actor(settings, "jobs cancel"), cancelled, now)
+    with unit_of_work(command.rt.sessions) as session:
+        cancelled, running = cancel_job(session, command.job_id, owner=None, now=now)
+        record_cancel(session, cli_actor(command.settings, "jobs cancel"), cancelled, now)
         compensation = job_view(session, cancelled).compensation
     if compensation is not None and compensation["status"] == "running":
-        publish_or_defer(app, rt, JobPlan(job_id, compensate=True))
-    console.print(f"job {job_id}: {cancelled.status}")
+        command.publish(JobPlan(command.job_id, compensate=True))
+    console.print(f"job {command.job_id}: {cancelled.status}")
     if running:
         try:
-            app.control.revoke(running, terminate=True, signal="SIGUSR1")
+            command.app.control.revoke(running, terminate=True, signal="SIGUSR1")
         except (OperationalError, RedisError, OSError) as exc:
             message = f"running steps stop at their next checkpoint (no revoke: {exc})"
             console.print(message, markup=False)
@@ -240,31 +274,23 @@ def jobs_rerun(
 ) -> None:
     """Run a finished job again from a step, reusing what came before it; prints the new id."""
     from service.engine.reruns import RerunRequest, rerun_job
-    from service.engine.runtime import Runtime
     from service.language.plan import load_plan
     from service.platform.clock import utcnow
     from tasks.dispatch import publish_new_job
 
-    settings = load_settings()
-    app = celery_app(settings)
     request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items, priority)
-    rt = Runtime.start(settings)
-    try:
-        job_id = resolve_job(settings, job)
-        with unit_of_work(rt.sessions) as session:
-            rerun = rerun_job(session, job_id, request, visible_to=None, now=utcnow())
-            record_rerun(session, cli_actor(settings, "jobs rerun"), rerun, from_step)
-            new_id, waiting = rerun.id, rerun.waiting_for is not None
-        with unit_of_work(rt.sessions) as session:
-            plan = None if waiting else load_plan(session, new_id)
-    except FlowbeatError as exc:
-        print_refusal(exc)
-        raise typer.Exit(code=2) from exc
+    command = job_command(job)
+    with unit_of_work(command.rt.sessions) as session:
+        rerun = rerun_job(session, command.job_id, request, visible_to=None, now=utcnow())
+        record_rerun(session, cli_actor(command.settings, "jobs rerun"), rerun, from_step)
+        new_id, waiting = rerun.id, rerun.waiting_for is not None
+    with unit_of_work(command.rt.sessions) as session:
+        plan = None if waiting else load_plan(session, new_id)
     if plan is not None:
-        publish_new_job(app, rt, plan)
-    console.print(f"job [bold]{new_id}[/bold] queued (rerun of {job_id})")
+        publish_new_job(command.app, command.rt, plan)
+    console.print(f"job [bold]{new_id}[/bold] queued (rerun of {command.job_id})")
     if wait:
-        follow_to_the_end(settings, new_id, local_worker)
+        follow_to_the_end(command.settings, new_id, local_worker)
 
 
 def view_document(view: Any) -> dict[str, Any]:
@@ -295,22 +321,14 @@ def _decide(
     by: str,
 ) -> None:
     from service.engine.approvals import decide
-    from service.engine.runtime import Runtime
     from service.platform.clock import utcnow
-    from tasks.dispatch import publish_or_defer
 
-    try:
-        body = json.loads(payload) if payload is not None else None
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
-    settings = load_settings()
-    job_id = resolve_job(settings, job)
-    app = celery_app(settings)
-    rt = Runtime.start(settings)
-    with unit_of_work(rt.sessions) as session:
+    body = parse_json_option(payload, "--payload")
+    command = job_command(job)
+    with unit_of_work(command.rt.sessions) as session:
         decided = decide(
             session,
-            job_id,
+            command.job_id,
             step_id,
             approve=approve,
             by=by,
@@ -320,10 +338,10 @@ def _decide(
             now=utcnow(),
         )
         status = decided.approval.status
-        actor = cli_actor(settings, "jobs approve" if approve else "jobs reject")
-        record_decision(session, actor, job_id, step_id, approve=approve, by=by)
-    publish_or_defer(app, rt, decided.ready)
-    console.print(f"job {job_id} step {step_id}: {status} by {by}", markup=False)
+        actor = cli_actor(command.settings, "jobs approve" if approve else "jobs reject")
+        record_decision(session, actor, command.job_id, step_id, approve=approve, by=by)
+    command.publish(decided.ready)
+    console.print(f"job {command.job_id} step {step_id}: {status} by {by}", markup=False)
 
 
 CommentOption = Annotated[str | None, typer.Option(help="recorded with the decision")]
@@ -363,23 +381,16 @@ def jobs_signal(
 ) -> None:
     """Send a job a signal, as ``POST /v1/jobs/{id}/signals/{name}`` does: the steps waiting
     for it run, and one that waits later finds it."""
-    from service.engine.runtime import Runtime
     from service.engine.signals import send_signal
     from service.platform.clock import utcnow
-    from tasks.dispatch import publish_or_defer
 
-    try:
-        body = json.loads(payload) if payload is not None else None
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
-    settings = load_settings()
-    job_id = resolve_job(settings, job)
-    app = celery_app(settings)
-    rt = Runtime.start(settings)
-    with unit_of_work(rt.sessions) as session:
+    body = parse_json_option(payload, "--payload")
+    command = job_command(job)
+    job_id = command.job_id
+    with unit_of_work(command.rt.sessions) as session:
         sent = send_signal(session, job_id, name, body, by=by, visible_to=None, now=utcnow())
-        record_signal(session, cli_actor(settings, "jobs signal"), job_id, name, by=by)
+        record_signal(session, cli_actor(command.settings, "jobs signal"), job_id, name, by=by)
         resumed = sent.resumed
-    publish_or_defer(app, rt, sent.ready)
+    command.publish(sent.ready)
     waiting = ", ".join(resumed) if resumed else "kept until a step waits for it"
     console.print(f"job {job_id} signal {name}: received ({waiting})", markup=False)

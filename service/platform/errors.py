@@ -26,6 +26,13 @@ class ParamsInvalid(FlowbeatError):
     code = "params_invalid"
 
 
+class PayloadInvalid(FlowbeatError):
+    """A command's JSON option (an approval's or a signal's payload) does not parse; the
+    message gives the line and column, as a profile's syntax error does."""
+
+    code = "payload_invalid"
+
+
 class JobNotFound(FlowbeatError):
     code = "job_not_found"
 

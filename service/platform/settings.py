@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     """The owner the ``flowbeat`` command acts as where ``--owner`` is not given, and whose
     admin key ``flowbeat dev`` makes. Unset: ``dev`` in the embedded default, so the command
     sees what a client of ``flowbeat dev``'s key saved; ``default`` with your own servers."""
+    api_key: SecretStr | None = None
+    """An API key whose owner the ``flowbeat`` command acts as where neither ``--owner`` nor
+    ``FLOWBEAT_CLI_OWNER`` is given, so it saves over and shows what a client of that key
+    saved through the API; a key that is unknown or revoked is refused."""
     mcp_key: SecretStr | None = None
     """The API key ``flowbeat mcp`` acts as over stdio; HTTP clients send their own."""
     secrets_dir: Path | None = None

@@ -52,6 +52,7 @@ def test_every_domain_code_has_a_status() -> None:
         "key_not_found",
         "mcp_key_required",
         "metrics_token_required",
+        "payload_invalid",
         "settings_incomplete",
     }
     api_facing = codes - {"action_failed", "cancelled"} - command_only

@@ -281,14 +281,43 @@ def test_run_refuses_a_file_with_a_syntax_error_as_saving_it_does(
         '{"name": "broken",\n "steps": [\n  {"id": "a",\n   "action": "noop"\n   "x"}]}\n'
     )
 
-    ran = flowbeat("run", str(broken), "--no-wait")
-    saved = flowbeat("pipelines", "save", str(broken))
+    ran = flowbeat("run", str(broken), "--no-wait", COLUMNS="80")
+    saved = flowbeat("pipelines", "save", str(broken), COLUMNS="80")
 
     assert ran.returncode == saved.returncode == 2, ran.stdout + ran.stderr
     assert "Traceback" not in ran.stdout + ran.stderr
     for refusal in (ran.stdout, saved.stdout):
-        assert refusal.startswith("profile_invalid: ")
-        assert "invalid YAML at line 5, column 4: expected ','" in refusal
+        [line] = refusal.splitlines()
+        assert line.startswith("profile_invalid: ")
+        assert "invalid YAML at line 5, column 4: expected ','" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ("run", "dag", "-p", "items=[7", "--no-wait"),
+            "params_invalid: invalid params: param 'items': invalid YAML at line 1, column 3:",
+        ),
+        (
+            ("jobs", "approve", "00000000-0000-0000-0000-000000000000", "gate", "--payload", "{x"),
+            "payload_invalid: --payload: invalid JSON at line 1, column 2:",
+        ),
+        (
+            ("jobs", "signal", "00000000-0000-0000-0000-000000000000", "go", "--payload", "[1,"),
+            "payload_invalid: --payload: invalid JSON at line 1, column 4:",
+        ),
+    ],
+)
+def test_a_value_that_does_not_parse_is_one_line_with_its_code_and_position(
+    flowbeat: Cli, args: tuple[str, ...], expected: str
+) -> None:
+    done = flowbeat(*args, COLUMNS="80")
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == ""
+    [line] = done.stdout.splitlines()
+    assert line.startswith(expected)
 
 
 def test_the_embedded_default_without_its_wheels_names_the_extra_to_install(
@@ -333,6 +362,24 @@ def test_the_command_acts_as_flowbeat_cli_owner_where_no_owner_is_given(
     assert saved.returncode == 0, saved.stdout + saved.stderr
     assert f"by {owner}" in shown.stdout
     assert unseen.returncode == 2 and "pipeline_not_found" in unseen.stdout
+
+
+def test_the_command_acts_as_the_owner_of_flowbeat_api_key_where_no_owner_is_given(
+    flowbeat: Cli, tmp_path: Path
+) -> None:
+    """What a client of the key saved through the API is what the command saves over."""
+    owner = f"lab-{uuid.uuid4().hex[:6]}"
+    key = flowbeat("keys", "create", "--scopes", "write", "--owner", owner).stdout.strip()
+    file = tmp_path / "theirs.yaml"
+    file.write_text(f"name: theirs-{owner}\nsteps:\n  - {{id: s1, action: noop}}\n")
+
+    saved = flowbeat("pipelines", "save", str(file), FLOWBEAT_API_KEY=key)
+    shown = flowbeat("pipelines", "show", f"theirs-{owner}", FLOWBEAT_API_KEY=key)
+    refused = flowbeat("pipelines", "list", FLOWBEAT_API_KEY="fb_nosuchke_secret")
+
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert f"by {owner}" in shown.stdout, shown.stdout + shown.stderr
+    assert refused.returncode == 2 and refused.stdout.startswith("unauthorized: ")
 
 
 def test_run_with_a_local_worker_consumes_the_queues_its_steps_name(

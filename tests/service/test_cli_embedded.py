@@ -5,6 +5,8 @@ import base64
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,17 +15,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
 from service.engine.runtime import Runtime
 from tests.conftest import Stack
+from tests.e2e.conftest import Proc, wait_for
 from tests.support.embedded_cli import BROKER_ENV, DATABASE_ENV
 
 pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS_QUEUE = "flowbeat.steps"
+EMBEDDED_ARGV = [sys.executable, "-m", "tests.support.embedded_cli"]
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -38,14 +43,14 @@ ONE_STEP = {"name": "single", "steps": [{"id": "only", "action": "noop"}]}
 
 
 @pytest.fixture(scope="module")
-def embedded_flowbeat(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Cli:
-    """The command with neither server set, as after ``pip install`` on a fresh machine."""
+def embedded_env(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Neither server set, as after ``pip install`` on a fresh machine."""
     env = {
         key: value
         for key, value in {**os.environ, **stack.env}.items()
         if key not in {"FLOWBEAT_DATABASE_URL", "FLOWBEAT_BROKER_URL"}
     }
-    env |= {
+    return env | {
         "PYTHONPATH": str(ROOT),
         "COLUMNS": "200",
         "FLOWBEAT_DATA_DIR": str(tmp_path_factory.mktemp("embedded-cli")),
@@ -53,10 +58,15 @@ def embedded_flowbeat(stack: Stack, tmp_path_factory: pytest.TempPathFactory) ->
         BROKER_ENV: stack.broker_url,
     }
 
+
+@pytest.fixture(scope="module")
+def embedded_flowbeat(embedded_env: dict[str, str]) -> Cli:
+    """The command in the embedded default."""
+
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "tests.support.embedded_cli", *args],
-            env=env,
+            [*EMBEDDED_ARGV, *args],
+            env=embedded_env,
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -207,3 +217,49 @@ def test_the_command_acts_as_the_owner_of_the_dev_key(
     assert f"{name} v2" in saved.stdout
     mine = [p for p in json.loads(listed.stdout)["pipelines"] if p["name"] == name]
     assert [(p["owner"], p["version"]) for p in mine] == [("dev", 2)]
+
+
+@pytest.mark.timeout(180)
+def test_a_job_approved_from_the_command_goes_on_at_once_under_flowbeat_dev(
+    embedded_env: dict[str, str], embedded_flowbeat: Cli, tmp_path: Path
+) -> None:
+    """Real processes: ``flowbeat dev``'s worker takes the step the approval made ready from the
+    broker the command published to, well before the sweeper's stall check (5 minutes) would
+    find it; a publish to any other broker would leave the job waiting here."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dev = Proc([*EMBEDDED_ARGV, "dev", "--port", str(port)], embedded_env, tmp_path / "dev.out")
+    try:
+        key = embedded_flowbeat("keys", "create", "--scopes", "admin").stdout.strip()
+        api = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}
+        )
+        wait_for(lambda: _answers(api), 60, "flowbeat dev's API")
+        submitted = api.post("/v1/jobs", json={"pipeline": GATED, "params": {}})
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["job"]["id"]
+        wait_for(lambda: _status(api, job_id) == "awaiting_approval", 60, "the gate")
+
+        done = embedded_flowbeat("jobs", "approve", job_id[:8], "gate")
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "broker unreachable" not in done.stdout, "left for the sweeper, not published"
+        wait_for(lambda: _status(api, job_id) == "succeeded", 30, "the step after the gate")
+    finally:
+        dev.popen.send_signal(signal.SIGINT)
+        try:
+            dev.popen.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            dev.kill()
+
+
+def _answers(api: httpx.Client) -> bool:
+    try:
+        return api.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _status(api: httpx.Client, job_id: str) -> str:
+    return str(api.get(f"/v1/jobs/{job_id}").json()["job"]["status"])

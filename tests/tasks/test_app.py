@@ -40,3 +40,18 @@ def test_an_app_without_a_broker_url_is_refused_rather_than_pointed_at_amqp_loca
 
     with pytest.raises(RuntimeError, match="FLOWBEAT_BROKER_URL"):
         create_celery(Settings(database_url=None, broker_url=None))
+
+
+@pytest.mark.parametrize("variable", ["CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"])
+def test_a_celery_url_in_the_environment_is_refused_since_celery_would_prefer_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """Celery reads these ahead of the broker an app is built with: left set, they would
+    send every message past FLOWBEAT_BROKER_URL, to amqp://guest@localhost:5672 or anywhere."""
+    from service.platform.settings import Settings
+    from tasks.app import create_celery
+
+    monkeypatch.setenv(variable, "amqp://guest@localhost:5672//")
+
+    with pytest.raises(RuntimeError, match=variable):
+        create_celery(Settings(broker_url="redis://127.0.0.1:6379/0"))
