@@ -310,3 +310,27 @@ def _cancel_orphans(session: Session, now: datetime, work: ChildWork) -> None:
         work.revoke.extend(running)
         if unfinished(session, child_id):
             work.compensate.append(child_id)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A job's links for its page: the step of the job that started it, and the children
+    each of its own steps started (one per attempt, oldest first)."""
+
+    caller: tuple[uuid.UUID, str] | None
+    children: dict[str, list[uuid.UUID]]
+
+
+def job_family(session: Session, job_id: uuid.UUID) -> Family:
+    caller = session.execute(
+        select(ChildCallRow.job_id, ChildCallRow.step_id).where(ChildCallRow.child_job_id == job_id)
+    ).first()
+    children: dict[str, list[uuid.UUID]] = {}
+    for step_id, child in session.execute(
+        select(ChildCallRow.step_id, ChildCallRow.child_job_id)
+        .where(ChildCallRow.job_id == job_id)
+        .order_by(ChildCallRow.step_id, ChildCallRow.attempt)
+    ):
+        if child is not None:
+            children.setdefault(step_id, []).append(child)
+    return Family(None if caller is None else (caller[0], caller[1]), children)
