@@ -39,6 +39,7 @@ from service.engine.compensations import unfinished
 from service.engine.completion import record_failure, succeed_step, unresolvable
 from service.engine.jobs import cancel_job
 from service.engine.leases import HeldRows
+from service.engine.reruns import TRIGGER_RERUN
 from service.engine.steps import StepKey, Unresolvable
 from service.engine.submission import JobRequest, submit_job
 from service.language.plan import JobPlan, steps_plan
@@ -163,30 +164,11 @@ def _start(
     starter: Starter,
     work: ChildWork,
 ) -> None:
-    """Start the call's child, or fail its step for good saying why it cannot start."""
+    """Start the call's child (or take the one a rerun's parent job's call ran to success), or
+    fail its step for good saying why it cannot start."""
     key = StepKey(job.id, row.step_id)
-    request = JobRequest(
-        pipeline=call.pipeline,
-        params=call.params,
-        idempotency_key=f"pipeline.run:{job.id}:{row.step_id}:{call.attempt}",
-        trigger=TRIGGER_PARENT,
-    )
     try:
-        depth = job_depth(session, job.id, starter.max_depth) + 1
-        if depth > starter.max_depth:
-            raise PipelineDepthExceeded(
-                f"{call.pipeline!r} would run {depth} levels deep; the limit is "
-                f"{starter.max_depth} (FLOWBEAT_MAX_PIPELINE_DEPTH)",
-                {"pipeline": call.pipeline, "depth": depth, "limit": starter.max_depth},
-            )
-        with session.begin_nested():
-            child, created = submit_job(
-                session,
-                request,
-                owner=job.owner,
-                profiles_dir=starter.profiles_dir,
-                known_actions=starter.known_actions,
-            )
+        child, created = _reused(session, job, call) or _submitted(session, job, call, starter)
     except FlowbeatError as exc:
         _failed(work, job, unresolvable(session, row, key, exc, now).ready)
         return
@@ -196,9 +178,59 @@ def _start(
     )
     if created:
         work.started.append(child)
-    if not call.wait:
-        write_checkpoint(session, key, call.attempt, {"job_id": str(child.id)}, now)
+    if not call.wait or child.status == JobStatus.SUCCEEDED:
+        output = child.result if call.wait else {"job_id": str(child.id)}
+        write_checkpoint(session, key, call.attempt, output, now)
         work.ready.append(succeed_step(session, row, job_profile(job), now).at(job.priority))
+
+
+def _submitted(
+    session: Session, job: JobRow, call: ChildCallRow, starter: Starter
+) -> tuple[JobRow, bool]:
+    """The call's child, stored through the API's own submission under the parent's owner; a
+    second submission for the same attempt finds the first (its idempotency key)."""
+    depth = job_depth(session, job.id, starter.max_depth) + 1
+    if depth > starter.max_depth:
+        raise PipelineDepthExceeded(
+            f"{call.pipeline!r} would run {depth} levels deep; the limit is "
+            f"{starter.max_depth} (FLOWBEAT_MAX_PIPELINE_DEPTH)",
+            {"pipeline": call.pipeline, "depth": depth, "limit": starter.max_depth},
+        )
+    request = JobRequest(
+        pipeline=call.pipeline,
+        params=call.params,
+        idempotency_key=f"pipeline.run:{job.id}:{call.step_id}:{call.attempt}",
+        trigger=TRIGGER_PARENT,
+    )
+    with session.begin_nested():
+        return submit_job(
+            session,
+            request,
+            owner=job.owner,
+            profiles_dir=starter.profiles_dir,
+            known_actions=starter.known_actions,
+        )
+
+
+def _reused(session: Session, job: JobRow, call: ChildCallRow) -> tuple[JobRow, bool] | None:
+    """A rerun's call takes the child that the same call of the job it reruns (or of that
+    job's own parent, and so on) ran to success, rather than running it again."""
+    if job.trigger != TRIGGER_RERUN or job.parent_job_id is None:
+        return None
+    earlier = session.scalars(
+        select(JobRow)
+        .join(ChildCallRow, ChildCallRow.child_job_id == JobRow.id)
+        .where(
+            ChildCallRow.job_id == job.parent_job_id,
+            ChildCallRow.step_id == call.step_id,
+            ChildCallRow.pipeline == call.pipeline,
+            ChildCallRow.params == call.params,
+            JobRow.status == JobStatus.SUCCEEDED,
+        )
+        .order_by(ChildCallRow.attempt.desc())
+        .limit(1)
+    ).first()
+    return None if earlier is None else (earlier, False)
 
 
 _DEPTH = """

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from service.catalogue.saving import save_pipeline
 from service.engine.children import ChildWork, Starter, advance_children, job_depth
 from service.engine.jobs import cancel_job
+from service.engine.reruns import RerunRequest, rerun_job
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
@@ -293,3 +294,29 @@ def test_a_call_inside_a_loop_is_refused() -> None:
     profile["loops"] = [{"steps": ["call", "after"], "max_rounds": 2, "until": "1 >= 1"}]
     with pytest.raises(ProfileInvalid, match=r"pipeline\.run steps cannot be inside a loop"):
         validate_profile(profile, source="parent.yaml")
+
+
+def test_a_rerun_takes_the_child_that_succeeded_instead_of_running_it_again(
+    runtime: Runtime, owner: str, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, owner, parent_profile({"pipeline": "kid", "params": {"x": 4}}))
+    ran(runtime, job_id, "call")
+    advanced(runtime)
+    (child,) = children_of(runtime, job_id)
+    ran(runtime, child, "work")
+    advanced(runtime)
+    ran(runtime, job_id, "after")
+    assert job_row(runtime, job_id).status == JobStatus.SUCCEEDED
+    with unit_of_work(runtime.sessions) as session:
+        again = rerun_job(
+            session, job_id, RerunRequest(from_step="call"), visible_to=None, now=utcnow()
+        ).id
+    leftovers.append(again)
+
+    ran(runtime, again, "call")
+    work = advanced(runtime)
+
+    assert children_of(runtime, again) == [child]
+    assert not {j.id for j in work.started} & {again, child}
+    assert [s.step_id for p in work.ready if p.job_id == again for s in p.steps] == ["after"]
+    assert output_of(runtime, again, "call") == job_row(runtime, child).result
