@@ -3,9 +3,11 @@
 depth cap and cancels the children of a job cancelled; a save that closes a circle of calls
 is refused."""
 
+import json
 import uuid
 from typing import Any
 
+import jsonschema
 import pytest
 from sqlalchemy import select
 
@@ -20,6 +22,7 @@ from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
 from service.language.checks import validate_profile
 from service.language.plan import JobPlan
+from service.language.profiles import SCHEMA_PATH
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import PipelineCycle, ProfileInvalid
@@ -320,3 +323,17 @@ def test_a_rerun_takes_the_child_that_succeeded_instead_of_running_it_again(
     assert not {j.id for j in work.started} & {again, child}
     assert [s.step_id for p in work.ready if p.job_id == again for s in p.steps] == ["after"]
     assert output_of(runtime, again, "call") == job_row(runtime, child).result
+
+
+def test_the_json_schema_flags_a_malformed_call_as_it_is_typed() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    good = parent_profile({"pipeline": "kid", "params": "${{ params.all }}", "wait": False})
+    jsonschema.validate(good, schema)
+    malformed: list[dict[str, Any]] = [
+        {"pipeline": "kid", "wait": "yes"},
+        {"params": {}},
+        {"pipeline": "kid", "x": 1},
+    ]
+    for bad in malformed:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(parent_profile(bad), schema)
