@@ -337,3 +337,9 @@ def test_the_json_schema_flags_a_malformed_call_as_it_is_typed() -> None:
     for bad in malformed:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(parent_profile(bad), schema)
+
+
+def test_a_call_that_passes_a_secret_on_is_refused() -> None:
+    profile = parent_profile({"pipeline": "kid", "params": {"token": "${{ secrets.TOKEN }}"}})
+    with pytest.raises(ProfileInvalid, match=r"a pipeline\.run step reads no secret"):
+        validate_profile(profile, source="parent.yaml")
