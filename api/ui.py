@@ -34,6 +34,7 @@ from api.throttle import check_rate
 from api.uigraph import dag, timeline
 from service.catalogue.diffs import DiffKind
 from service.engine.checkpoints import step_outputs
+from service.engine.children import job_family
 from service.engine.events import step_history
 from service.engine.jobs import get_job, step_task_ids
 from service.engine.steplogs import step_lines, tail_lines
@@ -235,6 +236,7 @@ def _job_context(viewer: Principal, session: SessionDep, job_id: str) -> dict[st
         "actions": {s.id: s.action for s in profile.steps},
         "outputs": {k: json.dumps(v, indent=2, default=str)[:4000] for k, v in outputs.items()},
         "task_ids": step_task_ids(session, public.id),
+        "family": job_family(session, public.id),
         "logs": tail_lines(session, public.id, LOG_TAIL_LINES),
         "final": public.status in JOB_FINAL,
         "graph": dag(profile, {step_id: step.status for step_id, step in steps.items()}),

@@ -3,7 +3,8 @@
 Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
 static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
 scheduled runs past their timeout, times out approvals and signal waits, fails jobs past their
-deadline, wakes wait steps whose time has come (``service.engine.waits``), lets in what waits
+deadline, wakes wait steps whose time has come (``service.engine.waits``), starts and settles
+sub-pipelines (``service.engine.children``), lets in what waits
 for a slot or a turn, and prunes old runs. Schedules are read on every tick, and the leader
 spends the time between ticks listening for saved schedules (``scheduler.wakeups``), so a
 change through the API applies at once, without a restart. The lock only keeps standbys idle:
@@ -26,6 +27,7 @@ from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.catalogue.retention import RetentionPolicy, prune_runs
 from service.engine.approvals import expire_due
+from service.engine.children import Starter, advance_children
 from service.engine.concurrency import let_in_all, take_turns, waiting_turns
 from service.engine.deadlines import EXPIRE_BATCH, expire_deadlines, next_deadline
 from service.engine.runtime import Runtime
@@ -131,6 +133,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.expire_signal_waits(now)
         self.expire_deadlines(now)
         self.wake_sleepers(now)
+        self.advance_children(now)
         self.fire_dependents()
         turns_waiting = self.let_in_waiting(now)
         with unit_of_work(sessions) as session:
@@ -249,6 +252,27 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             ready = wake_due(session, now)
         for plan in ready:
             publish_or_defer(self.app, self.runtime, plan)
+
+    def advance_children(self, now: datetime) -> None:
+        """Sub-pipelines: start the children that pipeline.run steps recorded, settle the
+        steps whose child ended, cancel the children of jobs that ended badly; what that
+        starts, makes ready, revokes or compensates goes out after the commit."""
+        starter = Starter(
+            self.settings.profiles_dir,
+            self.runtime.registry.names(),
+            self.settings.max_pipeline_depth,
+        )
+        with unit_of_work(self.runtime.sessions) as session:
+            work = advance_children(session, now, starter)
+        for job in work.started:
+            try:
+                send_new_job(self.app, self.runtime, job)
+            except BrokerUnavailable:
+                log.warning("beat: child job %s stored; the sweeper sends it later", job.id)
+        for plan in work.ready:
+            publish_or_defer(self.app, self.runtime, plan)
+        self.revoke(work.revoke)
+        self.compensate(work.compensate)
 
     def compensate(self, job_ids: Iterable[uuid.UUID]) -> None:
         """With the broker away, the sweeper sends them once it is back."""

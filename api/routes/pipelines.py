@@ -29,7 +29,7 @@ BODY_MEDIA_TYPES = frozenset(
 OWNER_QUERY = Query(max_length=128, description="another owner's pipeline (admin, or shared)")
 
 _SAVE_REFUSED = (
-    "profile_invalid, pipeline_name_mismatch, unknown_action, trigger_cycle, "
+    "profile_invalid, pipeline_name_mismatch, unknown_action, trigger_cycle, pipeline_cycle, "
     "egress_scheme_refused, egress_host_not_allowed, egress_address_refused: "
     "the egress codes for an approval's escalate_to"
 )

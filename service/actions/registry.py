@@ -10,7 +10,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
 
-from service.platform.constants import WAIT_ACTION
+from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.errors import ActionError, ActionModuleUnimportable, ActionNotFound
 
 ActionFn = Callable[..., Any]
@@ -89,6 +89,8 @@ class ActionRegistry:
             raise ValueError(f"invalid action name {name!r}: must match {NAME_PATTERN.pattern}")
         if name == WAIT_ACTION:
             raise ValueError(f"action name {name!r} is the engine's own durable wait")
+        if name == PIPELINE_RUN_ACTION:
+            raise ValueError(f"action name {name!r} is the engine's own sub-pipeline call")
         if not callable(fn):
             raise ValueError(f"action {name!r} is not callable")
         shape = _Shape(fn)

@@ -12,6 +12,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from service.catalogue.calls import check_calls
 from service.catalogue.pipelines import (
     MAX_OWNER_LENGTH,
     SYSTEM_OWNER,
@@ -73,6 +74,9 @@ def save_pipeline(
     check_escalation_urls(settings, profile)
     secrets_of(settings).require(profile_secrets(profile), owner)
     record_triggers(session, owner, profile)
+    check_calls(
+        session, owner, profile, profiles_dir=settings.profiles_dir, known_actions=known_actions
+    )
     now = now or utcnow()
     content_hash = profile.content_hash()
     session.execute(

@@ -30,7 +30,7 @@ from service.cli.processes import (
     worker_argv,
 )
 from service.language.yamlsafe import load_yaml
-from service.platform.constants import WAIT_ACTION
+from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError, ParamsInvalid
 from service.platform.settings import Settings, get_settings
@@ -210,15 +210,15 @@ def print_outcome(view: Any) -> None:
 def _local_processes(settings: Settings, job_id: uuid.UUID) -> list[list[str]]:
     """The processes one run starts: a worker that consumes every queue the job's steps name,
     as well as the ones it was told, since nobody else may be there to take a step of a named
-    pool; and, for a job with a wait step, a beat replica, the one process that wakes a wait
-    (where another replica leads, this one stands by)."""
+    pool; and, for a job with a wait or a pipeline.run step, a beat replica, the one process
+    that wakes a wait and starts a child (where another replica leads, this one stands by)."""
     from service.language.snapshots import job_profile
 
     profile = job_profile(view_job(settings, job_id).job)
     named = {profile.queue_of(step.id) for step in profile.steps}
     os.environ["FLOWBEAT_WORKER_QUEUES"] = ",".join(sorted({*settings.worker_queues, *named}))
     commands = [worker_argv(2, "prefork")]
-    if any(step.action == WAIT_ACTION for step in profile.steps):
+    if any(step.action in (WAIT_ACTION, PIPELINE_RUN_ACTION) for step in profile.steps):
         commands.append(flowbeat_argv("beat"))
     return commands
 

@@ -2,17 +2,17 @@
 
 A step parks for one ``ParkReason`` of the lifecycle table, each in its own status
 (``PARKED_AS``): an approval gate with no decision yet, a signal not sent yet, no free slot of
-its concurrency key, a ``wait`` step's timer. Which of them a step can meet is read from its
-spec before any statement: a step that can meet none costs none here, and a plain step, whose
-claim needs no transaction, never comes here at all. The reasons it can meet are asked in one
-transaction, each through the one function of its own module, and the first that parks the
-step decides.
+its concurrency key, a ``wait`` step's timer, a ``pipeline.run`` step's child job. Which of
+them a step can meet is read from its spec before any statement: a step that can meet none
+costs none here, and a plain step, whose claim needs no transaction, never comes here at all.
+The reasons it can meet are asked in one transaction, each through the one function of its own
+module, and the first that parks the step decides.
 
 The order is the one the engine has always kept. The gate and the signal come first: a person
 is asked before the step's ``when`` settles anything, and the ``when`` may read the signal. The
-``when`` comes next, since a step it skips takes no slot; then the slot. The timer comes last,
-as its inputs say until when: they are resolved here, for the one reason whose park needs them
-(as a step waiting on a child job's would).
+``when`` comes next, since a step it skips takes no slot; then the slot. The timer and the
+child come last, as their inputs say until when or which pipeline: they are resolved here, for
+the reasons whose park needs them.
 """
 
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from service.engine.children import call_child
 from service.engine.gates import approved
 from service.engine.inputs import Held, resolve_held, unless_condition
 from service.engine.leases import HeldRows, held_rows
@@ -28,7 +29,7 @@ from service.engine.slots import take_step_slot
 from service.engine.steps import Skipped, StepKey, Unresolvable, Woke
 from service.engine.waits import sleep
 from service.language.specs import StepSpec
-from service.platform.constants import WAIT_ACTION
+from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.states import ParkReason
 
 
@@ -84,6 +85,8 @@ def park(session: Session, held: Held, now: datetime) -> Parking:
         return Parked(key, ParkReason.SLOT)
     if rows is not None and spec.action == WAIT_ACTION:
         return _sleep(session, held, rows, now)
+    if rows is not None and spec.action == PIPELINE_RUN_ACTION:
+        return _call(session, held, rows, now)
     return Goes(rows)
 
 
@@ -93,7 +96,7 @@ def _writes_rows(spec: StepSpec) -> bool:
     return (
         spec.approval is not None
         or spec.wait_for is not None
-        or spec.action == WAIT_ACTION
+        or spec.action in (WAIT_ACTION, PIPELINE_RUN_ACTION)
         or spec.for_each is not None
     )
 
@@ -104,3 +107,11 @@ def _sleep(session: Session, held: Held, rows: HeldRows, now: datetime) -> Parki
         return claimed
     woke = sleep(session, *rows, claimed.inputs, now)
     return Parked(held.key, ParkReason.TIMER) if woke is None else woke
+
+
+def _call(session: Session, held: Held, rows: HeldRows, now: datetime) -> Parking:
+    claimed = resolve_held(session, held, now)
+    if isinstance(claimed, Unresolvable):
+        return claimed
+    failed = call_child(session, rows, held.lease.attempt, claimed.inputs, now)
+    return Parked(held.key, ParkReason.CHILD) if failed is None else failed

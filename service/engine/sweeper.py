@@ -215,14 +215,17 @@ def _idle(
 def _parked() -> Exists:
     return exists().where(
         StepRunRow.job_id == JobRow.id,
-        StepRunRow.status.in_([StepStatus.SLEEPING, StepStatus.AWAITING_SIGNAL]),
+        StepRunRow.status.in_(
+            [StepStatus.SLEEPING, StepStatus.AWAITING_SIGNAL, StepStatus.AWAITING_CHILD]
+        ),
     )
 
 
 def _sendable() -> Exists:
-    """A step of the job that a message could be carrying now. A job with a wait step asleep
-    or a step parked for a signal, and none of these, is not idle but waiting for the beat
-    leader or the signal: nothing of it is lost, and nothing sent again would run."""
+    """A step of the job that a message could be carrying now. A job with a wait step asleep,
+    a step parked for a signal or for a child job, and none of these, is not idle but waiting
+    for the beat leader, the signal or the child: nothing of it is lost, and nothing sent again
+    would run."""
     return exists().where(
         StepRunRow.job_id == JobRow.id,
         StepRunRow.status.in_(_SENDABLE),

@@ -21,8 +21,9 @@ from service.language.params import resolve_params
 from service.language.profiles import LoopSpec, Profile
 from service.language.secretrefs import secret_errors
 from service.language.specs import ErrorEntry, StepSpec
+from service.language.subpipes import problems as run_problems
 from service.language.waits import problems as wait_problems
-from service.platform.constants import WAIT_ACTION
+from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.errors import (
     ExpressionError,
     FlowbeatError,
@@ -97,7 +98,7 @@ def _step_structure_errors(
                     step.id,
                 )
             )
-        runs_action = step.action != WAIT_ACTION
+        runs_action = step.action not in (WAIT_ACTION, PIPELINE_RUN_ACTION)
         if known_actions is not None and runs_action and step.action not in known_actions:
             errors.append(
                 _error(
@@ -116,12 +117,14 @@ def _step_structure_errors(
 
 
 def _wait_errors(profile: Profile) -> list[ErrorEntry]:
-    """A ``wait`` step is the engine's own: what it waits for, and nothing an action would use."""
+    """A ``wait`` step is the engine's own: what it waits for, and nothing an action would use;
+    so is a ``pipeline.run`` step: what it calls."""
     return [
-        _error("wait_invalid", message, f"steps[{i}].{field}", step.id)
+        _error(code, message, f"steps[{i}].{field}", step.id)
         for i, step in enumerate(profile.steps)
-        if step.action == WAIT_ACTION
-        for field, message in wait_problems(step)
+        for code, check in (("wait_invalid", WAIT_ACTION), ("child_invalid", PIPELINE_RUN_ACTION))
+        if step.action == check
+        for field, message in (wait_problems if check == WAIT_ACTION else run_problems)(step)
     ]
 
 
@@ -182,6 +185,9 @@ def _loop_shape(profile: Profile, deps: Mapping[str, list[str]], loop: LoopSpec)
     waits = sorted(s for s in loop.steps if profile.step(s).action == WAIT_ACTION)
     if waits:
         yield f"wait steps cannot be inside a loop: {waits}"
+    calls = sorted(s for s in loop.steps if profile.step(s).action == PIPELINE_RUN_ACTION)
+    if calls:
+        yield f"pipeline.run steps cannot be inside a loop: {calls}"
     waiting = sorted(s for s in loop.steps if profile.step(s).wait_for is not None)
     if waiting:
         yield f"signal waits cannot be inside a loop (a signal is sent once): {waiting}"

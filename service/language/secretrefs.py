@@ -15,7 +15,7 @@ from typing import Any
 from service.language.expressions import Ref, parse_refs, split_refs
 from service.language.profiles import Profile
 from service.language.specs import ErrorEntry
-from service.platform.constants import WAIT_ACTION
+from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.errors import ExpressionError
 
 _URL_KEY = re.compile(r"url|.+_url")
@@ -63,8 +63,9 @@ def secret_errors(profile: Profile) -> list[ErrorEntry]:
                     "would send it out; put it in the path, the query or a header"
                 )
                 errors.append(_entry("secret_in_url_host", message, field, step.id))
-        if step.action == WAIT_ACTION and any(r.root == "secrets" for r in _refs(step.with_)):
-            message = "a wait step reads no secret"
+        engine_own = {WAIT_ACTION: "a wait step", PIPELINE_RUN_ACTION: "a pipeline.run step"}
+        if step.action in engine_own and any(r.root == "secrets" for r in _refs(step.with_)):
+            message = f"{engine_own[step.action]} reads no secret: no action runs to reveal it"
             errors.append(_entry("bad_reference", message, f"steps[{i}].with", step.id))
     return errors
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from service.language.expressions import parse_refs
 from service.language.profiles import Profile
-from service.platform.constants import WAIT_ACTION
+from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.models import JobRow
 
 _PROFILE_CACHE: dict[str, Profile] = {}
@@ -85,7 +85,7 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
             or spec.approval is not None
             or spec.when is not None
             or spec.concurrency is not None
-            or spec.action == WAIT_ACTION
+            or spec.action in (WAIT_ACTION, PIPELINE_RUN_ACTION)
             or spec.wait_for is not None
         )
         facts = _FACTS[cache_key] = StepFacts(

@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from service.language.actionschemas import engine_actions_schema
 from service.language.conditions import Condition, parse_condition
 from service.language.expressions import (
     CONCURRENCY_ROOTS,
@@ -27,7 +28,7 @@ from service.language.expressions import (
     parse_refs,
     whole_ref,
 )
-from service.platform.constants import QUEUE_PATTERN, WAIT_ACTION, WAIT_MAX_S
+from service.platform.constants import QUEUE_PATTERN
 from service.platform.errors import (
     ExpressionError,
 )
@@ -300,34 +301,6 @@ class ConcurrencySpec(BaseModel):
         return value
 
 
-def _wait_schema(schema: dict[str, Any]) -> None:
-    """In the JSON Schema, a ``wait`` step takes exactly one of ``with.seconds`` and
-    ``with.until``, so that an editor flags a malformed wait as it is typed; the profile checks
-    (``service.language.waits``) say the rest when it is loaded."""
-    reference = {"type": "string", "pattern": r"\$\{\{"}
-    schema["if"] = {"properties": {"action": {"const": WAIT_ACTION}}, "required": ["action"]}
-    schema["then"] = {
-        "required": ["with"],
-        "properties": {
-            "with": {
-                "type": "object",
-                "additionalProperties": False,
-                "minProperties": 1,
-                "maxProperties": 1,
-                "properties": {
-                    "seconds": {
-                        "anyOf": [
-                            {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S},
-                            reference,
-                        ]
-                    },
-                    "until": {"type": "string"},
-                },
-            }
-        },
-    }
-
-
 class WaitForSpec(BaseModel):
     """The step runs once a machine sends the job this signal
     (``POST /v1/jobs/{id}/signals/{name}``); until then it waits holding no worker. A signal
@@ -347,7 +320,7 @@ class StepSpec(BaseModel):
         extra="forbid",
         populate_by_name=True,
         serialize_by_alias=True,
-        json_schema_extra=_wait_schema,
+        json_schema_extra=engine_actions_schema,
     )
     _condition: Condition | None = PrivateAttr(default=None)
 

@@ -176,3 +176,10 @@ WAIT_MAX_S: Final = 90 * 86400
 """The longest a ``wait`` step may wait, as for an approval's timeout."""
 WAKE_BATCH: Final = 100
 """Sleeping steps the beat leader wakes in one transaction; more due go in the next ones."""
+PIPELINE_RUN_ACTION: Final = "pipeline.run"
+"""The action name the engine keeps for sub-pipelines: a ``pipeline.run`` step starts a child
+job and, with ``wait: true``, parks until it ends (``service.engine.children``)."""
+TRIGGER_PARENT: Final = "parent"
+"""The trigger of a job started by a ``pipeline.run`` step of another job."""
+CHILD_BATCH: Final = 100
+"""Child calls the beat leader starts, settles or cancels in one transaction."""

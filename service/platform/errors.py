@@ -184,6 +184,26 @@ class WaitInvalid(FlowbeatError):
     code = "wait_invalid"
 
 
+class ChildInvalid(FlowbeatError):
+    """A ``pipeline.run`` step's ``pipeline``, ``params`` or ``wait`` is not a call: found in a
+    profile when written literally, at the step's claim when it comes from a reference."""
+
+    code = "child_invalid"
+
+
+class PipelineDepthExceeded(FlowbeatError):
+    """A ``pipeline.run`` step's child would nest deeper than ``FLOWBEAT_MAX_PIPELINE_DEPTH``."""
+
+    code = "pipeline_depth_exceeded"
+
+
+class PipelineCycle(FlowbeatError):
+    """Saving the pipeline would let it start itself through the ``pipeline.run`` steps of the
+    pipelines it calls."""
+
+    code = "pipeline_cycle"
+
+
 class FanOutTooLarge(FlowbeatError):
     """A for_each step resolved to more items than ``FLOWBEAT_MAX_FANOUT_ITEMS``."""
 

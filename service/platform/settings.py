@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     max_open_jobs_per_owner: int = Field(default=10_000, ge=0)
     """Queued, running and waiting jobs an owner may have before a new one is refused; 0: none."""
     max_fanout_items: int = Field(default=100_000, ge=1)
+    max_pipeline_depth: int = Field(default=5, ge=1, le=100)
+    """How deep ``pipeline.run`` may nest jobs: a step whose child would be deeper fails with
+    ``pipeline_depth_exceeded`` instead of starting it."""
     max_job_steps: int = Field(default=200_000, ge=1)
     """Step rows one job may hold, the items of all its fan-outs included: a profile's 200
     steps could each fan out ``max_fanout_items`` times over otherwise."""

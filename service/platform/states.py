@@ -43,6 +43,9 @@ class StepStatus(StrEnum):
     AWAITING_SIGNAL = "awaiting_signal"
     """Its ``wait_for`` signal has not arrived: it holds no lease and no message until the
     signal, or its timeout, sends it again (``service.engine.signals``)."""
+    AWAITING_CHILD = "awaiting_child"
+    """A ``pipeline.run`` step whose child job the beat leader starts and, with ``wait: true``,
+    waits for: no lease, no message, until the child ends (``service.engine.children``)."""
 
 
 class CompensationStatus(StrEnum):
@@ -66,6 +69,7 @@ class ParkReason(StrEnum):
     SIGNAL = "signal"
     SLOT = "slot"
     TIMER = "timer"
+    CHILD = "child"
 
 
 def sql_in(statuses: Iterable[StrEnum]) -> str:
@@ -91,6 +95,7 @@ PARKED_AS: Mapping[ParkReason, StepStatus] = MappingProxyType(
         ParkReason.SIGNAL: StepStatus.AWAITING_SIGNAL,
         ParkReason.SLOT: StepStatus.AWAITING_SLOT,
         ParkReason.TIMER: StepStatus.SLEEPING,
+        ParkReason.CHILD: StepStatus.AWAITING_CHILD,
     }
 )
 """The status each reason parks a step in: a new reason is a new status and a row here."""
@@ -128,6 +133,7 @@ _WAIT, _REJECT = StepStatus.AWAITING_APPROVAL, StepStatus.REJECTED
 _SLOT = StepStatus.AWAITING_SLOT
 _SLEEP = StepStatus.SLEEPING
 _SIGNAL = StepStatus.AWAITING_SIGNAL
+_CHILD = StepStatus.AWAITING_CHILD
 _OK, _FAIL, _SKIP, _CANCEL = (
     StepStatus.SUCCEEDED,
     StepStatus.FAILED,
@@ -195,6 +201,17 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition(_SIGNAL, _FAIL, "service.engine.signals.expire_waits", "timed out: on_timeout fail"),
     Transition(_SIGNAL, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RUN, _CHILD, "service.engine.parking.park", "a pipeline.run step: its child"),
+    Transition(
+        _CHILD, _OK, "service.engine.children.advance_children", "its child succeeded, or started"
+    ),
+    Transition(
+        _CHILD, _RETRY, "service.engine.children.advance_children", "its child failed: try again"
+    ),
+    Transition(
+        _CHILD, _FAIL, "service.engine.children.advance_children", "its child failed, or can't run"
+    ),
+    Transition(_CHILD, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
 )
 
 _Q, _JRUN, _JWAIT = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL

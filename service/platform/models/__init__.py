@@ -15,6 +15,7 @@ from service.platform.models.catalogue import (
     ScheduleFireRow,
     ScheduleRow,
 )
+from service.platform.models.children import ChildCallRow
 from service.platform.models.engine import (
     OPEN_SHARD_PREDICATE,
     ApprovalRow,
@@ -39,6 +40,7 @@ __all__ = [
     "AuditEventRow",
     "Base",
     "CheckpointRow",
+    "ChildCallRow",
     "CompensationRow",
     "DependencyFireRow",
     "DependencyQueueRow",
