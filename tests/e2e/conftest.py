@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -17,7 +17,15 @@ import redis
 from playwright.sync_api import Browser
 from sqlalchemy import func, select
 
+from service.platform.constants import (
+    BEAT_LOCK_KEY,
+    UNACKED_KEY,
+    WORKER_HELD_KEY_PREFIX,
+    WORKER_QUEUES_KEY,
+    WORKERS_KEY,
+)
 from service.platform.settings import Settings
+from tasks.queues import step_lists
 from tests.conftest import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -353,8 +361,48 @@ def client(stack: Stack) -> Iterator[Client]:
     client.close()
 
 
+UNACKED_INDEX_KEY = "unacked_index"
+"""kombu's Redis transport's index of ``UNACKED_KEY`` by delivery time (its default name)."""
+LIVE_WORKER_S = 10.0
+"""A worker that beat this recently may be a live one of a module's own (``shared_worker``);
+every test's workers beat every 2 s or faster."""
+
+
+def forget_earlier_tests(broker: redis.Redis) -> None:
+    """Clear what earlier tests of this process left in its broker DB that a new worker or
+    beat would act on: step messages nobody ran, the lock of a beat leader that was killed,
+    and the heartbeats, holdings and unacknowledged messages of killed workers (a new worker
+    would reap them back into the queues, and the visibility timeout would restore them).
+    Live workers, the broker's epoch and the side-effect counters (in DB 0) are kept."""
+    seconds, micros = broker.time()
+    cutoff = seconds + micros / 1e6 - LIVE_WORKER_S
+    lists = step_lists(broker)
+    if lists:
+        broker.delete(*lists)
+    broker.delete(BEAT_LOCK_KEY)
+    for raw in cast(list[bytes], broker.zrangebyscore(WORKERS_KEY, "-inf", cutoff)):
+        worker = raw.decode()
+        held = f"{WORKER_HELD_KEY_PREFIX}{worker}"
+        tags = cast(set[bytes], broker.smembers(held))
+        with broker.pipeline() as pipe:
+            if tags:
+                pipe.hdel(UNACKED_KEY, *tags)
+                pipe.zrem(UNACKED_INDEX_KEY, *tags)
+            pipe.delete(held)
+            pipe.hdel(WORKER_QUEUES_KEY, worker)
+            pipe.zrem(WORKERS_KEY, worker)
+            pipe.execute()
+
+
 @pytest.fixture
 def cluster(stack: Stack, tmp_path: Path) -> Iterator[Cluster]:
+    """Processes of this test only, on a broker DB cleared of earlier tests' leftovers
+    (``forget_earlier_tests``); the database keeps its rows."""
+    broker = redis.Redis.from_url(stack.broker_url)
+    try:
+        forget_earlier_tests(broker)
+    finally:
+        broker.close()
     cluster = Cluster(stack, tmp_path)
     yield cluster
     cluster.close()

@@ -114,9 +114,13 @@ def test_jobs_waiting_on_a_key_start_in_turn_through_a_redis_flush(
 def test_a_step_key_never_has_more_steps_running_than_its_limit_across_jobs(
     client: Client, cluster: Cluster
 ) -> None:
-    cluster.worker(concurrency=3)
-    cluster.worker(concurrency=3)
-    cluster.beat()
+    """No process dies here, so the steps run under a production-length lease: under the test
+    stack's 3 s one, a step starved of CPU on a busy machine lets its lease lapse, and the
+    beat leader rightly hands its slot on while it still runs."""
+    held = {"lease_s": "30"}
+    cluster.worker(concurrency=3, **held)
+    cluster.worker(concurrency=3, **held)
+    cluster.beat(**held)
     profile = {
         "name": f"shared-{uuid.uuid4().hex[:6]}",
         "steps": [
