@@ -9,6 +9,7 @@ from one and not the other. Timings are the test stack's (a 3 s lease, a sweep e
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -181,8 +182,14 @@ class Deployment:
                 self.start(host)
 
     def close(self) -> None:
-        """flowbeat's processes first, PostgreSQL and Redis (started first) last."""
-        for proc in reversed([*self.retired, *self.procs.values()]):
+        """flowbeat's processes first, all told at once so that they drain side by side, then
+        PostgreSQL and Redis, which they may still be talking to."""
+        servers = [p for p in (self.procs.pop(n, None) for n in ("postgres", "redis")) if p]
+        flowbeat = [*self.retired, *self.procs.values()]
+        for proc in flowbeat:
+            if proc.popen.poll() is None:
+                os.killpg(proc.popen.pid, signal.SIGTERM)
+        for proc in [*flowbeat, *servers]:
             proc.stop()
 
 

@@ -82,6 +82,11 @@ class Network:
     def address(self, last: int) -> str:
         return f"10.231.{self.subnet}.{last}"
 
+    @property
+    def machine(self) -> str:
+        """The bridge's address: the machine itself (the test, as a client) on the network."""
+        return self.address(1)
+
     def add_host(self, name: str, extra_addresses: int = 0) -> Host:
         """A namespace with loopback and one interface on the bridge; ``extra_addresses`` more
         addresses on it, for servers a partition must tell apart on one host."""
@@ -113,32 +118,43 @@ class Network:
         return host
 
     def partition(self, host: Host, targets: Iterable[str]) -> None:
-        """Drop every packet between ``host`` and each target address, both ways."""
+        """Drop every packet between ``host`` and each target address (``machine`` among
+        them: the root namespace), both ways."""
         for target in targets:
-            owner = self._owner(target)
             self._rule(host.netns, "to", target)
-            self._rule(owner.netns, "from", target, "to", host.address)
+            self._rule(self._owner(target), "from", target, "to", host.address)
 
     def heal(self) -> None:
         for netns, direction, spec in sorted(self._rules):
-            ip("-n", netns, "rule", "del", direction, *spec.split(), "blackhole")
+            ip(*_in(netns), "rule", "del", direction, *spec.split(), "blackhole")
         self._rules.clear()
 
     def _rule(self, netns: str, *spec: str) -> None:
-        ip("-n", netns, "rule", "add", *spec, "blackhole")
+        ip(*_in(netns), "rule", "add", *spec, "blackhole")
         self._rules.add((netns, spec[0], " ".join(spec[1:])))
 
-    def _owner(self, address: str) -> Host:
-        return next(h for h in self.hosts.values() if address in h.addresses)
+    def _owner(self, address: str) -> str:
+        """The namespace that holds ``address``; ``""`` for the root namespace."""
+        if address == self.machine:
+            return ""
+        return next(h.netns for h in self.hosts.values() if address in h.addresses)
 
     def close(self) -> None:
         take_apart(self.subnet)
 
 
+def _in(netns: str) -> list[str]:
+    return ["-n", netns] if netns else []
+
+
 def take_apart(subnet: int) -> None:
-    """Kill every process in the run's namespaces, then delete them (their veths go with them)
-    and the bridge; each step goes on whatever the one before it left."""
+    """Kill every process in the run's namespaces, then delete them (their veths and rules go
+    with them), the root namespace's rules for the run's addresses, and the bridge; each step
+    goes on whatever the one before it left."""
     bridge = f"{PREFIX}{subnet}"
+    for rule in ip("rule", "show").splitlines():
+        if f" 10.231.{subnet}." in rule and rule.split(":")[0].isdigit():
+            ip("rule", "del", "pref", rule.split(":")[0], check=False)
     spaces = [line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()]
     ours = [name for name in spaces if name.startswith(f"{bridge}-")]
     for netns in ours:
