@@ -175,6 +175,15 @@ class Deployment:
         self.procs[name] = proc
         return proc
 
+    def drain(self, host: Host, timeout_s: float = 60) -> None:
+        """SIGTERM to the host's main process alone, as Kubernetes stops a pod: a worker's
+        warm shutdown lets its running steps finish (docs/guides/deployment.md). A signal to
+        the whole process group would reach the pool processes too and cut their steps short."""
+        proc = self.procs[host.name]
+        proc.popen.send_signal(signal.SIGTERM)
+        proc.popen.wait(timeout=timeout_s)
+        proc.stop()
+
     def running(self) -> None:
         """Every flowbeat process up again after a scenario killed some."""
         for host in [*self.apis, *self.workers, *self.beats]:

@@ -8,6 +8,7 @@ So those executions are set aside, each counted as re-run once its step starts a
 and every other execution is held to exactly once by the chaos suite's ``examine``.
 """
 
+import itertools
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -81,3 +82,13 @@ def judge(
             mark = kept.get(key)
             recovery.append(min(again) if again else (mark.at - at if mark else float("inf")))
     return Verdict(examine(rest, kept, killed={}), set_aside, ran_on, recovery)
+
+
+def overlapping(client: Client, jobs: list[uuid.UUID]) -> dict[str, list[Execution]]:
+    """The steps with two executions running at once, for a failure to name them."""
+    found = {}
+    for key, runs in executions(client.counters, jobs).items():
+        spans = sorted((r.start, r.end or float("inf")) for r in runs)
+        if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
+            found[key] = runs
+    return found
