@@ -10,7 +10,7 @@ import pytest
 from tests.chaos.load import await_settled, lost_jobs, write_key
 from tests.cluster.deployment import LEASE_S, Deployment
 from tests.cluster.results import record
-from tests.cluster.steps import checkpointed, in_flight, judge, post_jobs
+from tests.cluster.steps import checkpointed, in_flight, judge, overlapping, post_jobs
 from tests.e2e.conftest import Client, wait_for
 
 JOBS = 6
@@ -35,6 +35,7 @@ def test_a_worker_host_cut_off_past_the_lease_gives_its_steps_to_the_others(
         "the cut-off host's steps to run to their checkpoint on another host",
     )
     cut_s = time.time() - cut_at
+    pids += [pid for pid in cut_off.pids() if pid not in pids]
     hosts.net.heal()
     healed_at = time.time()
     done = await_settled(reader, jobs, 120)
@@ -53,6 +54,7 @@ def test_a_worker_host_cut_off_past_the_lease_gives_its_steps_to_the_others(
         started=started,
     )
     assert not lost, f"{len(lost)} jobs did not succeed"
+    assert verdict.findings.doubled == 0, f"{pids}: {overlapping(reader, jobs)}"
     verdict.findings.assert_exactly_once()
 
 
