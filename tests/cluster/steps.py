@@ -92,3 +92,14 @@ def overlapping(client: Client, jobs: list[uuid.UUID]) -> dict[str, list[Executi
         if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
             found[key] = runs
     return found
+
+
+def after_checkpoint(client: Client, jobs: list[uuid.UUID]) -> int:
+    """Executions that started after their step's checkpoint: what at least once never allows."""
+    kept = checkpoints(client, jobs)
+    return sum(
+        run.start > kept[key].at
+        for key, runs in executions(client.counters, jobs).items()
+        if key in kept
+        for run in runs
+    )
