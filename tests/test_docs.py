@@ -1,7 +1,7 @@
 """The README stays short and points at pages that exist; the docs site's reference pages are
 what ``scripts/gen_reference.py`` writes from the code today; every page is in the nav; and the
-pages ``make chaos FULL=1`` and ``make cluster`` write into keep their markers. ``make docs`` builds the site
-itself, with ``mkdocs build --strict``."""
+pages ``make chaos FULL=1`` and ``make cluster`` write into keep their markers. ``make docs``
+builds the site itself, with ``mkdocs build --strict``."""
 
 import re
 from pathlib import Path
