@@ -3,7 +3,6 @@ building it (PostgreSQL's initdb, the migration, nine processes importing flowbe
 longer than most scenarios. Each scenario leaves it healed and with every process running."""
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -44,7 +43,7 @@ def reader(deployment: Deployment) -> Iterator[Client]:
 
 
 @pytest.fixture
-def hosts(deployment: Deployment, tmp_path: Path) -> Iterator[Deployment]:
+def hosts(deployment: Deployment) -> Iterator[Deployment]:
     """The deployment for one scenario, healed and running again afterwards however it ended."""
     yield deployment
     deployment.net.heal()
