@@ -193,7 +193,8 @@ def sweep_dead_runs() -> None:
 
 @contextlib.contextmanager
 def network() -> Iterator[Network]:
-    """A bridge on the first free subnet, taken apart at the end whatever happened."""
+    """A bridge on a free subnet, taken apart at the end whatever happened; subnets are tried
+    in random order so that runs starting together seldom try the same one first."""
     sweep_dead_runs()
     for subnet in random.sample(SUBNETS, len(SUBNETS)):
         bridge = f"{PREFIX}{subnet}"
