@@ -13,7 +13,7 @@ LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
-.PHONY: setup lock demo test lint docs unit e2e chaos bench bench-fanout bench-memory bench-soak clean
+.PHONY: setup lock demo test lint docs unit e2e chaos cluster bench bench-fanout bench-memory bench-soak clean
 
 $(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
@@ -57,9 +57,10 @@ PYTEST = FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} 
 WORKERS ?= 2
 UNIT_WORKERS ?= 2
 
-# Lint, the docs site and every tier in one run, so the workers stay busy to the end.
+# Lint, the docs site and every tier but cluster in one run, so the workers stay busy to the
+# end. The cluster tier needs root and takes minutes alone: make cluster.
 test: lint docs
-	$(PYTEST) -n $(WORKERS) --dist worksteal --durations=20
+	$(PYTEST) -n $(WORKERS) --dist worksteal --durations=20 -m "not cluster"
 
 unit: setup
 	$(PYTEST) -n $(UNIT_WORKERS) -m unit
@@ -78,6 +79,13 @@ else
 	$(PYTEST) -n 2 -m chaos tests/chaos
 endif
 
+# Hosts in network namespaces, as root (docs/cluster-drills.md): one cluster, its scenarios in
+# turn, their rows written into that page's table.
+cluster: setup
+	rm -f .cluster.jsonl
+	FLOWBEAT_CLUSTER_RESULTS=.cluster.jsonl $(PYTEST) -m cluster tests/cluster
+	$(BIN)/python -m tests.cluster.results .cluster.jsonl docs/cluster-drills.md
+
 bench: setup
 	$(BIN)/python -m bench.chain_throughput --jobs 1000 --rounds 5
 
@@ -93,4 +101,4 @@ bench-soak: setup
 
 clean:
 	if [ -x $(BIN)/flowbeat ]; then FLOWBEAT_DATA_DIR=.flowbeat $(BIN)/flowbeat stop; fi
-	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis .chaos.jsonl site
+	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis .chaos.jsonl .cluster.jsonl site

@@ -26,23 +26,24 @@ LOCAL_HOSTS = "127.0.0.1,::1,localhost"
 stack opens them to the egress policy the way an operator opens an internal host."""
 
 
-TIERS = ("unit", "e2e", "chaos")
-"""``make unit``, ``make e2e`` and ``make chaos`` select them by marker; ``make test`` runs all."""
+TIERS = ("unit", "e2e", "chaos", "cluster")
+"""``make unit``, ``make e2e``, ``make chaos`` and ``make cluster`` select them by marker."""
 STARTS_PROCESSES = ("drill", "install")
 """Markers of tests that start real processes: they are end-to-end wherever they live."""
 
 
 def tier_of(item: pytest.Item) -> str:
     """A tier marked on the test, its module or its class wins; else ``tests/chaos`` is chaos,
-    ``tests/e2e`` and the process-starting markers are e2e, and everything else is unit (no
-    processes: in-process API, engine, tasks and scheduler against PostgreSQL and Redis)."""
+    ``tests/cluster`` is cluster, ``tests/e2e`` and the process-starting markers are e2e, and
+    everything else is unit (no processes: in-process API, engine, tasks and scheduler against
+    PostgreSQL and Redis)."""
     for tier in TIERS:
         if item.get_closest_marker(tier) is not None:
             return tier
     parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
     folder = parts[0] if len(parts) > 1 else ""
-    if folder == "chaos":
-        return "chaos"
+    if folder in ("chaos", "cluster"):
+        return folder
     if folder == "e2e" or any(item.get_closest_marker(m) for m in STARTS_PROCESSES):
         return "e2e"
     return "unit"

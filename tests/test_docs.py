@@ -1,7 +1,7 @@
 """The README stays short and points at pages that exist; the docs site's reference pages are
 what ``scripts/gen_reference.py`` writes from the code today; every page is in the nav; and the
-pages ``make chaos FULL=1`` writes into keep their markers. ``make docs`` builds the site
-itself, with ``mkdocs build --strict``."""
+pages ``make chaos FULL=1`` and ``make cluster`` write into keep their markers. ``make docs``
+builds the site itself, with ``mkdocs build --strict``."""
 
 import re
 from pathlib import Path
@@ -11,6 +11,7 @@ import pytest
 from scripts import gen_reference
 from service.platform.settings import Settings
 from tests.chaos.report import BEGIN, END, line, table
+from tests.cluster import results as cluster_results
 from tests.test_readme import documents
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,3 +68,17 @@ def test_a_chaos_run_of_some_scenarios_updates_their_rows_and_keeps_the_others()
     assert lines[0] == line(rerun)
     assert lines[1:-1] == kept[1:]
     assert lines[-1] == line(new)
+
+
+def test_a_cluster_run_of_some_scenarios_updates_their_rows_and_keeps_the_others() -> None:
+    page = (DOCS / "cluster-drills.md").read_text(encoding="utf-8")
+    begin, end = cluster_results.BEGIN, cluster_results.END
+    standing = page[page.index(begin) + len(begin) : page.index(end)].strip()
+    kept = standing.splitlines()[2:]
+    row = {"scenario": "a scenario", "fault": "a cut", "jobs": 6, "lost": 0, "doubled": 0}
+    row |= {"reruns": 1, "recovery_p50_s": 4.1, "recovery_max_s": 4.3, "took_s": 17.6}
+
+    lines = cluster_results.table([row], standing).splitlines()
+
+    assert lines[2:] == [*kept, cluster_results.line(row)]
+    assert cluster_results.line(row).endswith("| 4.1 s / 4.3 s | 17.6 s |")
