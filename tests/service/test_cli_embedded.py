@@ -225,7 +225,8 @@ def test_a_job_approved_from_the_command_goes_on_at_once_under_flowbeat_dev(
 ) -> None:
     """Real processes: ``flowbeat dev``'s worker takes the step the approval made ready from the
     broker the command published to, well before the sweeper's stall check (5 minutes) would
-    find it; a publish to any other broker would leave the job waiting here."""
+    find it; a publish to any other broker would leave the job waiting here. 90 s: ten
+    seconds alone, it took over 30 once in a full parallel run."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -245,7 +246,7 @@ def test_a_job_approved_from_the_command_goes_on_at_once_under_flowbeat_dev(
 
         assert done.returncode == 0, done.stdout + done.stderr
         assert "broker unreachable" not in done.stdout, "left for the sweeper, not published"
-        wait_for(lambda: _status(api, job_id) == "succeeded", 30, "the step after the gate")
+        wait_for(lambda: _status(api, job_id) == "succeeded", 90, "the step after the gate")
     finally:
         dev.popen.send_signal(signal.SIGINT)
         try:
