@@ -152,11 +152,12 @@ async def loop_io(
     if broker_url is None or not broker_url.startswith(DIRECT_BROKER_SCHEMES):
         yield None
         return
+    url = settings.require_database_url()
     pool = AsyncConnectionPool(
-        libpq_url(settings.require_database_url()),
+        libpq_url(url),
         min_size=0,
         max_size=settings.api_db_pool_size,
-        kwargs={"autocommit": True, **connect_kwargs(settings.database_pooled)},
+        kwargs={"autocommit": True, **connect_kwargs(url, settings.database_pooled)},
         timeout=API_LOOP_DB_WAIT_S,
         open=False,
     )

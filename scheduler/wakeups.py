@@ -13,9 +13,9 @@ import logging
 from typing import Any
 
 import psycopg
-from sqlalchemy import make_url
 
 from service.platform.constants import SCHEDULES_CHANNEL
+from service.platform.db import connect_kwargs, libpq_url
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,8 @@ class ScheduleWakeups:
     """One autocommitted connection listening on ``SCHEDULES_CHANNEL`` while this replica leads."""
 
     def __init__(self, database_url: str) -> None:
-        self._conninfo = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+        self._conninfo = libpq_url(database_url)
+        self._network = {**connect_kwargs(database_url, pooled=False), "connect_timeout": 5}
         self._conn: psycopg.Connection[Any] | None = None
 
     def listen(self) -> None:
@@ -32,7 +33,7 @@ class ScheduleWakeups:
         if self._conn is not None:
             return
         try:
-            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+            conn = psycopg.connect(self._conninfo, autocommit=True, **self._network)
             conn.execute(f"LISTEN {SCHEDULES_CHANNEL}")
         except psycopg.Error as exc:
             log.warning("beat: cannot listen for schedule changes, ticking on time: %s", exc)

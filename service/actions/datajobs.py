@@ -25,7 +25,7 @@ from psycopg import sql
 from service.actions.context import StepContext
 from service.actions.data import get_path, resolve_data_path
 from service.actions.registry import action
-from service.platform.db import connect_kwargs
+from service.platform.db import connect_kwargs, libpq_url
 from service.platform.egress import EgressPolicy, guarded_client
 from service.platform.errors import ActionError
 
@@ -218,10 +218,6 @@ def _identifiers(value: Any, what: str) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-def _psycopg_url(url: str) -> str:
-    return re.sub(r"^postgresql\+psycopg://", "postgresql://", url)
-
-
 def _table_columns(conn: psycopg.Connection[Any], schema: str, table: str) -> set[str]:
     found = conn.execute(
         "SELECT column_name FROM information_schema.columns "
@@ -287,9 +283,9 @@ def upsert(
     schema = ctx.settings.upsert_schema
     ctx.check_cancelled()
     try:
+        url = ctx.settings.require_database_url()
         with psycopg.connect(
-            _psycopg_url(ctx.settings.require_database_url()),
-            **connect_kwargs(ctx.settings.database_pooled),
+            libpq_url(url), **connect_kwargs(url, ctx.settings.database_pooled)
         ) as conn:
             existing = _table_columns(conn, schema, table)
             if not existing:

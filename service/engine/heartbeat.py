@@ -1,10 +1,13 @@
-"""Lease renewal for the steps running in this process, on one background thread.
+"""Lease renewal for the steps running in this process, on two background threads.
 
 A step that finishes within one renewal interval never touches the database for its lease, and
-no thread is started or joined per step.
+no thread is started or joined per step. One thread keeps the time and tells a step it lost its
+lease once the lease would have lapsed; the other renews. A renewal stuck on a connection whose
+packets a partition drops holds up only the renewals behind it, never the telling.
 """
 
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +44,10 @@ class Heartbeats:
         self._held: dict[int, _Held] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._due: queue.SimpleQueue[list[_Held]] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
 
     def hold(
         self, key: StepKey, lease: Lease, lost: threading.Event
@@ -61,37 +67,59 @@ class Heartbeats:
         with self._lock:
             started = time.monotonic()
             self._held[ident] = _Held(renew, lost, started, started)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
-                self._thread.start()
+            if not self._threads or not all(t.is_alive() for t in self._threads):
+                self._start()
         try:
             yield
         finally:
             with self._lock:
                 del self._held[ident]
 
+    def _start(self) -> None:
+        """Also in a child forked from a process that had started them: threads do not
+        survive a fork, and neither may a renewal the parent had in flight."""
+        self._due = queue.SimpleQueue()
+        self._idle.set()
+        self._threads = [
+            threading.Thread(target=self._run, name="leases", daemon=True),
+            threading.Thread(target=self._renew_due, name="renewals", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
     def _run(self) -> None:
+        """A lease not renewed in time lapses in PostgreSQL, and another worker may then hold
+        the step: this one is told it lost it rather than go on running the action beside the
+        new holder, whether its renewals fail or have not come back."""
         while True:
             time.sleep(self._interval_s)
+            now = time.monotonic()
             with self._lock:
-                due = [
-                    h for h in self._held.values() if time.monotonic() - h.since >= self._interval_s
-                ]
-            for held in due:
-                self._renew(held)
+                held = list(self._held.values())
+            for lapsed in (h for h in held if now - h.kept_at >= self._lease_s):
+                lapsed.lost.set()
+            due = [h for h in held if now - h.since >= self._interval_s and not h.lost.is_set()]
+            if due and self._idle.is_set():
+                self._idle.clear()
+                self._due.put(due)
+
+    def _renew_due(self) -> None:
+        while True:
+            due = self._due.get()
+            try:
+                for held in due:
+                    self._renew(held)
+            finally:
+                self._idle.set()
 
     def _renew(self, held: _Held) -> None:
-        """A renewal that cannot reach PostgreSQL leaves the lease to lapse there; once it
-        would have, another worker may hold the step, so this one is told it lost it rather
-        than go on running the action beside the new holder."""
+        sent = time.monotonic()
         try:
             with unit_of_work(self._sessions) as session:
                 kept = held.renew(session, self._lease_s, utcnow())
         except OperationalError:
-            if time.monotonic() - held.kept_at >= self._lease_s:
-                held.lost.set()
             return
         if not kept:
             held.lost.set()
             return
-        held.kept_at = time.monotonic()
+        held.kept_at = sent

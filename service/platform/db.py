@@ -11,19 +11,34 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.platform.settings import Settings
 
+NETWORK: dict[str, Any] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+"""Without them a statement sent while a partition drops packets waits for the kernel's
+retransmissions, for minutes and past the heal, and so does a connection attempt; with them a
+dead connection fails within seconds, and the callers' retries take over. A value given in the
+database URL wins."""
 
-def connect_kwargs(pooled: bool) -> dict[str, Any]:
+
+def connect_kwargs(url: str, pooled: bool) -> dict[str, Any]:
     """psycopg prepares a statement on the server once a connection has run it five times;
     behind a transaction pooler the next transaction may find another server connection,
     without it (PgBouncer before 1.21 keeps none), so a pooled connection prepares nothing."""
-    return {"prepare_threshold": None} if pooled else {}
+    given = make_url(url).query
+    kwargs = {name: value for name, value in NETWORK.items() if name not in given}
+    return {**kwargs, "prepare_threshold": None} if pooled else kwargs
 
 
 def make_engine(url: str, *, pool_size: int = 5, pooled: bool = False) -> Engine:
     """No pre-ping: a dead connection fails one unit of work, which callers already retry (tasks)
     or answer with 503 (the API), and SQLAlchemy then drops the whole stale pool."""
     return create_engine(
-        url, pool_size=pool_size, max_overflow=10, connect_args=connect_kwargs(pooled)
+        url, pool_size=pool_size, max_overflow=10, connect_args=connect_kwargs(url, pooled)
     )
 
 
@@ -98,7 +113,7 @@ class DirectConnections:
     def __init__(self, url: str, *, synchronous_commit: bool = True, pooled: bool = False) -> None:
         self._conninfo = libpq_url(url)
         self._synchronous_commit = synchronous_commit or pooled
-        self._kwargs = connect_kwargs(pooled)
+        self._kwargs = connect_kwargs(url, pooled)
         self._local = threading.local()
 
     @contextmanager

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from sqlalchemy import make_url
 
 from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENTS_CHANNEL
+from service.platform.db import connect_kwargs, libpq_url
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,8 @@ Wake = Callable[[uuid.UUID | None], None]
 
 class EventListener:
     def __init__(self, database_url: str) -> None:
-        self._conninfo = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+        self._conninfo = libpq_url(database_url)
+        self._network = {**connect_kwargs(database_url, pooled=False), "connect_timeout": 5}
         self._lock = threading.Lock()
         self._by_job: dict[uuid.UUID, set[Wake]] = {}
         self._every: set[Wake] = set()
@@ -72,7 +73,7 @@ class EventListener:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self._conninfo, autocommit=True, **self._network) as conn:
                     conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                     if self._listening.is_set():
                         self._wake_all()

@@ -26,7 +26,12 @@ DEFAULTS = {
     "worker_disable_prefetch": "false",
 }
 RECOVERY_BOUND_S = 60
-KINDS = {"flowbeat.run_step", "flowbeat.run_lane", "flowbeat.compensate"}
+TOP_UP = {
+    "flowbeat.run_step": ("chaos-chain", {}),
+    "flowbeat.run_lane": ("chaos-fan", {"items": list(range(6))}),
+    "flowbeat.compensate": ("chaos-saga", {}),
+}
+KINDS = set(TOP_UP)
 
 
 @pytest.fixture(autouse=True)
@@ -56,15 +61,20 @@ def test_a_whole_worker_killed_holding_prefetched_steps_lanes_and_compensations(
         jobs[client.submit("chaos-chain", hold_s=0.4)] = "chaos-chain"
 
     def holding() -> list[Held] | None:
-        """Every kind of message, and a job it has not started. Chains keep arriving, so
-        that the worker takes some while it runs others."""
-        if client.broker.llen(QUEUE_STEPS) < 4:
-            jobs[client.submit("chaos-chain", hold_s=0.4)] = "chaos-chain"
+        """Every kind of message, and a job it has not started. Jobs that make the kinds it
+        does not hold keep arriving, so that the worker takes some while it runs others,
+        however the machine's pace spreads the first ones out."""
         messages = [m for found in held_by(client.broker, doomed.popen.pid).values() for m in found]
-        every_kind = {m.task for m in messages} >= KINDS
-        return messages if every_kind and _waiting(client, messages) else None
+        missing = KINDS - {m.task for m in messages}
+        if not missing and _waiting(client, messages):
+            return messages
+        if client.broker.llen(QUEUE_STEPS) < 4:
+            for kind in sorted(missing) or ["flowbeat.run_step"]:
+                profile, params = TOP_UP[kind]
+                jobs[client.submit(profile, hold_s=0.4, **params)] = profile
+        return None
 
-    messages = wait_for(holding, 120, "the worker to hold every kind and a job not started")
+    messages = wait_for(holding, 180, "the worker to hold every kind and a job not started")
     waiting = _waiting(client, messages)
     killed = doomed.kill_whole()
     at = min(killed.values())

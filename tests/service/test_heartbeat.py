@@ -33,3 +33,24 @@ def test_a_lease_renewed_in_time_is_kept_past_its_length(runtime: Runtime) -> No
     lost = threading.Event()
     with beats.hold_lease(_kept, lost):
         assert not lost.wait(timeout=3 * LEASE_S)
+
+
+def test_a_lease_whose_renewal_never_comes_back_is_lost_once_it_would_have_lapsed(
+    runtime: Runtime,
+) -> None:
+    """As a renewal sent on a connection whose packets a partition drops: the statement
+    neither answers nor fails, and the step must not run on past its lease meanwhile."""
+    beats = Heartbeats(runtime.sessions, LEASE_S)
+    lost, stuck = threading.Event(), threading.Event()
+
+    def hung(session: Session, lease_s: float, now: datetime) -> bool:
+        stuck.wait(timeout=30)
+        return True
+
+    started = time.monotonic()
+    try:
+        with beats.hold_lease(hung, lost):
+            assert lost.wait(timeout=10 * LEASE_S)
+        assert LEASE_S <= time.monotonic() - started < 5 * LEASE_S
+    finally:
+        stuck.set()
