@@ -245,6 +245,7 @@ async def accept_job_on_loop(
         tracing.span("job.submit", job_id=str(job.id), pipeline=profile.name),
     ):
         plan = initial_plan(profile, job.id, job.priority, tracing.traceparent())
+        job.values["traceparent"] = plan.trace
         if not await io.jobs.submit(Submission(job, plan)):
             return None
         log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)

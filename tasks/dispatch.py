@@ -3,17 +3,20 @@
 import asyncio
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 import redis.asyncio
 from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
+from sqlalchemy import select
 
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job
 from service.engine.submission import mark_dispatched
 from service.language.plan import JobPlan, initial_plan, load_plan
 from service.language.snapshots import job_profile
+from service.platform import tracing
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import BrokerUnavailable
@@ -109,11 +112,21 @@ def publish_or_defer(app: Celery, rt: Runtime, plan: JobPlan) -> bool:
     if not plan.steps and not plan.compensate:
         return True
     try:
-        publish_plan(app, plan)
+        publish_plan(app, _in_job_trace(rt, plan))
     except BrokerUnavailable:
         _mark_unsent(rt, plan.job_id)
         return False
     return True
+
+
+def _in_job_trace(rt: Runtime, plan: JobPlan) -> JobPlan:
+    """Sent by the beat, the sweeper or a route, outside any step of the job: its messages
+    carry on the trace the job was submitted in. One read, with tracing on only."""
+    if plan.trace is not None or not tracing.on():
+        return plan
+    with unit_of_work(rt.sessions) as session:
+        parent = session.scalar(select(JobRow.traceparent).where(JobRow.id == plan.job_id))
+    return plan if parent is None else replace(plan, trace=parent)
 
 
 def dispatch_job(app: Celery, rt: Runtime, job_id: uuid.UUID) -> bool:

@@ -22,7 +22,7 @@ from service.language.checks import validate_profile
 from service.language.params import resolve_params
 from service.language.profiles import Profile
 from service.language.snapshots import profile_secrets, step_facts
-from service.platform import metrics
+from service.platform import metrics, tracing
 from service.platform.audit import Actor, audit_columns, submit_events
 from service.platform.clock import utcnow
 from service.platform.constants import OPEN_JOBS_RETRY_AFTER_S, SHARD_NONE
@@ -212,6 +212,7 @@ def job_values(
         "scheduled_for": request.scheduled_for,
         **slot_values(profile, owner, params),
         "deadline_at": None if timeout_s is None else now + timedelta(seconds=timeout_s),
+        "traceparent": tracing.traceparent(),
     }
 
 
@@ -221,7 +222,7 @@ JOB_COLUMNS = (
     "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
     "concurrency_key", "concurrency_limit", "waiting_for",
-    "deadline_at",
+    "deadline_at", "traceparent",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
                     waiting_on int, finished_at timestamptz"""

@@ -127,4 +127,5 @@ def load_plan(session: Session, job_id: uuid.UUID) -> JobPlan | None:
     if job is None or job.status in JOB_FINAL:
         return None
     rows = list(session.scalars(select(StepRunRow).where(StepRunRow.job_id == job_id)))
-    return plan_remaining(job_profile(job), job_id, rows, job.priority)
+    plan = plan_remaining(job_profile(job), job_id, rows, job.priority)
+    return replace(plan, trace=job.traceparent)

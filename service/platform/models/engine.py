@@ -128,6 +128,9 @@ class JobRow(Base):
     scheduled_for: Mapped[datetime | None]
     trigger_data: Mapped[dict[str, Any] | None]
     """For a job a dependency trigger started: the upstream ``job_id`` and ``result``."""
+    traceparent: Mapped[str | None] = mapped_column(String(55))
+    """The trace it was submitted in (tracing on only): messages sent for it from outside its
+    steps (the beat, the sweeper, a decision) carry it on."""
     deadline_at: Mapped[datetime | None]
     """When the beat leader fails the job as ``job_timeout`` if it is still open: its
     submission plus the ``timeout_s`` of its schedule or, failing that, of its profile."""
