@@ -18,7 +18,8 @@ from service.catalogue.pipelines import PipelineView, get_pipeline, list_pipelin
 from service.catalogue.saving import SaveOutcome, delete_pipeline, save_pipeline, set_share
 from service.platform.audit import Target, record, saved_event
 from service.platform.auth import Principal
-from service.platform.errors import ImportRequestInvalid, UnsupportedMediaType
+from service.platform.errors import UnsupportedMediaType
+from service.platform.errors.imports import ImportRequestInvalid
 from service.platform.settings import Settings
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])

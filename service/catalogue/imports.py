@@ -23,6 +23,8 @@ from service.platform.errors import (
     EgressHostNotAllowed,
     EgressRedirectRefused,
     EgressSchemeRefused,
+)
+from service.platform.errors.imports import (
     ImportAddressRefused,
     ImportContentTypeRefused,
     ImportFetchFailed,

@@ -19,7 +19,7 @@ import pytest
 
 from service.catalogue.imports import fetch_url, import_policy, read_import_file
 from service.platform.egress import EgressPolicy
-from service.platform.errors import ImportRefused
+from service.platform.errors.imports import ImportRefused
 from service.platform.settings import Settings
 
 PROFILE = "name: weekly\nsteps: [{id: search, action: noop}]\n"

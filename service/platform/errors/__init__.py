@@ -1,4 +1,7 @@
-"""Domain errors with stable machine codes; the API maps codes to HTTP status in one place."""
+"""Domain errors with stable machine codes; the API maps codes to HTTP status in one place.
+
+One package, a module per family that only one concern raises (``imports``: the refusals of
+the pipeline import policy); the rest are here."""
 
 from typing import Any
 
@@ -253,62 +256,6 @@ class UnsupportedMediaType(FlowbeatError):
 
 class InvalidShare(FlowbeatError):
     code = "invalid_share"
-
-
-class ImportRefused(FlowbeatError):
-    """An import the policy refuses; each subclass names the rule, so clients can tell why."""
-
-    code = "import_refused"
-
-
-class ImportsDisabled(ImportRefused):
-    code = "imports_disabled"
-
-
-class ImportRequestInvalid(ImportRefused):
-    code = "import_request_invalid"
-
-
-class ImportSchemeRefused(ImportRefused):
-    code = "import_scheme_refused"
-
-
-class ImportHostNotAllowed(ImportRefused):
-    code = "import_host_not_allowed"
-
-
-class ImportAddressRefused(ImportRefused):
-    code = "import_address_refused"
-
-
-class ImportRedirectRefused(ImportRefused):
-    code = "import_redirect_refused"
-
-
-class ImportContentTypeRefused(ImportRefused):
-    code = "import_content_type_refused"
-
-
-class ImportTooLarge(ImportRefused):
-    code = "import_too_large"
-
-
-class ImportTimeout(ImportRefused):
-    code = "import_timeout"
-
-
-class ImportFetchFailed(ImportRefused):
-    """The source answered with an error status, or could not be reached or spoken to."""
-
-    code = "import_fetch_failed"
-
-
-class ImportPathRefused(ImportRefused):
-    code = "import_path_refused"
-
-
-class ImportNotFound(ImportRefused):
-    code = "import_not_found"
 
 
 class ActionModuleUnimportable(FlowbeatError):
