@@ -27,6 +27,7 @@ from service.language.dag import descendants
 from service.language.params import resolve_params
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile
+from service.platform import tracing
 from service.platform.db import driver
 from service.platform.errors import JobConflict, PipelineVersionGone, RerunInvalid, UnknownStep
 from service.platform.models import JobRow, PipelineVersionRow, StepRunRow
@@ -76,6 +77,7 @@ def rerun_job(
     job["created_at"] = job["dispatched_at"] = now
     job.update(slot_values(profile, parent.owner, params))
     job["deadline_at"] = _deadline_of_rerun(parent, now)
+    job["traceparent"] = tracing.traceparent()
     insert_job(session, job, step_rows(profile, reused, now))
     take_slot(session, job, publish_now=True)
     _copy_reused(session, parent.id, job["id"], reused, fan_out_kept, now)

@@ -1,5 +1,6 @@
-"""Runs one step attempt in a worker: claim (``claims``, then ``inputs``), call the action under a
-renewed lease, record (``checkpoints``, or ``completion`` for a failure, ``loops`` for a round).
+"""Runs one step attempt in a worker: claim (``claims``, then ``inputs``), attempt (``attempt``:
+the action under a renewed lease), record (``checkpoints``, or ``completion`` for a failure,
+``loops`` for a round).
 
 Each returns the steps its attempt made ready, for the task adapter to send; task adapters also
 translate ``RetryLater`` and ``StopChain`` for Celery.
@@ -8,7 +9,7 @@ translate ``RetryLater`` and ``StopChain`` for Celery.
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
-from service.actions import StepContext
+from service.engine.attempt import Failure, retry_in_s, run_attempt
 from service.engine.checkpoints import complete_step
 from service.engine.claims import (
     claim_step,
@@ -31,11 +32,9 @@ from service.engine.completion import fail_step
 from service.engine.inputs import ready_claim, ready_shard, use_shard_claim
 from service.engine.leases import release_lease
 from service.engine.loops import complete_round
-from service.engine.reveal import revealed_inputs
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job, sink_settles_job
 from service.engine.shards import FannedOut, fan_out, finish_fanout
-from service.engine.steplogs import keep_lines
 from service.engine.steps import (
     Claimed,
     Completion,
@@ -49,34 +48,22 @@ from service.engine.steps import (
     Unresolvable,
     Woke,
 )
-from service.language import verify
 from service.language.plan import JobPlan
 from service.language.snapshots import step_facts
-from service.language.specs import RetryPolicy
-from service.platform import capture, logs, metrics, tracing
+from service.platform import logs, metrics, tracing
 from service.platform.clock import utcnow
 from service.platform.constants import LANE_SLICE_S, SHARD_NONE
 from service.platform.db import unit_of_work
 from service.platform.errors import (
-    ActionError,
     RetryLater,
-    SecretNotFound,
-    StepCancelled,
     StopChain,
 )
-from service.platform.masking import Mask
 from service.platform.settings import Settings
 from service.platform.states import JobStatus
 
 RELEASE_TRIES = 2
 """The first try may meet a connection that PostgreSQL dropped with the one the attempt died
 on; the second goes out on a fresh one."""
-
-
-@dataclass(frozen=True)
-class _Failure:
-    error: dict[str, Any]
-    retryable: bool
 
 
 @dataclass(frozen=True)
@@ -300,8 +287,8 @@ def _settled(
     and the step that follows, when the checkpoint claimed it."""
     key = claim.key
     with _released_if_cut_short(rt, key, claim.lease):
-        outcome = _attempt(rt, claim, timeout_errors, inline)
-        if isinstance(outcome, _Failure):
+        outcome = run_attempt(rt, claim, timeout_errors, None if inline is None else inline.timed)
+        if isinstance(outcome, Failure):
             return _settle_failure(rt, claim, outcome), None
         now = utcnow()
         if key.shard == SHARD_NONE and step_facts(claim.profile, key.step_id).ends_round:
@@ -344,96 +331,9 @@ def _follow(rt: Runtime, claim: Claimed, inline: Inline | None, task_id: str) ->
     return Follow(child, task_id, rt.settings.lease_s)
 
 
-def _attempt(
-    rt: Runtime,
-    claim: Claimed,
-    timeout_errors: tuple[type[BaseException], ...],
-    inline: Inline | None,
-) -> Any:
-    """The attempt's outcome, timed by action, and what it logged kept whatever the outcome;
-    the secrets it revealed masked in all three before any is recorded."""
-    started = time.monotonic()
-    mask = Mask()
-    captured = capture.Capture(rt.settings.step_log_max_bytes, mask)
-    try:
-        with capture.capturing(captured):
-            outcome = _call_action(rt, claim, timeout_errors, inline, mask)
-    finally:
-        keep_lines(rt.claims, claim.key, claim.lease.attempt, captured.lines())
-    if mask:
-        outcome = _masked(outcome, mask)
-    result = "error" if isinstance(outcome, _Failure) else "ok"
-    metrics.STEP_SECONDS.labels(claim.action, result).observe(time.monotonic() - started)
-    return outcome
-
-
-def _masked(outcome: Any, mask: Mask) -> Any:
-    if isinstance(outcome, _Failure):
-        return _Failure(mask.data(outcome.error), outcome.retryable)
-    return mask.data(outcome)
-
-
-def _call_action(
-    rt: Runtime,
-    claim: Claimed,
-    timeout_errors: tuple[type[BaseException], ...],
-    inline: Inline | None,
-    mask: Mask,
-) -> Any:
-    key = claim.key
-    spec = claim.profile.step(key.step_id)
-    timed = nullcontext() if inline is None else inline.timed(spec.timeout_s)
-    ctx = StepContext(
-        job_id=str(key.job_id),
-        step_id=key.step_id,
-        attempt=claim.lease.attempt,
-        shard=None if key.shard == SHARD_NONE else key.shard,
-        params=claim.params,
-        settings=rt.settings,
-    )
-    try:
-        with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
-            inputs = revealed_inputs(rt, claim, mask)
-            with timed:
-                output = rt.registry.call(claim.action, ctx, inputs)
-            unverified = verify.check(spec.verify, output, ctx.params, claim.trigger)
-        if unverified is None:
-            return output
-        error = _error("verification_failed", unverified.message, unverified.details)
-        failure = _Failure(error, unverified.retry)
-    except StepCancelled as exc:
-        raise StopChain("cancelled") from exc
-    except SecretNotFound as exc:
-        failure = _Failure(_error(exc.code, exc.message, exc.details), False)
-    except ActionError as exc:
-        failure = _Failure(_error(exc.code, exc.message, exc.details), exc.retryable)
-    except timeout_errors as exc:
-        failure = _Failure(_error("timeout", f"step timed out: {exc!r}", {}), True)
-    except Exception as exc:
-        kind = type(exc).__name__
-        failure = _Failure(_error("exception", f"{kind}: {exc}", {"type": kind}), True)
-    if ctx.cancel_event.is_set():
-        raise StopChain("cancelled or taken over")
-    return failure
-
-
-def _error(code: str, message: str, details: dict[str, Any]) -> dict[str, Any]:
-    return {"code": code, "message": message, "details": dict(details)}
-
-
-def _retry_in_s(policy: RetryPolicy, attempt: int, failure: _Failure) -> float | None:
-    """Seconds until a failed attempt runs again; ``None`` when it is not to: the failure is
-    permanent, its code or exception type is listed as such, or the attempts are spent."""
-    error = failure.error
-    blocked = {error["code"], error["details"].get("type")} & set(policy.non_retryable)
-    if not failure.retryable or blocked or attempt >= policy.attempts:
-        return None
-    return policy.delay_s(attempt)
-
-
-def _settle_failure(rt: Runtime, claim: Claimed, failure: _Failure) -> JobPlan:
+def _settle_failure(rt: Runtime, claim: Claimed, failure: Failure) -> JobPlan:
     attempt, error = claim.lease.attempt, failure.error
-    delay = _retry_in_s(claim.retry, attempt, failure)
+    delay = retry_in_s(claim.retry, attempt, failure)
     with unit_of_work(rt.sessions) as session:
         failed = fail_step(
             session, claim.key, claim.lease, error, retry_delay_s=delay, now=utcnow()

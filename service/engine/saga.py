@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from service.actions import StepContext
+from service.engine.attempt import Failure, error_of, retry_in_s
 from service.engine.compensations import (
     Busy,
     CompensationClaim,
@@ -17,7 +18,6 @@ from service.engine.compensations import (
     record_outcome,
 )
 from service.engine.leases import release_compensation, renew_compensation
-from service.engine.runner import _error, _Failure, _retry_in_s
 from service.engine.runtime import Runtime
 from service.language.snapshots import job_profile
 from service.platform import logs
@@ -64,7 +64,7 @@ def _compensate(
             release_compensation(session, claim.job_id, claim.step_id, claim.token, utcnow())
         raise
     error = None if failure is None else failure.error
-    delay = None if failure is None else _retry_in_s(claim.spec.retry, claim.attempt, failure)
+    delay = None if failure is None else retry_in_s(claim.spec.retry, claim.attempt, failure)
     with unit_of_work(rt.sessions) as session:
         record_outcome(session, claim, error, delay, utcnow())
     if error is not None and delay is not None:
@@ -73,7 +73,7 @@ def _compensate(
 
 def _undo(
     rt: Runtime, claim: CompensationClaim, timeout_errors: tuple[type[BaseException], ...]
-) -> _Failure | None:
+) -> Failure | None:
     ctx = StepContext(
         job_id=str(claim.job_id),
         step_id=claim.step_id,
@@ -91,10 +91,10 @@ def _undo(
         with rt.heartbeats.hold_lease(held, ctx.cancel_event):
             rt.registry.call(claim.spec.action, ctx, claim.inputs)
     except ActionError as exc:
-        return _Failure(_error(exc.code, exc.message, exc.details), exc.retryable)
+        return Failure(error_of(exc.code, exc.message, exc.details), exc.retryable)
     except timeout_errors as exc:
-        return _Failure(_error("timeout", f"compensation timed out: {exc!r}", {}), True)
+        return Failure(error_of("timeout", f"compensation timed out: {exc!r}", {}), True)
     except Exception as exc:
         kind = type(exc).__name__
-        return _Failure(_error("exception", f"{kind}: {exc}", {"type": kind}), True)
+        return Failure(error_of("exception", f"{kind}: {exc}", {"type": kind}), True)
     return None

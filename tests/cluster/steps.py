@@ -10,7 +10,7 @@ and every other execution is held to exactly once by the chaos suite's ``examine
 
 import itertools
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -59,6 +59,8 @@ class Verdict:
     """Of those, the ones that went on to their end after the fault (once healed)."""
     recovery_s: list[float]
     """For each, from the fault to its step starting again (or its own checkpoint)."""
+    judged: dict[str, list[Execution]]
+    """The executions held to exactly once: all but those set aside."""
 
 
 def judge(
@@ -81,13 +83,13 @@ def judge(
         if cut:
             mark = kept.get(key)
             recovery.append(min(again) if again else (mark.at - at if mark else float("inf")))
-    return Verdict(examine(rest, kept, killed={}), set_aside, ran_on, recovery)
+    return Verdict(examine(rest, kept, killed={}), set_aside, ran_on, recovery, rest)
 
 
-def overlapping(client: Client, jobs: list[uuid.UUID]) -> dict[str, list[Execution]]:
+def overlapping(runs_by_key: Mapping[str, list[Execution]]) -> dict[str, list[Execution]]:
     """The steps with two executions running at once, for a failure to name them."""
     found = {}
-    for key, runs in executions(client.counters, jobs).items():
+    for key, runs in runs_by_key.items():
         spans = sorted((r.start, r.end or float("inf")) for r in runs)
         if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
             found[key] = runs
