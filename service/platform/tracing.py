@@ -10,7 +10,9 @@ A job's trace starts where the job does (the API request, or the beat's fire of 
 and travels in each step's message as a W3C ``traceparent`` header: a worker continues it for
 the attempt it runs, and the messages that attempt sends carry the attempt's own span on, so
 every step of a chain, a retry and a fan-out's items join the one trace, and an outbound HTTP
-call made by an action is a span of the attempt that made it, with the header passed on.
+call made by an action is a span of the attempt that made it, with the header passed on. The
+statements a process sends PostgreSQL are spans too (OpenTelemetry's psycopg instrumentation,
+installed with the exporter), under whichever span sent them.
 """
 
 import os
@@ -35,6 +37,7 @@ def configure(service_name: str, environ: Mapping[str, str] = os.environ) -> boo
     if _tracer is not None or not any(environ.get(name) for name in ENDPOINT_VARIABLES):
         return _tracer is not None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -43,6 +46,7 @@ def configure(service_name: str, environ: Mapping[str, str] = os.environ) -> boo
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
+    PsycopgInstrumentor().instrument(tracer_provider=provider)
     _tracer = provider.get_tracer("flowbeat")
     return True
 

@@ -83,6 +83,9 @@ def test_a_job_is_one_trace_from_the_request_to_its_outbound_call(
 
     by_service = {span.service for span in spans}
     assert by_service == {"flowbeat-api", "flowbeat-worker"}
+    steps = {span.span_id for span in spans if span.name.startswith("step ")}
+    statements = [s for s in spans if s.attributes.get("db.system") == "postgresql"]
+    assert any(s.parent_id in steps for s in statements), "a step's checkpoint is a span of it"
     assert "job.submit" in _names(spans)
     assert _names(spans).count("HTTP POST") == 2, "one outbound call an attempt"
     submit = next(span for span in spans if span.name == "job.submit")
