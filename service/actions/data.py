@@ -5,12 +5,13 @@ import io
 import json
 import math
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from service.actions.context import StepContext
 from service.actions.registry import action
 from service.language.loading import search_dirs
+from service.platform.datastore import relative_path
 from service.platform.errors import ActionError
 
 MAX_LOAD_BYTES = 50 * 1024 * 1024
@@ -184,15 +185,7 @@ def resolve_data_path(
     Profiles can come from users, so a profile must not be able to read arbitrary files on the
     worker: absolute paths, ``..`` and symlinks pointing outside are all rejected.
     """
-    if not isinstance(path, str) or not path.strip() or "\x00" in path:
-        raise _bad(f"{action_name}: path must be a non-empty string", "bad_path")
-    posix, windows = PurePosixPath(path), PureWindowsPath(path)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive or windows.root:
-        raise _bad(
-            f"{action_name}: absolute paths are not allowed: {path!r}", "bad_path", path=path
-        )
-    if ".." in posix.parts or ".." in windows.parts:
-        raise _bad(f"{action_name}: '..' is not allowed in paths: {path!r}", "bad_path", path=path)
+    posix = relative_path(path, action_name)
     base = base_dir.resolve()
     try:
         target = (base / posix).resolve(strict=True)
