@@ -98,21 +98,30 @@ class DirectoryStore:
 
     @contextmanager
     def reader(self, path: str, action_name: str) -> Iterator[BinaryIO]:
-        """Symlinks are followed only while they stay inside the directory."""
-        relative = relative_path(path, action_name)
-        base = self.root.resolve()
         try:
-            target = (base / relative).resolve(strict=True)
+            target = resolve_under(self.root, path, action_name, "data store")
         except FileNotFoundError:
             raise missing(action_name, path, self.name) from None
-        except (OSError, RuntimeError) as exc:
-            raise _bad_path(f"{action_name}: cannot resolve {path!r}: {exc}", path) from exc
-        if not target.is_relative_to(base):
-            raise _bad_path(f"{action_name}: {path!r} resolves outside the data store", path)
-        if not target.is_file():
-            raise _bad_path(f"{action_name}: {path!r} is not a regular file", path)
         with target.open("rb") as handle:
             yield handle
+
+
+def resolve_under(base_dir: Path, path: object, action_name: str, base_name: str) -> Path:
+    """The regular file ``path`` names under ``base_dir``, or ``FileNotFoundError``; symlinks
+    are followed only while they stay inside, so a profile cannot read the worker's files."""
+    relative = relative_path(path, action_name)
+    base = base_dir.resolve()
+    try:
+        target = (base / relative).resolve(strict=True)
+    except FileNotFoundError:
+        raise
+    except (OSError, RuntimeError) as exc:
+        raise _bad_path(f"{action_name}: cannot resolve {path!r}: {exc}", path) from exc
+    if not target.is_relative_to(base):
+        raise _bad_path(f"{action_name}: {path!r} resolves outside the {base_name}", path)
+    if not target.is_file():
+        raise _bad_path(f"{action_name}: {path!r} is not a regular file", path)
+    return target
 
 
 def data_store(settings: Settings) -> DataStore:

@@ -24,6 +24,7 @@ from service.platform.settings import Settings
 
 if TYPE_CHECKING:
     from obstore import ReadableFile
+    from obstore.store import ClientConfig, S3Config
 
 ACCESS_KEY_SECRET = "DATA_STORE_ACCESS_KEY_ID"
 SECRET_KEY_SECRET = "DATA_STORE_SECRET_ACCESS_KEY"
@@ -40,6 +41,10 @@ class _ObjectReader(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        self._source.close()
+        super().close()
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -99,22 +104,24 @@ def _unavailable(name: str) -> Iterator[None]:
 
 
 def bucket_store(settings: Settings, url: str) -> ObjectStore:
+    """A store for ``s3://bucket[/prefix]``; a failing server is given up on within half a
+    minute, so that the step's own retry policy, not the client, decides what comes next."""
     secrets = secrets_of(settings)
     key_id, secret = secrets.value(ACCESS_KEY_SECRET, None), secrets.value(SECRET_KEY_SECRET, None)
-    config: dict[str, Any] = {}
+    config: S3Config = {}
     if key_id and secret:
         config |= {"access_key_id": key_id, "secret_access_key": secret}
     if settings.data_store_endpoint:
         config["endpoint"] = settings.data_store_endpoint
     if settings.data_store_region:
         config["region"] = settings.data_store_region
-    client: dict[str, Any] = {"connect_timeout": timedelta(seconds=10)}
+    client: ClientConfig = {"connect_timeout": timedelta(seconds=10)}
     if (settings.data_store_endpoint or "").startswith("http://"):
         client["allow_http"] = True
     store = S3Store.from_url(
         url,
-        config=config,  # type: ignore[arg-type]
-        client_options=client,  # type: ignore[arg-type]
+        config=config,
+        client_options=client,
         retry_config={"max_retries": 3, "retry_timeout": timedelta(seconds=30)},
     )
     return ObjectStore(store, url.rstrip("/"))
