@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from service.actions import REGISTRY, StepContext, load_plugins
 from service.platform.errors import ActionError
+from service.platform.objectstore import bucket_store
 from service.platform.settings import Settings
 from tests.service.actions import make_ctx
 from tests.support.files import CSV, S3_KEYS, bucket_keys, create_bucket, file_server, s3_server
@@ -166,6 +167,26 @@ def test_a_store_that_fails_is_retried_and_shows_no_credential(
     assert "s3://no-such-bucket/x" in error.message
     for value in S3_KEYS.values():
         assert value not in error.message and value not in str(error.details)
+
+
+def test_the_credentials_come_from_the_secret_sources_to_the_client_alone(tmp_path: Path) -> None:
+    """A mounted secrets directory, as Kubernetes gives one; the S3 server here does not check
+    signatures, so the client's configuration is what shows which keys it signs with."""
+    (tmp_path / "DATA_STORE_ACCESS_KEY_ID").write_text("AKIAFROMFILE\n")
+    (tmp_path / "DATA_STORE_SECRET_ACCESS_KEY").write_text("secret-from-file\n")
+    settings = Settings(
+        data_store="s3://bucket/prefix",
+        data_store_endpoint="https://s3.example.internal",
+        secrets_dir=tmp_path,
+    )
+    store = bucket_store(settings, "s3://bucket/prefix")
+    assert store.store.config["access_key_id"] == "AKIAFROMFILE"
+    assert store.store.config["secret_access_key"] == "secret-from-file"
+    assert (store.name, repr(store.store)) == (
+        "s3://bucket/prefix",
+        'S3Store(bucket="bucket", prefix="prefix")',
+    )
+    assert "secret-from-file" not in repr(settings)
 
 
 @pytest.mark.parametrize(
