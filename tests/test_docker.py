@@ -137,6 +137,19 @@ def test_worker_is_scalable(services: dict[str, dict[str, Any]]) -> None:
             assert "container_name" not in service
 
 
+def test_every_worker_shares_one_data_store_volume(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """A scaled worker's ``data.parse`` reads what another replica's ``data.download`` wrote;
+    the image makes the directory its user's, and a new named volume takes that owner."""
+    worker = services["worker"]
+    store = worker["environment"]["FLOWBEAT_DATA_STORE"]
+    mounts = dict(mount.split(":", 1)[::-1] for mount in worker["volumes"])
+    assert mounts[store] in compose["volumes"], "the store is a named volume, shared by replicas"
+    final = "\n".join(_dockerfile_stages()[-1])
+    assert re.search(rf"chown 10001:10001 [^\n]*{re.escape(store)}\b", final)
+
+
 def test_dependency_conditions(services: dict[str, dict[str, Any]]) -> None:
     assert _depends(services["migrate"]) == {"postgres": "service_healthy"}
     for name in ("api", "worker", "beat"):

@@ -169,6 +169,19 @@ def test_every_container_runs_a_flowbeat_command_as_a_non_root_user_from_the_ima
             assert refs == config_and_secrets
 
 
+def test_every_worker_mounts_one_shared_data_store(rendered: list[dict[str, Any]]) -> None:
+    """Worker pods land on any node: the store they share is a ReadWriteMany claim, mounted
+    where ``FLOWBEAT_DATA_STORE`` says and writable by the pods' group."""
+    store = _of(rendered, "ConfigMap")["flowbeat-config"]["data"]["FLOWBEAT_DATA_STORE"]
+    pod = _of(rendered, "Deployment")["flowbeat-worker"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounted = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume = next(v for v in pod["volumes"] if v["name"] == mounted[store])
+    claim = _of(rendered, "PersistentVolumeClaim")[volume["persistentVolumeClaim"]["claimName"]]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
 def test_selectors_services_and_budgets_match_their_pods(rendered: list[dict[str, Any]]) -> None:
     deployments = _of(rendered, "Deployment")
     pods = {name: d["spec"]["template"]["metadata"]["labels"] for name, d in deployments.items()}

@@ -5,12 +5,13 @@ import io
 import json
 import math
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from service.actions.context import StepContext
 from service.actions.registry import action
 from service.language.loading import search_dirs
+from service.platform.datastore import resolve_under
 from service.platform.errors import ActionError
 
 MAX_LOAD_BYTES = 50 * 1024 * 1024
@@ -176,39 +177,13 @@ def count(ctx: StepContext, items: Any) -> dict[str, int]:
     return {"count": len(_as_list(items, "data.count"))}
 
 
-def resolve_data_path(
-    base_dir: Path, path: str, action_name: str = "data.load", base_name: str = "profiles directory"
-) -> Path:
-    """Resolve ``path`` under ``base_dir``; anything that would leave it is refused.
-
-    Profiles can come from users, so a profile must not be able to read arbitrary files on the
-    worker: absolute paths, ``..`` and symlinks pointing outside are all rejected.
-    """
-    if not isinstance(path, str) or not path.strip() or "\x00" in path:
-        raise _bad(f"{action_name}: path must be a non-empty string", "bad_path")
-    posix, windows = PurePosixPath(path), PureWindowsPath(path)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive or windows.root:
-        raise _bad(
-            f"{action_name}: absolute paths are not allowed: {path!r}", "bad_path", path=path
-        )
-    if ".." in posix.parts or ".." in windows.parts:
-        raise _bad(f"{action_name}: '..' is not allowed in paths: {path!r}", "bad_path", path=path)
-    base = base_dir.resolve()
+def resolve_data_path(base_dir: Path, path: str) -> Path:
+    """``path`` under ``base_dir``, a profiles directory; anything that would leave it is
+    refused (``resolve_under``), since a profile may come from any user."""
     try:
-        target = (base / posix).resolve(strict=True)
+        return resolve_under(base_dir, path, "data.load", "profiles directory")
     except FileNotFoundError:
-        raise _bad(f"{action_name}: no such file: {path!r}", "not_found", path=path) from None
-    except (OSError, RuntimeError) as exc:
-        raise _bad(f"{action_name}: cannot resolve {path!r}: {exc}", "bad_path", path=path) from exc
-    if not target.is_relative_to(base):
-        raise _bad(
-            f"{action_name}: {path!r} resolves outside the {base_name}",
-            "bad_path",
-            path=path,
-        )
-    if not target.is_file():
-        raise _bad(f"{action_name}: {path!r} is not a regular file", "bad_path", path=path)
-    return target
+        raise _bad(f"data.load: no such file: {path!r}", "not_found", path=path) from None
 
 
 def _profile_data(profiles_dir: Path | None, path: str) -> Path:

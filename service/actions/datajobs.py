@@ -1,21 +1,20 @@
 """Data refresh actions: ``data.download``, ``data.parse``, ``data.upsert``, ``data.dedupe``.
 
-``data.download`` writes under ``<data_dir>/downloads`` and ``data.parse`` reads only from
-``data_dir``; with several worker machines, ``data_dir`` must be a shared volume (or the steps
-pinned to one queue). ``data.upsert`` writes only into tables that already exist in the
-``upsert_schema`` setting: a profile, which may come from any user with write scope, can fill
-tables an operator created but can neither create, alter nor reach tables elsewhere.
+``data.download`` writes under ``downloads/`` in the data store and ``data.parse`` reads only
+from it (``service.platform.datastore``): ``data_dir`` by default, or, with workers on several
+hosts, a shared volume or an S3 bucket that each of them reaches. ``data.upsert`` writes only
+into tables that already exist in the ``upsert_schema`` setting: a profile, which may come from
+any user with write scope, can fill tables an operator created but can neither create, alter
+nor reach tables elsewhere.
 """
 
 import csv
 import hashlib
 import io
 import json
-import os
 import re
-import tempfile
 from dataclasses import replace
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import httpx
@@ -23,8 +22,9 @@ import psycopg
 from psycopg import sql
 
 from service.actions.context import StepContext
-from service.actions.data import get_path, resolve_data_path
+from service.actions.data import get_path
 from service.actions.registry import action
+from service.platform.datastore import Staged, data_store
 from service.platform.db import connect_kwargs, libpq_url
 from service.platform.egress import EgressPolicy, guarded_client
 from service.platform.errors import ActionError
@@ -43,7 +43,7 @@ def _bad(action_name: str, message: str, reason: str = "bad_inputs", **details: 
 
 
 def _download_to(
-    ctx: StepContext, policy: EgressPolicy, url: str, cap: int, handle: Any
+    ctx: StepContext, policy: EgressPolicy, url: str, cap: int, handle: Staged
 ) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
@@ -72,11 +72,12 @@ def _download_to(
 def download(
     ctx: StepContext, url: str, sha256: str | None = None, max_bytes: int | None = None
 ) -> dict[str, Any]:
-    """Fetch ``url`` into ``downloads/<sha256><suffix>`` under ``data_dir``.
+    """Stream ``url`` into ``downloads/<sha256><suffix>`` in the data store.
 
     The file is named by its content, so a retried or repeated download of the same data lands
     on the same file. A checksum mismatch is not retried: the same URL will serve the same bytes.
-    ``path`` in the result is relative to ``data_dir``, ready for ``data.parse``.
+    ``path`` in the result is relative to the store, so ``data.parse`` finds it on any worker
+    that shares the store.
     """
     ctx.check_cancelled()
     try:
@@ -102,22 +103,19 @@ def download(
             raise _bad("data.download", "max_bytes must be a positive integer")
         cap = min(cap, max_bytes)
     suffix = PurePosixPath(parsed.path).suffix.lower()
-    target_dir = Path(ctx.settings.data_dir) / DOWNLOADS
-    target_dir.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target_dir, prefix=".part-")
     try:
-        with os.fdopen(fd, "wb") as handle:
-            digest, size = _download_to(ctx, policy, url, cap, handle)
-        if sha256 is not None and digest != sha256:
-            raise _bad(
-                "data.download",
-                f"checksum mismatch for {url}: expected {sha256}, got {digest}",
-                "checksum_mismatch",
-                expected=sha256,
-                actual=digest,
-            )
-        name = digest + (suffix if suffix in SUFFIXES else "")
-        os.replace(partial, target_dir / name)
+        with data_store(ctx.settings).staging(DOWNLOADS) as staged:
+            digest, size = _download_to(ctx, policy, url, cap, staged)
+            if sha256 is not None and digest != sha256:
+                raise _bad(
+                    "data.download",
+                    f"checksum mismatch for {url}: expected {sha256}, got {digest}",
+                    "checksum_mismatch",
+                    expected=sha256,
+                    actual=digest,
+                )
+            name = digest + (suffix if suffix in SUFFIXES else "")
+            staged.commit(name)
     except httpx.TimeoutException as exc:
         raise ActionError(f"data.download: GET {url} timed out", {"reason": "timeout"}) from exc
     except httpx.TransportError as exc:
@@ -125,8 +123,6 @@ def download(
             f"data.download: GET {url} failed: {type(exc).__name__}: {exc}",
             {"reason": "transport"},
         ) from exc
-    finally:
-        Path(partial).unlink(missing_ok=True)
     return {"path": f"{DOWNLOADS}/{name}", "sha256": digest, "bytes": size}
 
 
@@ -160,7 +156,7 @@ def parse(
     max_rows: int | None = None,
     empty_as_null: bool = True,
 ) -> list[Any]:
-    """Rows of a CSV (objects keyed by the header) or JSON-lines file under ``data_dir``.
+    """Rows of a CSV (objects keyed by the header) or JSON-lines file in the data store.
 
     CSV cells are strings; PostgreSQL casts them to the column types on upsert, and with
     ``empty_as_null`` an empty cell becomes null so an empty number is not a cast error.
@@ -176,9 +172,11 @@ def parse(
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise _bad("data.parse", "max_rows must be a positive integer")
         cap = min(cap, max_rows)
-    target = resolve_data_path(Path(ctx.settings.data_dir), path, "data.parse", "data directory")
     try:
-        with target.open(encoding="utf-8-sig", newline="") as text:
+        with (
+            data_store(ctx.settings).reader(path, "data.parse") as raw,
+            io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text,
+        ):
             rows = _rows(text, fmt, cap, empty_as_null)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise _bad("data.parse", f"cannot parse {path!r}: {exc}", "bad_data") from exc

@@ -64,6 +64,18 @@ class Settings(BaseSettings):
     profiles_dir: Path | None = None
     action_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     data_dir: Path = Path(".flowbeat")
+    data_store: str | None = None
+    """Where ``data.download`` puts files and ``data.parse`` reads them: a directory (a path or
+    a ``file://`` URL) that every worker host mounts, or ``s3://bucket[/prefix]`` on S3 or an
+    S3-compatible server; none: ``data_dir``. With workers on more than one host, a parse may
+    run on another host than its download, so they need a store they all reach. S3
+    credentials come from the secrets ``DATA_STORE_ACCESS_KEY_ID`` and
+    ``DATA_STORE_SECRET_ACCESS_KEY``, else the ``AWS_`` environment or the machine's role."""
+    data_store_endpoint: str | None = None
+    """The S3-compatible server of an ``s3://`` store (MinIO, Ceph, R2), e.g.
+    ``https://minio.internal:9000``; none: AWS's endpoint for the region."""
+    data_store_region: str | None = None
+    """The region of an ``s3://`` store; none: ``AWS_REGION``, else ``us-east-1``."""
 
     lease_s: float = 30.0
     visibility_timeout_s: int = 300
@@ -250,7 +262,31 @@ class Settings(BaseSettings):
             raise ValueError(f"{str(value)!r} cannot be read")
         return value
 
-    @field_validator("profiles_dir", "import_dir", "secrets_dir", "secrets_source", mode="before")
+    @field_validator("data_store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        """Refused at start rather than at a job's first download."""
+        if value is None:
+            return None
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme == "file":
+            if not (rest if sep else value).startswith("/"):
+                raise ValueError("a directory store must be an absolute path")
+            return value
+        if scheme != "s3" or not rest.split("/")[0]:
+            raise ValueError("expected an absolute path, file:///path or s3://bucket[/prefix]")
+        return value
+
+    @field_validator(
+        "profiles_dir",
+        "import_dir",
+        "secrets_dir",
+        "secrets_source",
+        "data_store",
+        "data_store_endpoint",
+        "data_store_region",
+        mode="before",
+    )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         """An empty ``FLOWBEAT_PROFILES_DIR`` or ``FLOWBEAT_IMPORT_DIR`` means none rather than

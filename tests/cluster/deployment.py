@@ -151,6 +151,20 @@ class Deployment:
             self.await_ready(host)
         return proc
 
+    def start_worker(self, host: Host, name: str, queues: str, settings: dict[str, str]) -> Proc:
+        """A worker of a scenario's own beside the host's, on ``queues`` only and with its own
+        ``FLOWBEAT_`` settings over the deployment's; not restarted by ``running``."""
+        argv = host.argv(str(BIN / "flowbeat"), "worker", "--concurrency", "1", "--queues", queues)
+        env = {
+            **self.env(host),
+            "FLOWBEAT_DATA_DIR": str(self.tmp / name),
+            **{f"FLOWBEAT_{key}": value for key, value in settings.items()},
+        }
+        if name in self.procs:
+            self.retired.append(self.procs[name])
+        proc = self.procs[name] = Proc(argv, env, self.tmp / f"{name}-{len(self.retired)}.log")
+        return proc
+
     def await_ready(self, host: Host, timeout_s: float = 90) -> None:
         proc = self.procs[host.name]
         role = host.name.rstrip("0123456789")

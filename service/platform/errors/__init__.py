@@ -170,6 +170,17 @@ class ActionError(FlowbeatError):
         self.retryable = retryable
 
 
+class DataFileMissing(ActionError):
+    """A file a step names is not in the data store: never retried, since a worker that cannot
+    see it now will not later; with workers on several hosts, the sign of a store that is not
+    shared (``FLOWBEAT_DATA_STORE``)."""
+
+    code = "data_file_missing"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details, retryable=False)
+
+
 class StepCancelled(FlowbeatError):
     code = "cancelled"
 

@@ -1,10 +1,8 @@
 """Data refresh actions: download from a local server, parse, upsert into the real database."""
 
 import hashlib
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -15,46 +13,13 @@ from service.actions import REGISTRY, StepContext, load_plugins
 from service.platform.errors import ActionError
 from tests.conftest import Stack
 from tests.service.actions import make_ctx
-
-CSV = b"code,name,population\nGB,United Kingdom,68350000\nFR,France,68170000\nIS,Iceland,\n"
-JSONL = b'{"code": "GB", "name": "United Kingdom"}\n\n{"code": "NO", "name": "Norway"}\n'
-BODIES = {"/countries.csv": CSV, "/countries.jsonl": JSONL, "/big.csv": b"x" * 5000}
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        return None
-
-    def do_GET(self) -> None:
-        if self.path == "/big-unsized.csv":
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"y" * 5000)
-            self.close_connection = True
-            return
-        body = BODIES.get(self.path)
-        status = 200 if body is not None else (503 if self.path == "/down" else 404)
-        body = body if body is not None else b"no"
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-class QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        return None
+from tests.support.files import CSV, file_server
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    httpd = QuietServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with file_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="module", autouse=True)
