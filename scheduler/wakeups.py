@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from service.platform.constants import SCHEDULES_CHANNEL
-from service.platform.db import connect_kwargs, libpq_url
+from service.platform.db import KEEPALIVES, connect_kwargs, libpq_url
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,11 @@ class ScheduleWakeups:
 
     def __init__(self, database_url: str) -> None:
         self._conninfo = libpq_url(database_url)
-        self._network = {**connect_kwargs(database_url, pooled=False), "connect_timeout": 5}
+        self._network = {
+            **connect_kwargs(database_url, pooled=False),
+            **KEEPALIVES,
+            "connect_timeout": 5,
+        }
         self._conn: psycopg.Connection[Any] | None = None
 
     def listen(self) -> None:

@@ -11,18 +11,21 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.platform.settings import Settings
 
-NETWORK: dict[str, Any] = {
-    "connect_timeout": 10,
+NETWORK: dict[str, Any] = {"connect_timeout": 10, "tcp_user_timeout": 10_000}
+"""Without them a statement sent while a partition drops packets waits for the kernel's
+retransmissions, for minutes and past the heal, and so does a connection attempt; with them
+either fails within seconds, and the callers' retries take over. No keepalives: an idle
+connection that a short partition cut off is whole again once it heals, where keepalives
+would have killed it for the next statement to find (a checkpoint, after a whole attempt).
+A value given in the database URL wins."""
+
+KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
-    "tcp_user_timeout": 10_000,
 }
-"""Without them a statement sent while a partition drops packets waits for the kernel's
-retransmissions, for minutes and past the heal, and so does a connection attempt; with them a
-dead connection fails within seconds, and the callers' retries take over. A value given in the
-database URL wins."""
+"""For a connection that only listens: it sends nothing, so only probes find its server gone."""
 
 
 def connect_kwargs(url: str, pooled: bool) -> dict[str, Any]:

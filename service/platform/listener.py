@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from service.platform.constants import EVENT_LISTEN_RETRY_S, EVENTS_CHANNEL
-from service.platform.db import connect_kwargs, libpq_url
+from service.platform.db import KEEPALIVES, connect_kwargs, libpq_url
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,11 @@ Wake = Callable[[uuid.UUID | None], None]
 class EventListener:
     def __init__(self, database_url: str) -> None:
         self._conninfo = libpq_url(database_url)
-        self._network = {**connect_kwargs(database_url, pooled=False), "connect_timeout": 5}
+        self._network = {
+            **connect_kwargs(database_url, pooled=False),
+            **KEEPALIVES,
+            "connect_timeout": 5,
+        }
         self._lock = threading.Lock()
         self._by_job: dict[uuid.UUID, set[Wake]] = {}
         self._every: set[Wake] = set()
