@@ -1,12 +1,18 @@
 """What a process needs to run steps: settings, a session factory and the action registry."""
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.actions import REGISTRY, ActionRegistry, load_plugins
 from service.engine.heartbeat import Heartbeats
-from service.platform.db import DirectConnections, make_engine, make_session_factory
+from service.platform.db import (
+    DirectConnections,
+    make_engine,
+    make_session_factory,
+    network_timeout_s,
+)
 from service.platform.secrets import secrets_of
 from service.platform.settings import Settings
 
@@ -25,14 +31,15 @@ class Runtime:
         load_plugins(REGISTRY, settings.action_modules)
         secrets_of(settings)
         url = settings.require_database_url()
-        pooled = settings.database_pooled
-        engine = make_engine(url, pool_size=pool_size, pooled=pooled)
+        pooled, timeout_s = settings.database_pooled, network_timeout_s(settings.lease_s)
+        engine = make_engine(url, pool_size=pool_size, pooled=pooled, timeout_s=timeout_s)
         sessions = make_session_factory(engine)
+        direct = partial(DirectConnections, url, pooled=pooled, timeout_s=timeout_s)
         return cls(
             settings=settings,
             sessions=sessions,
-            claims=DirectConnections(url, synchronous_commit=False, pooled=pooled),
-            checkpoints=DirectConnections(url, pooled=pooled),
+            claims=direct(synchronous_commit=False),
+            checkpoints=direct(),
             registry=REGISTRY,
             heartbeats=Heartbeats(sessions, settings.lease_s),
         )

@@ -11,13 +11,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.platform.settings import Settings
 
-NETWORK: dict[str, Any] = {"connect_timeout": 10, "tcp_user_timeout": 10_000}
-"""Without them a statement sent while a partition drops packets waits for the kernel's
-retransmissions, for minutes and past the heal, and so does a connection attempt; with them
-either fails within seconds, and the callers' retries take over. No keepalives: an idle
-connection that a short partition cut off is whole again once it heals, where keepalives
-would have killed it for the next statement to find (a checkpoint, after a whole attempt).
-A value given in the database URL wins."""
+NETWORK_TIMEOUT_S = 10.0
+"""How long a connection attempt, or a statement's unacknowledged packets, may wait. Without a
+bound a statement sent while a partition drops packets waits for the kernel's retransmissions,
+for minutes and past the heal, and so does a connection attempt; with one either fails within
+seconds, and the callers' retries take over. No keepalives: an idle connection that a short
+partition cut off is whole again once it heals, where keepalives would have killed it for the
+next statement to find (a checkpoint, after a whole attempt). A value in the URL wins."""
+
+
+def network_timeout_s(lease_s: float) -> float:
+    """For the engine's connections: a lease renewal fails well within the lease it renews, and
+    the next one goes out on a fresh connection in time."""
+    return min(NETWORK_TIMEOUT_S, lease_s / 3)
+
 
 KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
@@ -28,20 +35,30 @@ KEEPALIVES: dict[str, Any] = {
 """For a connection that only listens: it sends nothing, so only probes find its server gone."""
 
 
-def connect_kwargs(url: str, pooled: bool) -> dict[str, Any]:
+def connect_kwargs(url: str, pooled: bool, timeout_s: float = NETWORK_TIMEOUT_S) -> dict[str, Any]:
     """psycopg prepares a statement on the server once a connection has run it five times;
     behind a transaction pooler the next transaction may find another server connection,
-    without it (PgBouncer before 1.21 keeps none), so a pooled connection prepares nothing."""
+    without it (PgBouncer before 1.21 keeps none), so a pooled connection prepares nothing.
+    libpq takes a ``connect_timeout`` of whole seconds, two at the least."""
+    network = {
+        "connect_timeout": max(2, round(timeout_s)),
+        "tcp_user_timeout": int(timeout_s * 1000),
+    }
     given = make_url(url).query
-    kwargs = {name: value for name, value in NETWORK.items() if name not in given}
+    kwargs = {name: value for name, value in network.items() if name not in given}
     return {**kwargs, "prepare_threshold": None} if pooled else kwargs
 
 
-def make_engine(url: str, *, pool_size: int = 5, pooled: bool = False) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 5, pooled: bool = False, timeout_s: float = NETWORK_TIMEOUT_S
+) -> Engine:
     """No pre-ping: a dead connection fails one unit of work, which callers already retry (tasks)
     or answer with 503 (the API), and SQLAlchemy then drops the whole stale pool."""
     return create_engine(
-        url, pool_size=pool_size, max_overflow=10, connect_args=connect_kwargs(url, pooled)
+        url,
+        pool_size=pool_size,
+        max_overflow=10,
+        connect_args=connect_kwargs(url, pooled, timeout_s),
     )
 
 
@@ -113,10 +130,17 @@ class DirectConnections:
     connection for other clients, so claims commit synchronously there.
     """
 
-    def __init__(self, url: str, *, synchronous_commit: bool = True, pooled: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        synchronous_commit: bool = True,
+        pooled: bool = False,
+        timeout_s: float = NETWORK_TIMEOUT_S,
+    ) -> None:
         self._conninfo = libpq_url(url)
         self._synchronous_commit = synchronous_commit or pooled
-        self._kwargs = connect_kwargs(url, pooled)
+        self._kwargs = connect_kwargs(url, pooled, timeout_s)
         self._local = threading.local()
 
     @contextmanager

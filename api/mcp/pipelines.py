@@ -1,63 +1,31 @@
-"""The MCP tools of seed 000 (§4, §11): what an agent uses to save, run and schedule pipelines.
-
-Each tool is a thin entry point like a route: it authenticates the caller's key, checks its
-scope, calls ``service/`` in its own session and commits. Answers are the REST API's own
-response models, so an agent and a script read the same shapes. A refusal is a tool error
-whose text starts with the error code the REST API would answer with.
-
-Over HTTP the bearer key of each request is the caller (the route checked it and its rate
-before the SDK saw the request); over stdio, ``flowbeat mcp`` holds one key for the process.
-"""
+"""The MCP tools and resources about pipelines: save, list, load, delete, their history, and
+their schedules."""
 
 import json
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-import anyio
-import yaml
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from sqlalchemy.orm import Session
 
-from api.routes.pipelines import PipelinePublic
-from api.routes.runs import DiffCountsPublic, DiffPublic, RunPublic
+from api.mcp.calls import McpDeps, acting, admin, as_yaml, call, public, visible_to
+from api.routes.runs import RunPublic
 from api.routes.schedules import SchedulePublic
-from api.schemas import JobCreate, JobPublic, LogPage, SignalEnvelope, SignalPublic
-from api.submit import accept_job
-from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.catalogue.diffs import DiffKind, diff_page
 from service.catalogue.imports import fetch_url, import_policy, read_import_file
-from service.catalogue.pipelines import PipelineView, get_pipeline, list_pipelines
+from service.catalogue.pipelines import get_pipeline, list_pipelines
 from service.catalogue.saving import delete_pipeline
 from service.catalogue.saving import save_pipeline as save
-from service.engine.jobs import get_job, job_view, list_jobs
-from service.engine.runtime import Runtime
-from service.engine.signals import send_signal
-from service.engine.steplogs import step_lines
+from service.engine.jobs import list_jobs
 from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
 from service.language.loading import load_profile_text
 from service.language.yamlsafe import load_yaml
-from service.platform.audit import (
-    Actor,
-    Target,
-    record,
-    record_signal,
-    saved_event,
-    schedule_event,
-    schedule_saved,
-)
-from service.platform.auth import KeyCache, Principal
+from service.platform.audit import Target, record, saved_event, schedule_event, schedule_saved
+from service.platform.auth import Principal
 from service.platform.clock import utcnow
-from service.platform.constants import (
-    DIFF_PAGE_MAX_LIMIT,
-    JOB_LIST_MAX_LIMIT,
-    MCP_HISTORY_NEW_ITEMS,
-    STEP_LOG_PAGE_MAX_ROWS,
-)
-from service.platform.errors import FlowbeatError, JobNotFound, Unauthorized
-from service.platform.settings import Settings
+from service.platform.constants import JOB_LIST_MAX_LIMIT, MCP_HISTORY_NEW_ITEMS
 from service.platform.states import JobStatus
 from service.triggers.schedules import (
     delete_schedule,
@@ -66,88 +34,6 @@ from service.triggers.schedules import (
     set_schedule,
     summarize,
 )
-from tasks.dispatch import publish_or_defer
-
-if TYPE_CHECKING:
-    from celery import Celery
-
-T = TypeVar("T")
-
-INSTRUCTIONS = (
-    "flowbeat runs YAML pipelines on workers. save_pipeline stores one (a new version when it "
-    "changes), run_pipeline starts a job, get_job follows it, get_diff shows what a run found "
-    "that the run before it did not, schedule_pipeline runs it on a cron (several schedules per "
-    "pipeline by name), list_schedules shows them, send_signal resumes a step that waits for a "
-    "signal."
-)
-
-
-@dataclass(frozen=True)
-class McpDeps:
-    settings: Settings
-    runtime: Runtime
-    celery_app: "Celery"
-    keys: KeyCache
-    token: str | None = None
-    """The one key of a stdio server; over HTTP each request brings its own."""
-
-
-def _token(deps: McpDeps, ctx: Context) -> str:
-    if deps.token is not None:
-        return deps.token
-    scheme, _, token = (ctx.headers or {}).get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise ToolError(f"{Unauthorized.code}: missing or invalid API key")
-    return token.strip()
-
-
-async def _call(
-    deps: McpDeps, ctx: Context, scope: str, work: Callable[[Session, Principal], T]
-) -> T:
-    """Run ``work`` in a worker thread with its own session, as the caller, within ``scope``."""
-    token = _token(deps, ctx)
-
-    def run() -> T:
-        with deps.runtime.sessions() as session:
-            try:
-                principal = deps.keys.authenticate(session, token)
-                principal.require(scope)
-                return work(session, principal)
-            except FlowbeatError as exc:
-                raise ToolError(f"{exc.code}: {exc.message}") from None
-
-    return await anyio.to_thread.run_sync(run)
-
-
-def _actor(principal: Principal, tool: str) -> Actor:
-    return Actor.of_key(principal, "mcp", f"mcp {tool}")
-
-
-def _admin(principal: Principal) -> bool:
-    return principal.has("admin")
-
-
-def _visible_to(principal: Principal) -> str | None:
-    return None if _admin(principal) else principal.owner
-
-
-def _public(view: PipelineView) -> dict[str, Any]:
-    return PipelinePublic.of(view).model_dump(mode="json")
-
-
-def _as_yaml(view: PipelineView) -> str:
-    """The text the version was saved from, as a person wrote it; re-serialised only when no
-    text was kept."""
-    if view.source is not None:
-        return view.source
-    return yaml.safe_dump(view.profile.to_json(), sort_keys=False, allow_unicode=True)
-
-
-def _job_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise JobNotFound(f"no job {raw}", {"job_id": raw}) from None
 
 
 def _with_metadata(config: str, tags: str, description: str) -> str | dict[str, Any]:
@@ -183,15 +69,15 @@ def _load_source(deps: McpDeps, session: Session, principal: Principal, source: 
             name,
             viewer=principal.owner,
             profiles_dir=settings.profiles_dir,
-            admin=_admin(principal),
+            admin=admin(principal),
         )
-        return {"source": "saved", "pipeline": _public(view), "yaml": _as_yaml(view)}
+        return {"source": "saved", "pipeline": public(view), "yaml": as_yaml(view)}
     profile = load_profile_text(text, source=source, known_actions=deps.runtime.registry.names())
     return {"source": kind, "name": profile.name, "yaml": text}
 
 
 def _history(session: Session, principal: Principal, name: str, limit: int) -> dict[str, Any]:
-    jobs, _ = list_jobs(session, owner=_visible_to(principal), pipeline=name, limit=limit)
+    jobs, _ = list_jobs(session, owner=visible_to(principal), pipeline=name, limit=limit)
     latest = next((job for job in jobs if job.status == JobStatus.SUCCEEDED), None)
     new_items: list[Any] = []
     if latest is not None and latest.item_count is not None:
@@ -213,7 +99,7 @@ def _schedule(
     spec: ScheduleSpec | None,
 ) -> dict[str, Any]:
     """``schedule`` None is the pipeline's only schedule, as on the one-schedule routes."""
-    actor = _actor(principal, "schedule_pipeline")
+    actor = acting(principal, "schedule_pipeline")
     if spec is None:
         row = delete_schedule(session, owner=principal.owner, pipeline=name, schedule=schedule)
         record(session, actor, "schedule.delete", *schedule_event(row))
@@ -252,30 +138,7 @@ def _schedule(
     return {"pipeline": name, "schedule": public}
 
 
-def _diff(
-    session: Session, principal: Principal, job_id: str, kind: DiffKind, limit: int
-) -> dict[str, Any]:
-    job = get_job(session, _job_id(job_id), owner=_visible_to(principal))
-    page = diff_page(session, job, kind, limit=min(limit, DIFF_PAGE_MAX_LIMIT))
-    return DiffPublic(
-        job_id=job.id,
-        previous_job_id=job.previous_job_id,
-        kind=kind,
-        counts=DiffCountsPublic(**diff_counts(session, job).as_dict()),
-        items=page.items,
-        next_cursor=page.next_cursor,
-    ).model_dump(mode="json")
-
-
-def build_mcp(deps: McpDeps) -> MCPServer:
-    server: MCPServer = MCPServer("flowbeat", instructions=INSTRUCTIONS)
-    _pipeline_tools(server, deps)
-    _job_tools(server, deps)
-    _resources(server, deps)
-    return server
-
-
-def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
+def pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
     settings = deps.settings
 
     @server.tool()
@@ -297,11 +160,11 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
             view = outcome.view
             if outcome.created_version:
                 event = saved_event(view.name, view.owner, view.version)
-                record(session, _actor(principal, "save_pipeline"), "pipeline.save", *event)
+                record(session, acting(principal, "save_pipeline"), "pipeline.save", *event)
             session.commit()
-            return {"pipeline": _public(view), "created_version": outcome.created_version}
+            return {"pipeline": public(view), "created_version": outcome.created_version}
 
-        return await _call(deps, ctx, "write", work)
+        return await call(deps, ctx, "write", work)
 
     @server.tool(name="list_pipelines")
     async def list_pipelines_tool(ctx: Context, tag: str = "") -> dict[str, Any]:
@@ -313,18 +176,18 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
                 viewer=principal.owner,
                 profiles_dir=settings.profiles_dir,
                 tag=tag or None,
-                admin=_admin(principal),
+                admin=admin(principal),
             )
-            return {"pipelines": [_public(view) for view in views]}
+            return {"pipelines": [public(view) for view in views]}
 
-        return await _call(deps, ctx, "read", work)
+        return await call(deps, ctx, "read", work)
 
     @server.tool()
     async def load_pipeline(source: str, ctx: Context) -> dict[str, Any]:
         """A pipeline's YAML for review: a saved name (``name`` or ``saved:name``), an
         allow-listed ``https://`` or ``url:https://`` address, or ``file:path`` in the import
         directory. Fetched profiles are validated, not saved."""
-        return await _call(
+        return await call(
             deps, ctx, "read", lambda session, who: _load_source(deps, session, who, source)
         )
 
@@ -341,23 +204,23 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
                 name,
                 viewer=principal.owner,
                 profiles_dir=settings.profiles_dir,
-                admin=_admin(principal),
+                admin=admin(principal),
                 purge_history=purge_history,
             )
-            actor, target = _actor(principal, "delete_pipeline"), Target("pipeline", name)
+            actor, target = acting(principal, "delete_pipeline"), Target("pipeline", name)
             detail = {"owner": principal.owner, "purged_jobs": purged}
             record(session, actor, "pipeline.delete", target, detail)
             session.commit()
             return {"name": name, "purged_jobs": purged}
 
-        return await _call(deps, ctx, "write", work)
+        return await call(deps, ctx, "write", work)
 
     @server.tool()
     async def get_pipeline_history(name: str, ctx: Context, limit: int = 5) -> dict[str, Any]:
         """The newest runs with item counts against the run before each, and the newest
         successful run's first new items."""
         limit = max(1, min(limit, JOB_LIST_MAX_LIMIT))
-        return await _call(
+        return await call(
             deps, ctx, "read", lambda session, who: _history(session, who, name, limit)
         )
 
@@ -392,7 +255,7 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
             else None
         )
         chosen = schedule.strip() or None
-        return await _call(
+        return await call(
             deps,
             ctx,
             "write",
@@ -414,117 +277,13 @@ def _pipeline_tools(server: MCPServer, deps: McpDeps) -> None:
                 ]
             }
 
-        return await _call(deps, ctx, "read", work)
+        return await call(deps, ctx, "read", work)
 
 
-def _job_tools(server: MCPServer, deps: McpDeps) -> None:
-    @server.tool()
-    async def run_pipeline(
-        pipeline: str,
-        ctx: Context,
-        params: dict[str, Any] | None = None,
-        idempotency_key: str | None = None,
-        diff_mode: bool = False,
-        priority: int | None = None,
-    ) -> dict[str, Any]:
-        """Start a job of a saved pipeline (name or owner/name) or of inline YAML; the same
-        ``idempotency_key`` twice gives back the first job. ``priority`` 0-9, higher is taken
-        first within a queue (default: the profile's)."""
-        body = JobCreate(
-            pipeline=pipeline,
-            params=params or {},
-            idempotency_key=idempotency_key,
-            diff_mode=diff_mode,
-            priority=priority,
-        )
-
-        def work(session: Session, principal: Principal) -> dict[str, Any]:
-            actor = _actor(principal, "run_pipeline")
-            job, _ = accept_job(
-                body, principal, session, deps.runtime, deps.settings, deps.celery_app, actor
-            )
-            return {"job": job.model_dump(mode="json")}
-
-        return await _call(deps, ctx, "write", work)
-
-    @server.tool(name="get_job")
-    async def get_job_tool(job_id: str, ctx: Context) -> dict[str, Any]:
-        """A job with each step's status, attempts, error and output, and its result."""
-
-        def work(session: Session, principal: Principal) -> dict[str, Any]:
-            job = get_job(session, _job_id(job_id), owner=_visible_to(principal))
-            return {"job": JobPublic.of(job_view(session, job)).model_dump(mode="json")}
-
-        return await _call(deps, ctx, "read", work)
-
-    @server.tool(name="send_signal")
-    async def send_signal_tool(
-        job_id: str, name: str, ctx: Context, payload: Any = None
-    ) -> dict[str, Any]:
-        """Send a running job the signal ``name`` with a JSON ``payload``: the steps waiting
-        for it (``wait_for``) run and read it as ``signals.<name>.payload``; one that waits
-        later finds it. Once per name."""
-
-        def work(session: Session, principal: Principal) -> dict[str, Any]:
-            sent = send_signal(
-                session,
-                _job_id(job_id),
-                name,
-                payload,
-                by=principal.owner,
-                visible_to=_visible_to(principal),
-                now=utcnow(),
-            )
-            record_signal(session, _actor(principal, "send_signal"), sent.job.id, name)
-            session.commit()
-            envelope = SignalEnvelope(
-                signal=SignalPublic.of(sent.signal, sent.resumed),
-                job=JobPublic.of(job_view(session, sent.job)),
-            )
-            session.commit()
-            publish_or_defer(deps.celery_app, deps.runtime, sent.ready)
-            return envelope.model_dump(mode="json")
-
-        return await _call(deps, ctx, "write", work)
-
-    @server.tool()
-    async def get_diff(
-        job_id: str, ctx: Context, kind: DiffKind = DiffKind.NEW, limit: int = 50
-    ) -> dict[str, Any]:
-        """What a run found against the previous successful run: counts of new, removed and
-        unchanged items, and the first ``limit`` items of ``kind``."""
-        limit = max(1, limit)
-        return await _call(
-            deps, ctx, "read", lambda session, who: _diff(session, who, job_id, kind, limit)
-        )
-
-    @server.tool()
-    async def get_logs(
-        job_id: str, step_id: str, ctx: Context, attempt: int = 0, after: int = 0, limit: int = 200
-    ) -> dict[str, Any]:
-        """What a step's attempts logged and printed, oldest first (``attempt`` 0: every
-        attempt); pass ``next_after`` back as ``after`` for the lines that follow."""
-        limit = min(max(1, limit), STEP_LOG_PAGE_MAX_ROWS)
-
-        def work(session: Session, principal: Principal) -> dict[str, Any]:
-            lines = step_lines(
-                session,
-                _job_id(job_id),
-                step_id,
-                owner=_visible_to(principal),
-                attempt=attempt or None,
-                after=after,
-                limit=limit,
-            )
-            return LogPage.of(lines, after, limit).model_dump(mode="json")
-
-        return await _call(deps, ctx, "read", work)
-
-
-def _resources(server: MCPServer, deps: McpDeps) -> None:
+def resources(server: MCPServer, deps: McpDeps) -> None:
     async def read(ctx: Context, work: Callable[[Session, Principal], str]) -> str:
         try:
-            return await _call(deps, ctx, "read", work)
+            return await call(deps, ctx, "read", work)
         except ToolError as exc:
             raise ResourceError(str(exc)) from None
 
@@ -538,9 +297,9 @@ def _resources(server: MCPServer, deps: McpDeps) -> None:
                 name,
                 viewer=principal.owner,
                 profiles_dir=deps.settings.profiles_dir,
-                admin=_admin(principal),
+                admin=admin(principal),
             )
-            return _as_yaml(view)
+            return as_yaml(view)
 
         return await read(ctx, work)
 

@@ -1,0 +1,139 @@
+"""The MCP tools about jobs: run one, follow it, signal it, read its diff and its logs."""
+
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from sqlalchemy.orm import Session
+
+from api.mcp.calls import McpDeps, acting, call, job_id_of, visible_to
+from api.routes.runs import DiffCountsPublic, DiffPublic
+from api.schemas import JobCreate, JobPublic, LogPage, SignalEnvelope, SignalPublic
+from api.submit import accept_job
+from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.engine.jobs import get_job, job_view
+from service.engine.signals import send_signal
+from service.engine.steplogs import step_lines
+from service.platform.audit import record_signal
+from service.platform.auth import Principal
+from service.platform.clock import utcnow
+from service.platform.constants import DIFF_PAGE_MAX_LIMIT, STEP_LOG_PAGE_MAX_ROWS
+from tasks.dispatch import publish_or_defer
+
+
+def _diff(
+    session: Session, principal: Principal, job_id: str, kind: DiffKind, limit: int
+) -> dict[str, Any]:
+    job = get_job(session, job_id_of(job_id), owner=visible_to(principal))
+    page = diff_page(session, job, kind, limit=min(limit, DIFF_PAGE_MAX_LIMIT))
+    return DiffPublic(
+        job_id=job.id,
+        previous_job_id=job.previous_job_id,
+        kind=kind,
+        counts=DiffCountsPublic(**diff_counts(session, job).as_dict()),
+        items=page.items,
+        next_cursor=page.next_cursor,
+    ).model_dump(mode="json")
+
+
+def job_tools(server: MCPServer, deps: McpDeps) -> None:
+    @server.tool()
+    async def run_pipeline(
+        pipeline: str,
+        ctx: Context,
+        params: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        diff_mode: bool = False,
+        priority: int | None = None,
+    ) -> dict[str, Any]:
+        """Start a job of a saved pipeline (name or owner/name) or of inline YAML; the same
+        ``idempotency_key`` twice gives back the first job. ``priority`` 0-9, higher is taken
+        first within a queue (default: the profile's)."""
+        body = JobCreate(
+            pipeline=pipeline,
+            params=params or {},
+            idempotency_key=idempotency_key,
+            diff_mode=diff_mode,
+            priority=priority,
+        )
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            actor = acting(principal, "run_pipeline")
+            job, _ = accept_job(
+                body, principal, session, deps.runtime, deps.settings, deps.celery_app, actor
+            )
+            return {"job": job.model_dump(mode="json")}
+
+        return await call(deps, ctx, "write", work)
+
+    @server.tool(name="get_job")
+    async def get_job_tool(job_id: str, ctx: Context) -> dict[str, Any]:
+        """A job with each step's status, attempts, error and output, and its result."""
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            job = get_job(session, job_id_of(job_id), owner=visible_to(principal))
+            return {"job": JobPublic.of(job_view(session, job)).model_dump(mode="json")}
+
+        return await call(deps, ctx, "read", work)
+
+    @server.tool(name="send_signal")
+    async def send_signal_tool(
+        job_id: str, name: str, ctx: Context, payload: Any = None
+    ) -> dict[str, Any]:
+        """Send a running job the signal ``name`` with a JSON ``payload``: the steps waiting
+        for it (``wait_for``) run and read it as ``signals.<name>.payload``; one that waits
+        later finds it. Once per name."""
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            sent = send_signal(
+                session,
+                job_id_of(job_id),
+                name,
+                payload,
+                by=principal.owner,
+                visible_to=visible_to(principal),
+                now=utcnow(),
+            )
+            record_signal(session, acting(principal, "send_signal"), sent.job.id, name)
+            session.commit()
+            envelope = SignalEnvelope(
+                signal=SignalPublic.of(sent.signal, sent.resumed),
+                job=JobPublic.of(job_view(session, sent.job)),
+            )
+            session.commit()
+            publish_or_defer(deps.celery_app, deps.runtime, sent.ready)
+            return envelope.model_dump(mode="json")
+
+        return await call(deps, ctx, "write", work)
+
+    @server.tool()
+    async def get_diff(
+        job_id: str, ctx: Context, kind: DiffKind = DiffKind.NEW, limit: int = 50
+    ) -> dict[str, Any]:
+        """What a run found against the previous successful run: counts of new, removed and
+        unchanged items, and the first ``limit`` items of ``kind``."""
+        limit = max(1, limit)
+        return await call(
+            deps, ctx, "read", lambda session, who: _diff(session, who, job_id, kind, limit)
+        )
+
+    @server.tool()
+    async def get_logs(
+        job_id: str, step_id: str, ctx: Context, attempt: int = 0, after: int = 0, limit: int = 200
+    ) -> dict[str, Any]:
+        """What a step's attempts logged and printed, oldest first (``attempt`` 0: every
+        attempt); pass ``next_after`` back as ``after`` for the lines that follow."""
+        limit = min(max(1, limit), STEP_LOG_PAGE_MAX_ROWS)
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            lines = step_lines(
+                session,
+                job_id_of(job_id),
+                step_id,
+                owner=visible_to(principal),
+                attempt=attempt or None,
+                after=after,
+                limit=limit,
+            )
+            return LogPage.of(lines, after, limit).model_dump(mode="json")
+
+        return await call(deps, ctx, "read", work)
