@@ -1,1 +1,1 @@
-"""Benchmarks (see BRIEF §Performance). Run each as ``python -m bench.<name>``."""
+"""Benchmarks: each prints ratios measured side by side in one run. Run as ``python -m bench.<name>``."""

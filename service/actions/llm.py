@@ -1,7 +1,7 @@
 """``llm.chat`` and ``llm.embed`` on OpenAI-compatible endpoints (OpenAI, Azure, vLLM, Ollama).
 
 Providers are settings (``FLOWBEAT_LLM_PROVIDERS``); a step names one and may override its
-model and options, which override the provider's defaults (seed 004's precedence). Prompts are
+model and options, which override the provider's defaults. Prompts are
 Jinja2 templates rendered in the sandboxed environment, so a template can read what it is
 given (``vars``, ``params``) and nothing else: no attribute of a Python object outside the
 sandbox's allow-list, no import, no call into the worker. Requests of one provider share one
