@@ -13,8 +13,8 @@ out after the commit:
   reading ``{job_id}``;
 - it settles a waiting step whose child ended: a success checkpoints the child's result, a
   failure fails the step under its retry policy (a retry is a new attempt, so a new child);
-  a retry waits out the policy's backoff ``retrying``, its ``wake_at`` set and no message
-  out, and this tick sends it once due, as it wakes a ``wait`` step;
+  a retry waits out the policy's backoff as ``retrying``, its ``wake_at`` set and no message
+  out, and a later tick sends it once due, as a ``wait`` step is woken;
 - it cancels the open children of a job that ended other than in success, their
   compensations sent as for any cancel.
 
