@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
+from service.engine.family import Child, Parent
 from service.engine.jobs import JobView, StepView
 from service.engine.steplogs import LogLine
 from service.platform.constants import MAX_PRIORITY, SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
@@ -99,7 +100,11 @@ class StepPublic(BaseModel):
     round: int = Field(description="the loop round the step is in; 1 outside loops")
     rounds: list[RoundPublic] = Field(description="earlier rounds of a step in a loop")
     wake_at: UtcDatetime | None = Field(
-        default=None, description="when a wait step (status sleeping) wakes, or woke"
+        default=None,
+        description=(
+            "when a wait step (status sleeping) wakes, or woke; when a pipeline.run step "
+            "retrying after a failed child starts its next attempt, its backoff over"
+        ),
     )
 
     @classmethod
@@ -115,6 +120,39 @@ class StepPublic(BaseModel):
             round=step.round,
             rounds=[RoundPublic(**vars(r)) for r in step.rounds],
             wake_at=step.wake_at,
+        )
+
+
+class ParentPublic(BaseModel):
+    job_id: uuid.UUID
+    relation: Literal["rerun", "dependency", "child"] = Field(
+        description=(
+            "rerun: this job reruns it; dependency: its success started this job (a "
+            "dependency trigger); child: its step step_id started this job (pipeline.run)"
+        )
+    )
+    step_id: str | None = Field(description="the parent's step that started a child")
+
+    @classmethod
+    def of(cls, parent: Parent) -> "ParentPublic":
+        return cls.model_validate(vars(parent))
+
+
+class ChildPublic(BaseModel):
+    id: uuid.UUID
+    step_id: str = Field(description="the pipeline.run step that started it")
+    attempt: int = Field(description="the attempt of that step; a retry starts a new child")
+    pipeline: str
+    status: str
+
+    @classmethod
+    def of(cls, child: Child) -> "ChildPublic":
+        return cls(
+            id=child.job_id,
+            step_id=child.step_id,
+            attempt=child.attempt,
+            pipeline=child.pipeline,
+            status=child.status,
         )
 
 
@@ -135,7 +173,19 @@ class JobPublic(BaseModel):
     concurrency_key: str | None = Field(
         description="owner/pipeline/value of its pipeline's concurrency key, when it has one"
     )
-    parent_job_id: uuid.UUID | None
+    parent_job_id: uuid.UUID | None = Field(
+        description=(
+            "the job a rerun reruns (trigger rerun) or whose success started it (trigger "
+            "dependency); null on a child, whose parent is in parent"
+        )
+    )
+    parent: ParentPublic | None = Field(
+        default=None, description="the job this one came from, and how; null for none"
+    )
+    children: list[ChildPublic] = Field(
+        default_factory=list,
+        description="the jobs its pipeline.run steps started, oldest first, one per attempt",
+    )
     pipeline_version: int | None
     schedule_id: uuid.UUID | None
     scheduled_for: UtcDatetime | None
@@ -172,6 +222,8 @@ class JobPublic(BaseModel):
             waiting_for=job.waiting_for,
             concurrency_key=job.concurrency_key,
             parent_job_id=job.parent_job_id,
+            parent=None if view.family.parent is None else ParentPublic.of(view.family.parent),
+            children=[ChildPublic.of(child) for child in view.family.children],
             pipeline_version=job.pipeline_version,
             schedule_id=job.schedule_id,
             scheduled_for=job.scheduled_for,

@@ -12,6 +12,7 @@ everything it may read and the buttons answer ``403 forbidden``.
 import hashlib
 import hmac
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -34,7 +35,6 @@ from api.throttle import check_rate
 from api.uigraph import dag, timeline
 from service.catalogue.diffs import DiffKind
 from service.engine.checkpoints import step_outputs
-from service.engine.children import job_family
 from service.engine.events import step_history
 from service.engine.jobs import get_job, step_task_ids
 from service.engine.steplogs import step_lines, tail_lines
@@ -201,6 +201,7 @@ def job_list(
     status: str = "",
     pipeline: str = "",
     cursor: str = "",
+    parent: uuid.UUID | None = None,
 ) -> Response:
     found = jobs.search_jobs(
         viewer,
@@ -209,8 +210,11 @@ def job_list(
         status=[status] if status else None,
         limit=PAGE_SIZE,
         cursor=cursor or None,
+        parent=parent,
     )
     query = f"status={quote(status)}&pipeline={quote(pipeline)}"
+    if parent is not None:
+        query += f"&parent={parent}"
     return _page(
         request,
         "jobs.html",
@@ -218,6 +222,7 @@ def job_list(
         next_cursor=found.next_cursor,
         status=status,
         pipeline=pipeline,
+        parent=parent,
         statuses=JOB_STATUSES,
         query=query,
     )
@@ -236,7 +241,6 @@ def _job_context(viewer: Principal, session: SessionDep, job_id: str) -> dict[st
         "actions": {s.id: s.action for s in profile.steps},
         "outputs": {k: json.dumps(v, indent=2, default=str)[:4000] for k, v in outputs.items()},
         "task_ids": step_task_ids(session, public.id),
-        "family": job_family(session, public.id),
         "logs": tail_lines(session, public.id, LOG_TAIL_LINES),
         "final": public.status in JOB_FINAL,
         "graph": dag(profile, {step_id: step.status for step_id, step in steps.items()}),

@@ -1,1 +1,4 @@
-"""Benchmarks: each prints ratios measured side by side in one run. Run as ``python -m bench.<name>``."""
+"""Benchmarks: each prints ratios measured side by side in one run.
+
+Run each as ``python -m bench.<name>``.
+"""

@@ -3,9 +3,10 @@
 1. Fair share: a large owner posts a backlog, then a small owner posts a few jobs while it
    drains; the small owner's p50/p99 wait (from its job's creation to its first step's start)
    with ``FLOWBEAT_FAIR_SHARE_AHEAD`` off and on.
-2. The cost of pacing: persisted steps a second for plain jobs, jobs at mixed priorities, and
-   jobs of a profile with a concurrency key whose limit never binds (the admission path alone),
-   against plain dispatch.
+2. The cost of pacing: persisted steps a second, and the CPU time a step costs the API, the
+   worker and PostgreSQL, for plain jobs, jobs at mixed priorities, and jobs of a profile with
+   a concurrency key whose limit never binds (the admission path alone), against plain
+   dispatch. ``--py-spy DIR`` profiles the API and the worker of each side's first round.
 
 The sides alternate round by round, each on a fresh database and Redis DB, and the run prints
 a CPU calibration beside its figures: the VM's speed drifts within a run.
@@ -23,15 +24,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench.cpu import CpuMeter
 from bench.harness import (
     STEPS_PER_JOB,
     log,
     on_sigterm,
     pct,
+    py_spy,
     subprocess_group,
     workspace,
 )
@@ -148,8 +152,12 @@ def fair_share_round(args: argparse.Namespace, ahead: int, redis_url: str, tmp: 
     return Waits(pct(waits, 0.5), pct(waits, 0.99), len(waits))
 
 
-def throughput_round(args: argparse.Namespace, side: str, redis_url: str, tmp: Any) -> float:
-    """Persisted steps a second for ``args.jobs`` chains posted at once."""
+def throughput_round(
+    args: argparse.Namespace, side: str, redis_url: str, tmp: Any, spy_dir: Path | None
+) -> dict[str, Any]:
+    """Persisted steps a second for ``args.jobs`` chains posted at once, and the CPU time the
+    API, the worker and PostgreSQL spent a step: on a VM shared with other work the rate
+    swings with that work, the CPU a step costs much less."""
     extra = KEYED if side == "concurrency key" else ""
     with ExitStack() as stack:
         fb = start_flowbeat(
@@ -163,10 +171,18 @@ def throughput_round(args: argparse.Namespace, side: str, redis_url: str, tmp: A
             }
             for _ in range(args.jobs)
         ]
+        name = side.replace(" ", "-")
+        stack.enter_context(py_spy(spy_dir, fb.api.pid, f"{name}-api"))
+        stack.enter_context(py_spy(spy_dir, fb.worker.pid, f"{name}-worker"))
+        meter = CpuMeter({"api": [fb.api.pid], "workers": [w.pid for w in fb.workers]}, fb.conn)
+        meter.start()
         started = time.perf_counter()
         _post_all(fb.base_url, fb.key, bodies)
         wait_final(fb.conn, args.jobs, time.monotonic() + args.timeout_s, fb.dead)
-        return float(STEPS_PER_JOB * args.jobs / (time.perf_counter() - started))
+        elapsed = time.perf_counter() - started
+        steps = STEPS_PER_JOB * args.jobs
+        cpu = {part: s * 1000 / steps for part, s in meter.stop().items() if part != "client"}
+        return {"steps_per_s": steps / elapsed, "cpu_ms_per_step": cpu}
 
 
 def main() -> None:
@@ -179,6 +195,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="profile the API and the worker of each side's first throughput round into DIR",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
     results: dict[str, Any] = {"calibration": [calibrate()], "fair_share": {}, "throughput": {}}
@@ -194,7 +217,8 @@ def main() -> None:
             sides = ["plain", "priorities", "concurrency key"]
             for side in sides if n % 2 == 0 else sides[::-1]:
                 log(f"round {n + 1}: throughput, {side}")
-                rate = throughput_round(args, side, ws.fresh_redis(1), ws.tmp)
+                spy_dir = args.py_spy if n == 0 else None
+                rate = throughput_round(args, side, ws.fresh_redis(1), ws.tmp, spy_dir)
                 results["throughput"].setdefault(side, []).append(rate)
             results["calibration"].append(calibrate())
     _report(args, results)
@@ -202,7 +226,8 @@ def main() -> None:
 
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _report(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -218,11 +243,19 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> None:
         p99 = _median([r["p99_s"] for r in runs])
         label = f"on (ahead {args.ahead})" if side == "on" else "off"
         print(f"  {label:<16} small owner's wait p50 {p50:7.2f} s  p99 {p99:7.2f} s")
-    plain = _median(results["throughput"]["plain"])
-    print(f"\nThroughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps (steps/s)")
+    runs = results["throughput"]
+    rates = {side: _median([r["steps_per_s"] for r in runs[side]]) for side in runs}
+    cpu = {side: _median([sum(r["cpu_ms_per_step"].values()) for r in runs[side]]) for side in runs}
+    print(f"\nThroughput, {args.jobs} chains of {STEPS_PER_JOB} no-op steps")
+    print(
+        f"  {'':<16} {'steps/s':>8}   {'':>11}   {'CPU ms/step':>11}   (API + worker + PostgreSQL)"
+    )
     for side in ("plain", "priorities", "concurrency key"):
-        rate = _median(results["throughput"][side])
-        print(f"  {side:<16} {rate:8.1f}   {rate / plain:5.2f}x plain")
+        rounds = ", ".join(f"{r['steps_per_s']:.0f}" for r in runs[side])
+        print(
+            f"  {side:<16} {rates[side]:8.1f}   {rates[side] / rates['plain']:5.2f}x plain"
+            f"   {cpu[side]:11.2f}   {cpu[side] / cpu['plain']:5.2f}x plain   (rounds {rounds})"
+        )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,11 @@ class Jobs(_Section):
         status: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        parent: str | None = None,
     ) -> JobPage:
-        params = _query(pipeline=pipeline, status=status, limit=limit, cursor=cursor)
+        """``parent``: only the jobs that came from that job (its children, reruns and the
+        jobs its success started)."""
+        params = _query(pipeline=pipeline, status=status, limit=limit, cursor=cursor, parent=parent)
         return cast(JobPage, self._call("GET", "/v1/jobs", params=params))
 
     def wait(self, job_id: str, *, timeout_s: float = 600.0, poll_s: float = 0.5) -> Job:

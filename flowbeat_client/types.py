@@ -15,6 +15,21 @@ class Step(TypedDict):
     rounds: list[dict[str, Any]]
 
 
+class Parent(TypedDict):
+    job_id: str
+    relation: str
+    """rerun, dependency or child (a ``pipeline.run`` step of the parent started it)."""
+    step_id: str | None
+
+
+class Child(TypedDict):
+    id: str
+    step_id: str
+    attempt: int
+    pipeline: str
+    status: str
+
+
 class Job(TypedDict):
     id: str
     pipeline: str
@@ -22,6 +37,8 @@ class Job(TypedDict):
     params: dict[str, Any]
     trigger: str
     parent_job_id: str | None
+    parent: Parent | None
+    children: list[Child]
     pipeline_version: int | None
     schedule_id: str | None
     scheduled_for: str | None

@@ -27,7 +27,7 @@ from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.catalogue.retention import RetentionPolicy, prune_runs
 from service.engine.approvals import expire_due
-from service.engine.children import Starter, advance_children
+from service.engine.children import Starter, advance_children, next_retry
 from service.engine.concurrency import let_in_all, take_turns, waiting_turns
 from service.engine.deadlines import EXPIRE_BATCH, expire_deadlines, next_deadline
 from service.engine.runtime import Runtime
@@ -141,7 +141,9 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             deadline = next_deadline(session)
             sleeper = next_wake(session)
             signal_due = next_signal_due(session)
-        wakes = [w for w in (wake, deadline, sleeper, signal_due, *held.values()) if w is not None]
+            retry = next_retry(session)
+        timers = (wake, deadline, sleeper, signal_due, retry, *held.values())
+        wakes = [w for w in timers if w is not None]
         if not wakes:
             return TURN_POLL_S if turns_waiting else self.tick_s
         until = max(0.0, (min(wakes) - utcnow()).total_seconds())
@@ -254,9 +256,10 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             publish_or_defer(self.app, self.runtime, plan)
 
     def advance_children(self, now: datetime) -> None:
-        """Sub-pipelines: start the children that pipeline.run steps recorded, settle the
-        steps whose child ended, cancel the children of jobs that ended badly; what that
-        starts, makes ready, revokes or compensates goes out after the commit."""
+        """Sub-pipelines: send the steps whose backoff after a failed child is over, start the
+        children that pipeline.run steps recorded, settle the steps whose child ended, cancel
+        the children of jobs that ended badly; what that starts, makes ready, revokes or
+        compensates goes out after the commit."""
         starter = Starter(
             self.settings.profiles_dir,
             self.runtime.registry.names(),

@@ -165,9 +165,12 @@ def search_jobs(
     limit: Annotated[int, Query(ge=1, le=JOB_LIST_MAX_LIMIT)] = JOB_LIST_DEFAULT_LIMIT,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
     compensation: Annotated[Literal["failed"] | None, Query()] = None,
+    parent: Annotated[uuid.UUID | None, Query()] = None,
 ) -> JobList:
     """Newest first. ``status`` may repeat or be comma-separated; ``next_cursor`` pages on;
-    ``compensation=failed`` lists the jobs whose undoing needs an operator."""
+    ``compensation=failed`` lists the jobs whose undoing needs an operator; ``parent`` the
+    jobs that came from that job: its children, its reruns and the jobs its success started
+    (each job's ``parent.relation`` says which)."""
     jobs, next_cursor = list_jobs(
         session,
         owner=visible_to(principal),
@@ -176,6 +179,7 @@ def search_jobs(
         limit=limit,
         cursor=cursor or None,
         compensation_failed=compensation == "failed",
+        parent=parent,
     )
     return JobList(
         jobs=[JobPublic.of(job_view(session, job)) for job in jobs], next_cursor=next_cursor

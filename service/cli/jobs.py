@@ -123,6 +123,13 @@ def jobs_list(
     pipeline: str | None = None,
     status: StatusOption = None,
     limit: int = 20,
+    parent: Annotated[
+        str | None,
+        typer.Option(
+            metavar="JOB",
+            help="only the jobs that came from this one: its children, reruns and dependents",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """The newest jobs."""
@@ -133,6 +140,7 @@ def jobs_list(
         allowed = ", ".join(JobStatus)
         raise typer.BadParameter(f"{status!r} is not a job status: {allowed}", param_hint="status")
     settings = load_settings()
+    parent_id = None if parent is None else resolve_job(settings, parent)
     sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
         rows, _ = list_jobs(
@@ -141,6 +149,7 @@ def jobs_list(
             pipeline=pipeline,
             statuses=[status.value] if status else [],
             limit=limit,
+            parent=parent_id,
         )
         if as_json:
             emit_json({"jobs": [job_document(job) for job in rows]})
@@ -175,6 +184,19 @@ def jobs_show(job: JobArgument, as_json: JsonOption = False) -> None:
         print_outcome(view)
     else:
         console.print(f"job {job_id}: {view.job.status}")
+    print_family(view)
+
+
+def print_family(view: Any) -> None:
+    """The job it came from and how, and the children its steps started, one line each."""
+    parent = view.family.parent
+    if parent is not None:
+        by = f" (step {parent.step_id})" if parent.step_id else ""
+        console.print(f"  parent: {parent.job_id} {parent.relation}{by}", markup=False)
+    for child in view.family.children:
+        where = f"{child.step_id} #{child.attempt}"
+        line = f"  child: {child.job_id} {child.pipeline} {child.status} ({where})"
+        console.print(line, markup=False)
 
 
 @jobs_cli.command("watch")
@@ -309,7 +331,24 @@ def view_document(view: Any) -> dict[str, Any]:
         }
         for step in view.steps
     ]
-    return {**job_document(view.job), "result": view.job.result, "steps": steps}
+    family = view.family
+    parent = family.parent
+    return {
+        **job_document(view.job),
+        "parent": None if parent is None else {**vars(parent), "job_id": str(parent.job_id)},
+        "children": [
+            {
+                "id": str(child.job_id),
+                "step_id": child.step_id,
+                "attempt": child.attempt,
+                "pipeline": child.pipeline,
+                "status": child.status,
+            }
+            for child in family.children
+        ],
+        "result": view.job.result,
+        "steps": steps,
+    }
 
 
 def _decide(

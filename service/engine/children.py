@@ -13,6 +13,8 @@ out after the commit:
   reading ``{job_id}``;
 - it settles a waiting step whose child ended: a success checkpoints the child's result, a
   failure fails the step under its retry policy (a retry is a new attempt, so a new child);
+  a retry waits out the policy's backoff as ``retrying``, its ``wake_at`` set and no message
+  out, and a later tick sends it once due, as a ``wait`` step is woken;
 - it cancels the open children of a job that ended other than in success, their
   compensations sent as for any cancel.
 
@@ -25,11 +27,11 @@ Redis lost meanwhile loses nothing: only PostgreSQL knows who waits for whom.
 import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, exists, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -39,13 +41,19 @@ from service.engine.compensations import unfinished
 from service.engine.completion import record_failure, succeed_step, unresolvable
 from service.engine.jobs import cancel_job
 from service.engine.leases import HeldRows
-from service.engine.reruns import TRIGGER_RERUN
 from service.engine.steps import StepKey, Unresolvable
 from service.engine.submission import JobRequest, submit_job
+from service.engine.waits import TIMED_RETRY
 from service.language.plan import JobPlan, steps_plan
 from service.language.snapshots import job_profile
 from service.language.subpipes import child_call
-from service.platform.constants import CHILD_BATCH, SCHEDULES_CHANNEL, SHARD_NONE, TRIGGER_PARENT
+from service.platform.constants import (
+    CHILD_BATCH,
+    SCHEDULES_CHANNEL,
+    SHARD_NONE,
+    TRIGGER_PARENT,
+    TRIGGER_RERUN,
+)
 from service.platform.db import driver
 from service.platform.errors import (
     ChildInvalid,
@@ -55,6 +63,13 @@ from service.platform.errors import (
 )
 from service.platform.models import ChildCallRow, JobRow, StepRunRow
 from service.platform.states import JOB_FINAL, JOB_OPEN, JobStatus, StepStatus
+
+_BACKING_OFF = and_(
+    TIMED_RETRY,
+    exists().where(JobRow.id == StepRunRow.job_id, JobRow.status.in_(list(JOB_OPEN))),
+)
+"""Of an open job: one a job ended some other way than through ``close_open_steps`` left
+behind would otherwise keep the leader ticking at once."""
 
 
 @dataclass
@@ -113,9 +128,11 @@ def call_child(
 
 
 def advance_children(session: Session, now: datetime, starter: Starter) -> ChildWork:
-    """One tick of the leader: start the children recorded, settle the parents whose child
-    ended, cancel the children of parents that ended badly; a batch of each."""
+    """One tick of the leader: send the steps whose backoff after a failed child is over,
+    start the children recorded, settle the parents whose child ended, cancel the children of
+    parents that ended badly; a batch of each."""
     work = ChildWork()
+    _send_due(session, now, work)
     _start_calls(session, now, starter, work)
     _settle_parents(session, now, work)
     _cancel_orphans(session, now, work)
@@ -292,10 +309,65 @@ def _settle(
     error = _child_error(child)
     retry = profile.step(row.step_id).retry
     again = row.attempts < retry.attempts and error["code"] not in retry.non_retryable
-    failed = record_failure(session, row, key, error, 0.0 if again else None, now)
-    if again:
-        work.ready.append(steps_plan(profile, job.id, [row.step_id]).at(job.priority))
+    delay_s = retry.delay_s(row.attempts) if again else None
+    failed = record_failure(session, row, key, error, delay_s, now)
+    if delay_s is not None:
+        _retry_after(session, job, row, delay_s, now, work)
     _failed(work, job, failed.ready)
+
+
+def _retry_after(
+    session: Session, job: JobRow, row: StepRunRow, delay_s: float, now: datetime, work: ChildWork
+) -> None:
+    """The next attempt, and so the next child, waits out the step's backoff as a worker's
+    retry does, holding nothing meanwhile: the step is ``retrying`` with its ``wake_at`` and no
+    message, and the leader sends it when due (``_send_due``)."""
+    if delay_s <= 0:
+        work.ready.append(steps_plan(job_profile(job), job.id, [row.step_id]).at(job.priority))
+        return
+    row.wake_at = now + timedelta(seconds=delay_s)
+    record_event(
+        session,
+        job.id,
+        "retry_at",
+        {"step_id": row.step_id, "attempt": row.attempts + 1, "at": row.wake_at.isoformat()},
+    )
+
+
+def _send_due(session: Session, now: datetime, work: ChildWork) -> None:
+    """Steps whose backoff after a failed child is over: their timer cleared, and sent, so the
+    next attempt's claim records the next call. A message lost after the commit is the
+    sweeper's, as any: the row is then an ordinary ``retrying`` one."""
+    due = session.execute(
+        select(StepRunRow.job_id, StepRunRow.step_id)
+        .where(_BACKING_OFF, StepRunRow.wake_at <= now)
+        .order_by(StepRunRow.wake_at)
+        .limit(CHILD_BATCH)
+    ).all()
+    for job_id, step_id in due:
+        job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one()
+        row = session.scalars(
+            select(StepRunRow)
+            .where(
+                StepRunRow.job_id == job_id,
+                StepRunRow.step_id == step_id,
+                StepRunRow.shard == SHARD_NONE,
+                TIMED_RETRY,
+            )
+            .with_for_update(skip_locked=True)
+        ).one_or_none()
+        if row is None or job.status in JOB_FINAL:
+            continue
+        row.wake_at = None
+        work.ready.append(steps_plan(job_profile(job), job.id, [step_id]).at(job.priority))
+
+
+def next_retry(session: Session) -> datetime | None:
+    """The earliest end of a backoff after a failed child, for the beat leader's sleep."""
+    value: datetime | None = session.scalar(
+        select(func.min(StepRunRow.wake_at)).where(_BACKING_OFF)
+    )
+    return value
 
 
 def _child_error(child: JobRow) -> dict[str, Any]:
@@ -342,27 +414,3 @@ def _cancel_orphans(session: Session, now: datetime, work: ChildWork) -> None:
         work.revoke.extend(running)
         if unfinished(session, child_id):
             work.compensate.append(child_id)
-
-
-@dataclass(frozen=True)
-class Family:
-    """A job's links for its page: the step of the job that started it, and the children
-    each of its own steps started (one per attempt, oldest first)."""
-
-    caller: tuple[uuid.UUID, str] | None
-    children: dict[str, list[uuid.UUID]]
-
-
-def job_family(session: Session, job_id: uuid.UUID) -> Family:
-    caller = session.execute(
-        select(ChildCallRow.job_id, ChildCallRow.step_id).where(ChildCallRow.child_job_id == job_id)
-    ).first()
-    children: dict[str, list[uuid.UUID]] = {}
-    for step_id, child in session.execute(
-        select(ChildCallRow.step_id, ChildCallRow.child_job_id)
-        .where(ChildCallRow.job_id == job_id)
-        .order_by(ChildCallRow.step_id, ChildCallRow.attempt)
-    ):
-        if child is not None:
-            children.setdefault(step_id, []).append(child)
-    return Family(None if caller is None else (caller[0], caller[1]), children)

@@ -16,6 +16,7 @@ from service.engine.compensations import (
     failed_compensation_jobs,
     record_compensations,
 )
+from service.engine.family import Family, came_from, job_family
 from service.engine.settle import close_open_steps
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile
@@ -64,6 +65,8 @@ class JobView:
     steps: list[StepView]
     compensation: dict[str, Any] | None = None
     """A saga's outcome: ``{status: running|completed|failed, steps: [...]}``."""
+    family: Family = field(default_factory=Family)
+    """The job it came from and how, and the children its steps started."""
 
 
 def get_job(session: Session, job_id: uuid.UUID, *, owner: str | None = None) -> JobRow:
@@ -124,7 +127,7 @@ def job_view(session: Session, job: JobRow) -> JobView:
     ]
     undoable = any(step.compensate is not None for step in profile.steps)
     compensation = compensation_of(session, job.id) if undoable else None
-    return JobView(job=job, steps=steps, compensation=compensation)
+    return JobView(job, steps, compensation, job_family(session, job))
 
 
 def step_task_ids(session: Session, job_id: uuid.UUID) -> dict[str, str]:
@@ -170,10 +173,14 @@ def list_jobs(
     limit: int,
     cursor: str | None = None,
     compensation_failed: bool = False,
+    parent: uuid.UUID | None = None,
 ) -> tuple[list[JobRow], str | None]:
     """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts.
-    ``compensation_failed`` keeps the jobs a compensation failed for good in: an operator's."""
+    ``compensation_failed`` keeps the jobs a compensation failed for good in: an operator's;
+    ``parent`` the jobs that came from that one, in any of the relations of ``family``."""
     query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit + 1)
+    if parent is not None:
+        query = query.where(came_from(parent))
     if compensation_failed:
         query = query.where(failed_compensation_jobs())
     if owner is not None:

@@ -28,6 +28,7 @@ from service.language.params import resolve_params
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile
 from service.platform import tracing
+from service.platform.constants import TRIGGER_RERUN
 from service.platform.db import driver
 from service.platform.errors import JobConflict, PipelineVersionGone, RerunInvalid, UnknownStep
 from service.platform.models import JobRow, PipelineVersionRow, StepRunRow
@@ -38,8 +39,6 @@ from service.platform.states import (
     JobStatus,
     StepStatus,
 )
-
-TRIGGER_RERUN = "rerun"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from service.engine.compensations import lost as lost_compensations
 from service.engine.completion import fail_step
 from service.engine.steps import Lease, StepKey
+from service.engine.waits import TIMED_RETRY
 from service.language.snapshots import cached_profile, job_profile
 from service.platform.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
 from service.platform.models import JobRow, StepRunRow
@@ -215,21 +216,25 @@ def _idle(
 def _parked() -> Exists:
     return exists().where(
         StepRunRow.job_id == JobRow.id,
-        StepRunRow.status.in_(
-            [StepStatus.SLEEPING, StepStatus.AWAITING_SIGNAL, StepStatus.AWAITING_CHILD]
+        or_(
+            StepRunRow.status.in_(
+                [StepStatus.SLEEPING, StepStatus.AWAITING_SIGNAL, StepStatus.AWAITING_CHILD]
+            ),
+            TIMED_RETRY,
         ),
     )
 
 
 def _sendable() -> Exists:
     """A step of the job that a message could be carrying now. A job with a wait step asleep,
-    a step parked for a signal or for a child job, and none of these, is not idle but waiting
-    for the beat leader, the signal or the child: nothing of it is lost, and nothing sent again
-    would run."""
+    a step parked for a signal or for a child job, or backing off before its next child, and
+    none of these, is not idle but waiting for the beat leader, the signal or the child:
+    nothing of it is lost, and nothing sent again would run."""
     return exists().where(
         StepRunRow.job_id == JobRow.id,
         StepRunRow.status.in_(_SENDABLE),
         StepRunRow.waiting_on == 0,
+        ~TIMED_RETRY,
     )
 
 

@@ -37,6 +37,10 @@ _ASLEEP = and_(
 )
 """A sleeping step of an open job: a sleeper left behind by a job that ended some other way
 than through ``close_open_steps`` would otherwise keep the leader ticking at once."""
+TIMED_RETRY = and_(StepRunRow.status == StepStatus.RETRYING, StepRunRow.wake_at.is_not(None))
+"""A step whose next attempt waits for its ``wake_at``: a ``pipeline.run`` step backing off
+after a failed child (``service.engine.children``). Parked as a sleeper is: no message, and
+the beat leader sends it when due, so neither the sweeper nor a job's plan sends it."""
 
 
 def sleep(

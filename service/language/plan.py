@@ -78,7 +78,8 @@ def plan_remaining(
     profile: Profile, job_id: uuid.UUID, rows: list[StepRunRow], priority: int
 ) -> JobPlan:
     """Unsettled steps with a settled upstream, but for those parked (at their gate, asleep until
-    their time, for a slot or for a signal); a fanned-out step carries its open shards."""
+    their time, for a slot, for a signal or a child, or backing off before their next child,
+    which the beat leader sends); a fanned-out step carries its open shards."""
     open_shards: dict[str, list[int]] = {}
     for row in rows:
         if row.shard != SHARD_NONE and row.status not in STEP_FINAL:
@@ -89,6 +90,7 @@ def plan_remaining(
         if row.shard == SHARD_NONE
         and row.status not in STEP_FINAL
         and row.status not in STEP_PARKED
+        and not (row.status == StepStatus.RETRYING and row.wake_at is not None)
         and row.waiting_on == 0
     }
     return JobPlan(

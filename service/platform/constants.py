@@ -181,5 +181,7 @@ PIPELINE_RUN_ACTION: Final = "pipeline.run"
 job and, with ``wait: true``, parks until it ends (``service.engine.children``)."""
 TRIGGER_PARENT: Final = "parent"
 """The trigger of a job started by a ``pipeline.run`` step of another job."""
+TRIGGER_RERUN: Final = "rerun"
+"""The trigger of a job that reruns another (``service.engine.reruns``)."""
 CHILD_BATCH: Final = 100
 """Child calls the beat leader starts, settles or cancels in one transaction."""

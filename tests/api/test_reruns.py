@@ -69,6 +69,26 @@ def test_a_rerun_reuses_the_steps_before_from_step_and_sends_the_rest(
     assert broker.llen(QUEUE) == before + 1
 
 
+def test_a_rerun_names_its_parent_and_is_listed_under_it(
+    client: TestClient, writer: Headers, runtime: Runtime
+) -> None:
+    parent = _job(client, writer)
+    _finished(runtime, parent)
+    other = _job(client, writer)
+    rerun = client.post(f"/v1/jobs/{parent}/rerun", json={}, headers=writer).json()["job"]
+
+    read = client.get(f"/v1/jobs/{rerun['id']}", headers=writer).json()["job"]
+    listed = client.get("/v1/jobs", params={"parent": parent}, headers=writer).json()["jobs"]
+    upstream = client.get(f"/v1/jobs/{parent}", headers=writer).json()["job"]
+
+    assert read["parent"] == {"job_id": parent, "relation": "rerun", "step_id": None}
+    assert [job["id"] for job in listed] == [rerun["id"]]
+    assert other not in {job["id"] for job in listed}
+    assert (upstream["parent"], upstream["children"]) == (None, [])
+    bad = client.get("/v1/jobs", params={"parent": "nope"}, headers=writer)
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_query")
+
+
 def test_refused_reruns_answer_with_their_code_and_store_nothing(
     client: TestClient,
     writer: Headers,

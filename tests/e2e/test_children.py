@@ -1,8 +1,13 @@
 """Sub-pipelines on real processes: a parent waiting for its child holds no worker slot (the
 child runs on the one slot there is), reads the child's result, fails with it, cancels it, goes
 on without it when told not to wait, stops at the depth cap, survives a worker SIGKILL while it
-waits; and a save through the live API that closes a circle of calls is refused."""
+waits, retries a failed child only after the step's backoff, holding no slot meanwhile; the live
+API and the CLI link parent and children; and a save through the live API that closes a circle
+of calls is refused."""
 
+import json
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -192,3 +197,81 @@ def test_a_save_that_would_start_itself_is_refused_by_the_api(
     assert error["details"]["cycle"] == ["b", "a", "b"]
     missing = httpx.get(f"{base}/v1/pipelines/b", headers=headers)
     assert missing.status_code == 404, "nothing stored half-way"
+
+
+def retried(client: Client, name: str, backoff_s: float) -> uuid.UUID:
+    """A parent whose call of a failing child may run twice, ``backoff_s`` apart."""
+    profile = parent({"pipeline": name, "params": {"x": 13}})
+    profile["steps"][1]["retry"] = {"attempts": 2, "backoff_s": backoff_s, "jitter": 0}
+    return client.submit(profile)
+
+
+def calls(client: Client, job_id: uuid.UUID) -> list[uuid.UUID]:
+    from service.platform.models import ChildCallRow
+
+    with unit_of_work(client.rt.sessions) as session:
+        rows = session.query(ChildCallRow).filter(ChildCallRow.job_id == job_id)
+        return [c.child_job_id for c in rows.order_by(ChildCallRow.attempt) if c.child_job_id]
+
+
+@pytest.mark.timeout(90)
+def test_a_retried_child_starts_after_the_steps_backoff_holding_no_slot(
+    client: Client, cluster: Cluster
+) -> None:
+    cluster.worker(concurrency=1)
+    cluster.beat()
+    job_id = retried(client, kid(client, fails=True), backoff_s=8)
+    first = child_of(client, job_id)
+    ended = client.wait_final(first, timeout_s=30).job
+    wait_for(lambda: client.steps(job_id)["call"].status == "retrying", 20, "the step to retry")
+    backing_off = client.steps(job_id)["call"]
+    assert backing_off.wake_at is not None and backing_off.wake_at >= ended.finished_at
+
+    alone = {"id": "only", "action": "drill.count", "with": {"name": "other"}}
+    other = client.submit({"name": "other", "steps": [alone]})
+    assert client.wait_final(other, timeout_s=30).job.status == "succeeded"
+    assert len(calls(client, job_id)) == 1, "another job ran on the one slot meanwhile"
+
+    done = client.wait_final(job_id, timeout_s=40)
+    assert done.job.status == "failed"
+    second = client.view(calls(client, job_id)[1]).job
+    waited = (second.created_at - ended.finished_at).total_seconds()
+    assert waited >= 8, f"the second child started {waited:.2f} s after the first ended"
+    assert client.steps(job_id)["call"].attempts == 2
+
+
+@pytest.mark.timeout(90)
+def test_the_api_and_the_cli_link_a_parent_and_its_children(
+    client: Client, cluster: Cluster
+) -> None:
+    cluster.worker(concurrency=1)
+    cluster.beat()
+    base = cluster.api()
+    with unit_of_work(client.rt.sessions) as session:
+        key, _ = create_api_key(session, owner=OWNER, scopes=("read",))
+    api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    job_id = retried(client, kid(client, fails=True), backoff_s=0)
+    assert client.wait_final(job_id, timeout_s=40).job.status == "failed"
+    first, second = calls(client, job_id)
+
+    job = api.get(f"/v1/jobs/{job_id}").json()["job"]
+    child = api.get(f"/v1/jobs/{second}").json()["job"]
+    listed = api.get("/v1/jobs", params={"parent": str(job_id)}).json()["jobs"]
+
+    assert [(c["id"], c["step_id"], c["attempt"], c["status"]) for c in job["children"]] == [
+        (str(first), "call", 1, "failed"),
+        (str(second), "call", 2, "failed"),
+    ]
+    assert job["parent"] is None
+    assert child["parent"] == {"job_id": str(job_id), "relation": "child", "step_id": "call"}
+    assert (child["trigger"], child["parent_job_id"]) == ("parent", None)
+    assert {j["id"] for j in listed} == {str(first), str(second)}
+    shown = subprocess.run(
+        [sys.executable, "-m", "service.cli", "jobs", "show", str(second), "--json"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(shown.stdout)["job"]["parent"] == child["parent"]

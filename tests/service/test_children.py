@@ -5,6 +5,7 @@ is refused."""
 
 import json
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 import jsonschema
@@ -12,8 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from service.catalogue.saving import save_pipeline
-from service.engine.children import ChildWork, Starter, advance_children, job_depth
-from service.engine.jobs import cancel_job
+from service.engine.children import ChildWork, Starter, advance_children, job_depth, next_retry
+from service.engine.family import Parent
+from service.engine.jobs import cancel_job, get_job, job_view
 from service.engine.reruns import RerunRequest, rerun_job
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
@@ -21,7 +23,7 @@ from service.engine.shards import FannedOut
 from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
 from service.language.checks import validate_profile
-from service.language.plan import JobPlan
+from service.language.plan import JobPlan, load_plan
 from service.language.profiles import SCHEMA_PATH
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
@@ -37,11 +39,12 @@ def child_profile(name: str = "kid", fails: bool = False) -> dict[str, Any]:
     return {"name": name, "params": {"x": {"type": "integer", "default": 1}}, "steps": [step]}
 
 
-def parent_profile(call: dict[str, Any], retry: int = 1) -> dict[str, Any]:
+def parent_profile(call: dict[str, Any], retry: int = 1, backoff_s: float = 0.0) -> dict[str, Any]:
+    policy = {"attempts": retry, "backoff_s": backoff_s, "jitter": 0}
     return {
         "name": "parent",
         "steps": [
-            {"id": "call", "action": "pipeline.run", "with": call, "retry": {"attempts": retry}},
+            {"id": "call", "action": "pipeline.run", "with": call, "retry": policy},
             {
                 "id": "after",
                 "action": "noop",
@@ -82,10 +85,10 @@ def ran(rt: Runtime, job_id: uuid.UUID, step_id: str) -> JobPlan:
     return plan
 
 
-def advanced(rt: Runtime, max_depth: int = 5) -> ChildWork:
+def advanced(rt: Runtime, max_depth: int = 5, at: datetime | None = None) -> ChildWork:
     starter = Starter(rt.settings.profiles_dir, rt.registry.names(), max_depth)
     with unit_of_work(rt.sessions) as session:
-        return advance_children(session, utcnow(), starter)
+        return advance_children(session, at or utcnow(), starter)
 
 
 def step_row(rt: Runtime, job_id: uuid.UUID, step_id: str = "call") -> StepRunRow:
@@ -151,6 +154,11 @@ def test_a_waiting_call_parks_starts_one_child_and_reads_its_result(
     child = started[0]
     assert (child.owner, child.trigger, child.params) == (owner, "parent", {"x": 7})
     assert child.parent_job_id is None, "parent_job_id stays a rerun's or a trigger's"
+    with unit_of_work(runtime.sessions) as session:
+        family = job_view(session, get_job(session, child.id)).family
+        assert family.parent == Parent(job_id, "child", "call")
+        (link,) = job_view(session, get_job(session, job_id)).family.children
+        assert (link.job_id, link.step_id, link.attempt) == (child.id, "call", 1)
     advanced(runtime)
     assert children_of(runtime, job_id) == [child.id], "one child per attempt"
     assert step_row(runtime, job_id).status == StepStatus.AWAITING_CHILD
@@ -188,6 +196,39 @@ def test_a_failed_child_fails_the_step_after_its_retry_started_a_new_child(
     assert row.status == StepStatus.FAILED and row.attempts == 2
     assert row.error is not None and row.error["details"]["child_job_id"] == str(child)
     assert job_row(runtime, job_id).status == JobStatus.FAILED
+
+
+def test_a_retry_after_a_failed_child_waits_its_backoff_with_no_message_out(
+    runtime: Runtime, owner: str, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = submitted(runtime, owner, parent_profile({"pipeline": "broken"}, 2, backoff_s=30))
+    leftovers.append(job_id)
+    ran(runtime, job_id, "call")
+    advanced(runtime)
+    (child,) = children_of(runtime, job_id)
+    ran(runtime, child, "work")
+    failed_at = utcnow()
+
+    work = advanced(runtime, at=failed_at)
+
+    assert [s for p in work.ready if p.job_id == job_id for s in p.steps] == []
+    row = step_row(runtime, job_id)
+    assert row.status == StepStatus.RETRYING and row.wake_at is not None
+    assert row.wake_at == failed_at + timedelta(seconds=30)
+    with unit_of_work(runtime.sessions) as session:
+        assert next_retry(session) is not None
+        assert load_plan(session, job_id) == JobPlan(job_id, pipeline="parent"), "not the sweeper's"
+    early = advanced(runtime, at=row.wake_at - timedelta(seconds=1))
+    assert [s for p in early.ready if p.job_id == job_id for s in p.steps] == []
+
+    due = advanced(runtime, at=row.wake_at)
+
+    again = [s.step_id for p in due.ready if p.job_id == job_id for s in p.steps]
+    assert again == ["call"]
+    assert step_row(runtime, job_id).wake_at is None, "sent once"
+    ran(runtime, job_id, "call")
+    advanced(runtime)
+    assert len(children_of(runtime, job_id)) == 2
 
 
 def test_a_call_that_does_not_wait_succeeds_with_its_childs_id(
