@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
 
-import yaml
 from fastapi import APIRouter, Depends, FastAPI, Form, Header, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
@@ -28,8 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, UiVia
 from api.errors import status_for
-from api.routes import approvals, events, jobs, pipelines, runs, schedules
-from api.routes.queues import QueuePublic, read_queues
+from api.routes import approvals, events, jobs, runs
 from api.schemas import DecisionCreate, JobPublic, RerunCreate
 from api.throttle import check_rate
 from api.uigraph import dag, timeline
@@ -134,7 +132,8 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
 
 
 page = _page
-"""For the dashboard's pages in modules of their own (``api.ui_audit``, ``api.ui_inbox``)."""
+"""For the dashboard's pages in modules of their own (``api.ui_audit``, ``api.ui_catalogue``,
+``api.ui_inbox``)."""
 
 
 def _back(url: str) -> RedirectResponse:
@@ -373,56 +372,6 @@ def decide(
     return _back(_local(back) if back else f"/ui/jobs/{job_id}")
 
 
-@router.get("/pipelines", response_class=HTMLResponse)
-def pipeline_list(
-    request: Request, viewer: Viewer, session: SessionDep, settings: SettingsDep
-) -> Response:
-    found = pipelines.index(viewer, session, settings)
-    return _page(request, "pipelines.html", pipelines=found.pipelines)
-
-
-@router.get("/pipelines/{name}", response_class=HTMLResponse)
-def pipeline_page(
-    request: Request,
-    name: str,
-    viewer: Viewer,
-    session: SessionDep,
-    settings: SettingsDep,
-) -> Response:
-    detail = pipelines.read(name, viewer, session, settings).pipeline
-    versions = (
-        pipelines.versions(name, viewer, session).versions if detail.version is not None else []
-    )
-    history = runs.pipeline_runs(name, viewer, session, limit=PAGE_SIZE).runs
-    planned = schedules.pipeline_schedules(name, viewer, session).schedules
-    return _page(
-        request,
-        "pipeline.html",
-        pipeline=detail,
-        yaml=detail.source
-        if detail.source is not None
-        else yaml.safe_dump(detail.profile, sort_keys=False, allow_unicode=True),
-        versions=versions,
-        runs=history,
-        chart=run_chart(history),
-        schedules=planned,
-    )
-
-
-@router.get("/schedules", response_class=HTMLResponse)
-def schedule_list(request: Request, viewer: Viewer, session: SessionDep) -> Response:
-    found = schedules.all_schedules(viewer, session)
-    return _page(request, "schedules.html", schedules=found.schedules)
-
-
-@router.get("/queues", response_class=HTMLResponse)
-def queue_list(request: Request, viewer: Viewer) -> Response:
-    """Every queue, as ``GET /v1/queues`` lists it: a deployment's, not an owner's."""
-    now = utcnow()
-    states = read_queues(request.app.state.settings)
-    return _page(request, "queues.html", queues=[QueuePublic.of(state, now) for state in states])
-
-
 @router.get("/jobs/{job_id}/diff", response_class=HTMLResponse)
 def diff_page(
     request: Request,
@@ -435,28 +384,6 @@ def diff_page(
     diff = runs.job_diff(job_id, viewer, session, kind=kind, limit=PAGE_SIZE, cursor=cursor or None)
     items = [json.dumps(item, default=str) for item in diff.items]
     return _page(request, "diff.html", diff=diff, items=items, kinds=list(DiffKind))
-
-
-CHART_W, CHART_H, BAR_GAP = 600, 120, 2
-
-
-def run_chart(history: list[Any]) -> dict[str, Any]:
-    """Bars of run durations, oldest left, coloured by status: an inline SVG's geometry."""
-    done = [r for r in reversed(history) if r.started_at and r.finished_at]
-    seconds = [max((r.finished_at - r.started_at).total_seconds(), 0.0) for r in done]
-    top = max(seconds, default=0.0) or 1.0
-    width = CHART_W / max(len(done), 1)
-    bars = [
-        {
-            "x": round(i * width, 1),
-            "w": round(max(width - BAR_GAP, 1), 1),
-            "h": round(max(s / top * (CHART_H - 20), 1), 1),
-            "status": r.status,
-            "label": f"{r.job_id} {r.status} {s:.1f}s",
-        }
-        for i, (r, s) in enumerate(zip(done, seconds, strict=True))
-    ]
-    return {"bars": bars, "width": CHART_W, "height": CHART_H, "top_s": round(top, 1)}
 
 
 async def _to_login(request: Request, _: Exception) -> Response:

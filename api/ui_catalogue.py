@@ -1,0 +1,88 @@
+"""The dashboard's catalogue pages: the pipelines (each with its YAML as saved, its versions,
+its runs drawn as bars and its schedules), every schedule, and the deployment's queues."""
+
+from typing import Any
+
+import yaml
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import HTMLResponse
+
+from api.deps import SessionDep, SettingsDep
+from api.routes import pipelines, runs, schedules
+from api.routes.queues import QueuePublic, read_queues
+from api.ui import PAGE_SIZE, Viewer, page
+from service.platform.clock import utcnow
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+@router.get("/pipelines", response_class=HTMLResponse)
+def pipeline_list(
+    request: Request, viewer: Viewer, session: SessionDep, settings: SettingsDep
+) -> Response:
+    found = pipelines.index(viewer, session, settings)
+    return page(request, "pipelines.html", pipelines=found.pipelines)
+
+
+@router.get("/pipelines/{name}", response_class=HTMLResponse)
+def pipelinepage(
+    request: Request,
+    name: str,
+    viewer: Viewer,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> Response:
+    detail = pipelines.read(name, viewer, session, settings).pipeline
+    versions = (
+        pipelines.versions(name, viewer, session).versions if detail.version is not None else []
+    )
+    history = runs.pipeline_runs(name, viewer, session, limit=PAGE_SIZE).runs
+    planned = schedules.pipeline_schedules(name, viewer, session).schedules
+    return page(
+        request,
+        "pipeline.html",
+        pipeline=detail,
+        yaml=detail.source
+        if detail.source is not None
+        else yaml.safe_dump(detail.profile, sort_keys=False, allow_unicode=True),
+        versions=versions,
+        runs=history,
+        chart=run_chart(history),
+        schedules=planned,
+    )
+
+
+@router.get("/schedules", response_class=HTMLResponse)
+def schedule_list(request: Request, viewer: Viewer, session: SessionDep) -> Response:
+    found = schedules.all_schedules(viewer, session)
+    return page(request, "schedules.html", schedules=found.schedules)
+
+
+@router.get("/queues", response_class=HTMLResponse)
+def queue_list(request: Request, viewer: Viewer) -> Response:
+    """Every queue, as ``GET /v1/queues`` lists it: a deployment's, not an owner's."""
+    now = utcnow()
+    states = read_queues(request.app.state.settings)
+    return page(request, "queues.html", queues=[QueuePublic.of(state, now) for state in states])
+
+
+CHART_W, CHART_H, BAR_GAP = 600, 120, 2
+
+
+def run_chart(history: list[Any]) -> dict[str, Any]:
+    """Bars of run durations, oldest left, coloured by status: an inline SVG's geometry."""
+    done = [r for r in reversed(history) if r.started_at and r.finished_at]
+    seconds = [max((r.finished_at - r.started_at).total_seconds(), 0.0) for r in done]
+    top = max(seconds, default=0.0) or 1.0
+    width = CHART_W / max(len(done), 1)
+    bars = [
+        {
+            "x": round(i * width, 1),
+            "w": round(max(width - BAR_GAP, 1), 1),
+            "h": round(max(s / top * (CHART_H - 20), 1), 1),
+            "status": r.status,
+            "label": f"{r.job_id} {r.status} {s:.1f}s",
+        }
+        for i, (r, s) in enumerate(zip(done, seconds, strict=True))
+    ]
+    return {"bars": bars, "width": CHART_W, "height": CHART_H, "top_s": round(top, 1)}
