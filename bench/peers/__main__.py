@@ -96,6 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="200 chains, 1,000 items, one round: for iterating"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--save", type=Path, help="also write the figures as JSON to this file")
     args = parser.parse_args(argv)
     if args.quick:
         args.chains, args.fanout, args.rounds = 200, 1000, 1
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rounds:
         r["disturbed"] = disturbed(r["before"], r["after"], best)
     figures = summary(rounds, sides)
+    if args.save:
+        args.save.write_text(json.dumps(_jsonable(args, rounds, figures), indent=2))
     if args.json:
         print(json.dumps(_jsonable(args, rounds, figures), indent=2))
     else:
