@@ -102,7 +102,7 @@ bench-soak: setup
 
 # flowbeat beside raw Celery, Dramatiq, Procrastinate and Prefect 3 (docs/peers.md). The peers
 # live in their own venv from their own lock, never in CI's install: Prefect pins libraries
-# that flowbeat's locks pin otherwise. About 20 minutes at this scale on two cores.
+# that flowbeat's locks pin otherwise. 38 minutes at this scale on two busy shared cores.
 PEERS_VENV := .venv-peers
 PEERS_LOCK := bench/peers/requirements.lock
 
