@@ -13,7 +13,8 @@ LOCAL_REDIS ?= redis://127.0.0.1:6379/0
 LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
-.PHONY: setup lock demo test lint docs unit e2e chaos cluster bench bench-fanout bench-memory bench-soak clean
+.PHONY: setup lock demo test lint docs unit e2e chaos cluster bench bench-fanout bench-memory bench-soak \
+	bench-peers bench-peers-lock clean
 
 $(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +100,25 @@ bench-memory: setup
 bench-soak: setup
 	$(BIN)/python -m bench.soak --minutes 62 --out bench/soak
 
+# flowbeat beside raw Celery, Dramatiq, Procrastinate and Prefect 3 (docs/peers.md). The peers
+# live in their own venv from their own lock, never in CI's install: Prefect pins libraries
+# that flowbeat's locks pin otherwise. 38 minutes at this scale on two busy shared cores.
+PEERS_VENV := .venv-peers
+PEERS_LOCK := bench/peers/requirements.lock
+
+$(PEERS_VENV)/bin/prefect: $(PEERS_LOCK)
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/pip install -q --require-hashes -r $(PEERS_LOCK)
+	touch $@
+
+bench-peers: setup $(PEERS_VENV)/bin/prefect
+	$(BIN)/python -m bench.peers --chains 1000 --fanout 10000 --rounds 3 $(ARGS)
+
+bench-peers-lock: setup
+	$(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+		--custom-compile-command "make bench-peers-lock" bench/peers/requirements.in -o $(PEERS_LOCK)
+
 clean:
 	if [ -x $(BIN)/flowbeat ]; then FLOWBEAT_DATA_DIR=.flowbeat $(BIN)/flowbeat stop; fi
-	rm -rf $(VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis .chaos.jsonl .cluster.jsonl site
+	rm -rf $(VENV) $(PEERS_VENV) .flowbeat .mypy_cache .ruff_cache .pytest_cache .hypothesis .chaos.jsonl .cluster.jsonl site

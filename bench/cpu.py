@@ -91,3 +91,15 @@ class CpuMeter:
             before = self._start[part]
             spent[part] = sum(t - before.get(pid, 0.0) for pid, t in self._read(part).items())
         return spent
+
+
+def pss_kib(pid: int) -> int:
+    """0 for a process that is gone: a pool process may be replaced between two readings."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

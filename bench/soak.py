@@ -38,10 +38,11 @@ import httpx
 import psycopg
 import redis
 
+from bench.cpu import pss_kib
 from bench.harness import log, on_sigterm, pct, subprocess_group, workspace
 from bench.rounds import calibrate
 from bench.stack import start_flowbeat
-from bench.worker_memory import children, pss_kib
+from bench.worker_memory import children
 
 API_PIPELINE = "soak_api"
 CLAIM_MARGIN_S = 1800

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.chain_throughput import raw_worker, wait_results
+from bench.cpu import pss_kib
 from bench.harness import (
     PIPELINE,
     PROFILE_YAML,
@@ -83,18 +84,6 @@ class Side:
     def growth_mib_per_100k(self) -> float:
         steps = self.samples[-1].steps - self.samples[0].steps
         return (self.end_mib - self.warm_mib) * 100_000 / steps if steps else 0.0
-
-
-def pss_kib(pid: int) -> int:
-    """0 for a process that is gone: a pool process may be replaced between two readings."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def children(pid: int) -> list[int]:

@@ -1,0 +1,1 @@
+"""flowbeat beside its peers: ``python -m bench.peers`` (see ``__main__``)."""
