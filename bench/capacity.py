@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "costs": cost,
         "table": model.postgres_table(cost),
         "next": model.next_limits(cost),
+        "redis_commands": model.redis_commands(clean),
         "sweeps": next(r.sweeps for r in reversed(runs) if r.sweeps),
         "machine_cores": os.cpu_count() or 1,
         "fdatasync_per_s": fdatasyncs[0],

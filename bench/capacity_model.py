@@ -116,6 +116,13 @@ def check(runs: list[Any], cores: int, fdatasync_per_s: float) -> list[dict[str,
     return rows
 
 
+def redis_commands(runs: list[Any], top: int = 8) -> list[tuple[str, float]]:
+    """The commands Redis ran most, calls a step (medians over ``runs``)."""
+    names = {name for r in runs for name in r.redis_calls}
+    calls = {name: median([r.redis_calls.get(name, 0) / r.steps for r in runs]) for name in names}
+    return sorted(calls.items(), key=lambda item: -item[1])[:top]
+
+
 def sweep_lines(sweeps: list[dict[str, float]]) -> list[str]:
     return [f"    {s['jobs']:,.0f} jobs: {s['pass_ms']:.1f} ms a pass" for s in sweeps]
 
@@ -147,10 +154,11 @@ def report(figures: dict[str, Any]) -> list[str]:
             f"flush {row['flush']:>9,.0f} -> {row['carries']:,.0f}"
         )
     n = figures["next"]
+    commands = ", ".join(f"{name} {calls:.2f}" for name, calls in figures["redis_commands"])
     lines += [
         "next limits:",
         f"  Redis, one thread: {n['redis_steps_s']:,.0f} steps/s "
-        f"({n['redis_ops_s_at_ceiling']:,.0f} commands/s)",
+        f"({n['redis_ops_s_at_ceiling']:,.0f} commands/s); commands a step: {commands}",
         f"  API: {n['api_steps_s_per_process']:,.0f} steps/s a process; cores per 1,000 "
         f"steps/s: API {n['api_cores_per_1000']:.2f}, workers {n['workers_cores_per_1000']:.2f}, "
         f"PostgreSQL {n['pg_cores_per_1000']:.2f}",
