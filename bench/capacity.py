@@ -213,19 +213,16 @@ def run_once(
         monitor.close()
         after = {**_snapshot(admin, database), "lsn": lsn_after}
         statements = _statements(admin, database)
+        counts = _tally(statements)
         run = Run(
             workers=workers,
             jobs=len(latencies),
             wall_s=wall,
             cpu_s=cpu,
-            statements=sum(s["calls"] for s in statements if _sent(s) and not _control(s["query"])),
-            nested=sum(s["calls"] for s in statements if not _sent(s) and not s["monitor"]),
-            transaction_control=sum(
-                s["calls"] for s in statements if _sent(s) and _control(s["query"])
-            ),
-            commits=after["xact_commit"]
-            - before["xact_commit"]
-            - sum(s["calls"] for s in statements if s["monitor"]),
+            statements=counts["sent"],
+            nested=counts["nested"],
+            transaction_control=counts["control"],
+            commits=after["xact_commit"] - before["xact_commit"] - counts["monitor"],
             wal=_wal(admin, before, after),
             redis_calls=redis_calls,
             top=[s for s in statements if not s["monitor"]][:8],
@@ -235,6 +232,18 @@ def run_once(
             run.sweeps = measure_sweeps(fb.env["FLOWBEAT_DATABASE_URL"], profiles, sweep_sizes)
     run.calibration["after"] = calibrate()
     return run
+
+
+def _tally(statements: list[dict[str, Any]]) -> dict[str, int]:
+    """Calls of the statements flowbeat sent, of transaction control among them, of those its
+    triggers ran, and of the bench's own (each one a transaction of its own)."""
+    counts = dict.fromkeys(("sent", "control", "nested", "monitor"), 0)
+    for s in statements:
+        kind = "monitor" if s["monitor"] else "nested" if not _sent(s) else "sent"
+        if kind == "sent" and _control(s["query"]):
+            kind = "control"
+        counts[kind] += int(s["calls"])
+    return counts
 
 
 def _sent(statement: dict[str, Any]) -> bool:
