@@ -14,7 +14,7 @@ LOCK = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generat
 	--custom-compile-command "make lock" pyproject.toml --group build $(LOCK_ARGS)
 
 .PHONY: setup lock demo test lint docs unit e2e chaos cluster bench bench-fanout bench-memory bench-soak \
-	bench-peers bench-peers-lock clean
+	bench-peers bench-peers-lock bench-capacity clean
 
 $(BIN)/flowbeat: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,11 @@ bench-fanout: setup
 
 bench-memory: setup
 	$(BIN)/python -m bench.worker_memory --steps 100000
+
+# What a step costs PostgreSQL and Redis, on a cluster and a server of its own, and the steps/s a
+# PostgreSQL of 2, 8 and 32 cores carries (docs/capacity.md).
+bench-capacity: setup
+	$(BIN)/python -m bench.capacity --jobs 2000 --rounds 2
 
 # An hour at 28 jobs/s (100,000 jobs): samples, summary and plot go to bench/soak/.
 bench-soak: setup

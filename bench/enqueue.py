@@ -1,4 +1,4 @@
-"""Enqueue latency of one API process at a fixed arrival rate.
+"""Enqueue latency of one API process at a fixed arrival rate, beside a bare endpoint's.
 
     python -m bench.enqueue [--rate 500] [--seconds 10] [--rounds 5] [--with-worker]
                             [--py-spy DIR] [--json]
@@ -11,9 +11,15 @@ Each latency is counted from the moment the request was due, not from when it wa
 queueing in the client counts against the API too. One API process started as deployments
 start it (``flowbeat api``), a fresh database, a Redis DB; ``--with-worker`` also runs the
 worker, as in production, which shares the two cores. The per-key rate limit is on, as in
-production, set above the arrival rate. Each round is calibrated before and after as the
-chain bench's are; a round run on a throttled or busy machine is printed as `DISTURBED` and
-left out, and the median p99 of the other rounds is the figure.
+production, set above the arrival rate.
+
+The baseline is ``bench.raw_api``: what a user would write without flowbeat, a FastAPI
+endpoint that parses the same body and calls Celery's ``send_task``, storing nothing, served
+by uvicorn in one process as flowbeat's API is, on a Redis DB of its own (with
+``--with-worker``, a raw Celery worker consumes its queue). Each round sends the same schedule
+to both, flowbeat first in odd rounds, and is calibrated before and after as the chain bench's
+rounds are; a round run on a throttled or busy machine is printed as `DISTURBED` and left out.
+The figures are the medians, over the other rounds, of each side's p99 and of their ratio.
 """
 
 from __future__ import annotations
@@ -27,14 +33,17 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.chain_throughput import raw_worker
 from bench.cpu import cpu_s
-from bench.harness import PIPELINE, PROFILE_YAML, log, on_sigterm, pct, py_spy, workspace
-from bench.rounds import calibrate, disturbed, interpreter, machine_pace, pace_line
-from bench.stack import start_flowbeat
+from bench.harness import PIPELINE, PROFILE_YAML, REPO, log, on_sigterm, pct, py_spy, workspace
+from bench.rounds import alternate, calibrate, disturbed, interpreter, machine_pace, pace_line
+from bench.stack import serve_http, start_flowbeat
 
 CLIENT_THREADS = 16
 
@@ -114,45 +123,80 @@ def main(argv: list[str] | None = None) -> int:
         if not args.with_worker:
             fb.worker.terminate()
             fb.worker.wait(timeout=30)
-        fire(fb.base_url, fb.key, args.rate, 1.0)
+        raw_url = ws.fresh_redis(0)
+        if args.with_worker:
+            stack.enter_context(raw_worker(raw_url, ws.tmp))
+        raw_env = {**fb.env, "BENCH_RAW_REDIS_URL": raw_url, "PYTHONPATH": str(REPO)}
+        raw_argv = [sys.executable, "-m", "bench.raw_api"]
+        raw_api, raw_base = serve_http(stack, raw_argv, raw_env, ws.tmp / "raw-api.log")
+        sides = {
+            "raw": Side(raw_base, fb.key, raw_api.pid, None),
+            "flowbeat": Side(fb.base_url, fb.key, fb.api.pid, args.py_spy),
+        }
+        for side in sides.values():
+            fire(side.base_url, side.key, args.rate, 1.0)
         for number in range(args.rounds):
             before = calibrate()
-            api_cpu_s = cpu_s(fb.api.pid) or 0.0
-            with py_spy(args.py_spy if number == 0 else None, fb.api.pid, "enqueue-api"):
-                latencies, errors = fire(fb.base_url, fb.key, args.rate, args.seconds)
-            api_cpu_s = (cpu_s(fb.api.pid) or 0.0) - api_cpu_s
-            rounds.append(_round(latencies, errors, api_cpu_s, before, calibrate()))
-            log(f"round {number + 1}: p99 {rounds[-1]['p99_ms']:.1f} ms")
-    best = min(
-        min(r["calibration"]["before"]["loop_ms"], r["calibration"]["after"]["loop_ms"])
-        for r in rounds
-    )
-    for r in rounds:
-        r["disturbed"] = disturbed(r["calibration"]["before"], r["calibration"]["after"], best)
-    clean = [r for r in rounds if not r["disturbed"]] or rounds
-    pace = machine_pace(
-        [r["calibration"][moment]["loop_ms"] for r in rounds for moment in ("before", "after")]
-    )
-    figures = {
-        "python": interpreter(),
-        "pace": pace,
-        "rate_jobs_per_s": args.rate,
-        "seconds": args.seconds,
-        "with_worker": args.with_worker,
-        "median_p99_ms": statistics.median(float(r["p99_ms"]) for r in clean),
-        "median_of": "undisturbed rounds"
-        if clean is not rounds
-        else "all rounds (every one disturbed)",
-        "target_p99_ms": TARGET_P99_MS,
-        "rounds": rounds,
-    }
+            raw, flowbeat = alternate(
+                number,
+                partial(sides["raw"].measure, args.rate, args.seconds, number),
+                partial(sides["flowbeat"].measure, args.rate, args.seconds, number),
+            )
+            rounds.append(_round(raw, flowbeat, before, calibrate()))
+            log(f"round {number + 1}: p99 {raw['p99_ms']:.1f} / {flowbeat['p99_ms']:.1f} ms")
+    figures = _figures(args, rounds)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
         _print(args, figures, rounds)
-        print(pace_line(pace))
+        print(pace_line(figures["pace"]))
     log("done")
-    return 1 if any(r["errors"] for r in rounds) else 0
+    return 1 if any(r[side]["errors"] for r in rounds for side in SIDES) else 0
+
+
+SIDES = ("raw", "flowbeat")
+TARGET_RATIO = 1.2
+"""flowbeat's p99 over the bare endpoint's, at 500 jobs/s (issue 31)."""
+
+
+@dataclass
+class Side:
+    base_url: str
+    key: str
+    pid: int
+    spy_dir: Path | None
+
+    def measure(self, rate: float, seconds: float, number: int) -> dict[str, Any]:
+        """One side's share of a round; the first round's is profiled when asked."""
+        api_cpu_s = cpu_s(self.pid) or 0.0
+        with py_spy(self.spy_dir if number == 0 else None, self.pid, "enqueue-api"):
+            latencies, errors = fire(self.base_url, self.key, rate, seconds)
+        return _side(latencies, errors, (cpu_s(self.pid) or 0.0) - api_cpu_s)
+
+
+def _figures(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    loops = [r["calibration"][moment]["loop_ms"] for r in rounds for moment in ("before", "after")]
+    for r in rounds:
+        calibration = r["calibration"]
+        r["disturbed"] = disturbed(calibration["before"], calibration["after"], min(loops))
+    clean = [r for r in rounds if not r["disturbed"]] or rounds
+    return {
+        "python": interpreter(),
+        "pace": machine_pace(loops),
+        "rate_jobs_per_s": args.rate,
+        "seconds": args.seconds,
+        "with_worker": args.with_worker,
+        "median_p99_ms": {
+            side: statistics.median(float(r[side]["p99_ms"]) for r in clean) for side in SIDES
+        },
+        "median_p99_ratio": statistics.median(float(r["p99_ratio"]) for r in clean),
+        "median_of": "undisturbed rounds"
+        if clean is not rounds
+        else "all rounds (every one disturbed)",
+        "target_p99_ms": TARGET_P99_MS,
+        "target_p99_ratio": TARGET_RATIO,
+        "rounds": rounds,
+    }
 
 
 TARGET_P99_MS = 15.0
@@ -167,13 +211,7 @@ def rate_limited(rate: float) -> dict[str, str]:
     }
 
 
-def _round(
-    latencies: list[float],
-    errors: int,
-    api_cpu_s: float,
-    before: dict[str, float],
-    after: dict[str, float],
-) -> dict[str, Any]:
+def _side(latencies: list[float], errors: int, api_cpu_s: float) -> dict[str, Any]:
     ms = sorted(x * 1000 for x in latencies)
     nan = float("nan")
     return {
@@ -183,30 +221,51 @@ def _round(
         "p50_ms": statistics.median(ms) if ms else nan,
         "p99_ms": pct(ms, 0.99) if ms else nan,
         "max_ms": ms[-1] if ms else nan,
+    }
+
+
+def _round(
+    raw: dict[str, Any],
+    flowbeat: dict[str, Any],
+    before: dict[str, float],
+    after: dict[str, float],
+) -> dict[str, Any]:
+    return {
+        "raw": raw,
+        "flowbeat": flowbeat,
+        "p99_ratio": flowbeat["p99_ms"] / raw["p99_ms"],
+        "p50_ratio": flowbeat["p50_ms"] / raw["p50_ms"],
         "calibration": {"before": before, "after": after},
     }
 
 
 def _print(args: argparse.Namespace, figures: dict[str, Any], rounds: list[Any]) -> None:
-    worker = "with the worker running" if args.with_worker else "API alone"
+    worker = "with a worker each" if args.with_worker else "API alone"
+    p99 = figures["median_p99_ms"]
     print()
     print(
-        f"enqueue at {args.rate:.0f} jobs/s, {len(rounds)} rounds of {args.seconds:.0f} s, "
-        f"one API process, {worker}, {interpreter()}: median p99 {figures['median_p99_ms']:.1f} ms "
-        f"of {figures['median_of']} "
-        f"(target < {TARGET_P99_MS:.0f} ms)"
+        f"enqueue at {args.rate:.0f} jobs/s, {len(rounds)} rounds of {args.seconds:.0f} s a side, "
+        f"one API process a side, {worker}, {interpreter()}; medians of {figures['median_of']}: "
+        f"p99 raw endpoint {p99['raw']:.1f} ms, flowbeat {p99['flowbeat']:.1f} ms "
+        f"(target < {TARGET_P99_MS:.0f} ms); p99 ratio {figures['median_p99_ratio']:.2f} "
+        f"(target <= {TARGET_RATIO:.1f})"
     )
-    for r in rounds:
+    for number, r in enumerate(rounds, 1):
         before, after = r["calibration"]["before"], r["calibration"]["after"]
         print(
-            f"  accepted {r['accepted']}, errors {r['errors']}; latency from due time "
-            f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.0f} ms; "
-            f"API CPU {r['api_cpu_ms_per_job']:.2f} ms a job "
+            f"  round {number}: p99 ratio {r['p99_ratio']:.2f}, p50 ratio {r['p50_ratio']:.2f} "
             f"(loop {before['loop_ms']:.0f}/{after['loop_ms']:.0f} ms, background "
             f"{before['background_cores']:.2f}/{after['background_cores']:.2f} cores, "
             f"load {before['load_1m']:.2f}/{after['load_1m']:.2f})"
             f"{' DISTURBED' if r['disturbed'] else ''}"
         )
+        for side in SIDES:
+            f = r[side]
+            print(
+                f"    {side:8}: accepted {f['accepted']}, errors {f['errors']}; latency from due "
+                f"time p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms, max "
+                f"{f['max_ms']:.0f} ms; API CPU {f['api_cpu_ms_per_job']:.2f} ms a job"
+            )
 
 
 if __name__ == "__main__":

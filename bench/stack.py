@@ -182,23 +182,29 @@ def _start_api(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """The API as deployments start it (``flowbeat api``: uvicorn, an access log line for each
     request), as a subprocess; returns once /health answers 200."""
+    return serve_http(stack, [sys.executable, "-m", "service.cli", "api"], env, tmp / "api.log")
+
+
+def serve_http(
+    stack: ExitStack, argv: list[str], env: dict[str, str], log_path: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``argv`` with ``--host 127.0.0.1 --port <a free one>``, as a subprocess stopped when
+    ``stack`` closes; returns it and its base URL once its /health answers 200."""
     port = free_port()
-    api_argv = [sys.executable, "-m", "service.cli", "api"]
-    api_argv += ["--host", "127.0.0.1", "--port", str(port)]
-    api_log = tmp / "api.log"
-    api_proc = stack.enter_context(subprocess_group(api_argv, env, api_log, "flowbeat api"))
+    argv = [*argv, "--host", "127.0.0.1", "--port", str(port)]
+    proc = stack.enter_context(subprocess_group(argv, env, log_path, " ".join(argv[2:4])))
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
-        if api_proc.poll() is not None:
-            raise RuntimeError(f"API exited ({api_proc.returncode}):\n{tail(api_log)}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{argv[2:4]} exited ({proc.returncode}):\n{tail(log_path)}")
         try:
             if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return api_proc, base_url
+                return proc, base_url
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"API not healthy in 60s:\n{tail(api_log)}")
+            raise RuntimeError(f"{argv[2:4]} not healthy in 60s:\n{tail(log_path)}")
         time.sleep(0.2)
 
 
