@@ -24,10 +24,11 @@ from psycopg import sql
 from service.actions.context import StepContext
 from service.actions.data import get_path
 from service.actions.registry import action
-from service.platform.datastore import Staged, data_store
+from service.platform.datastore import data_store
 from service.platform.db import connect_kwargs, libpq_url
 from service.platform.egress import EgressPolicy, guarded_client
 from service.platform.errors import ActionError
+from service.platform.storage import Staged
 
 TABLE_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")

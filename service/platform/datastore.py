@@ -11,68 +11,19 @@ bucket is ``service.platform.objectstore``'s.
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import BinaryIO, Protocol
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
 
-from service.platform.errors import ActionError, DataFileMissing
 from service.platform.settings import Settings
-
-PART_PREFIX = ".part-"
-
-
-class Writable(Protocol):
-    def write(self, data: bytes, /) -> int: ...
-
-
-class Staged:
-    """A file being written: it appears in the store, under the name given to ``commit``, only
-    when its block ends without an error, so no reader ever sees part of one."""
-
-    def __init__(self, handle: Writable) -> None:
-        self._handle = handle
-        self.name: str | None = None
-
-    def write(self, chunk: bytes) -> None:
-        self._handle.write(chunk)
-
-    def commit(self, name: str) -> None:
-        self.name = name
-
-
-class DataStore(Protocol):
-    name: str
-    """How messages show the store: its directory or URL, never a credential."""
-
-    def staging(self, directory: str) -> AbstractContextManager[Staged]: ...
-
-    def reader(self, path: str, action_name: str) -> AbstractContextManager[BinaryIO]: ...
-
-
-def relative_path(path: object, action_name: str) -> PurePosixPath:
-    """``path`` as a path inside a store or directory; absolute paths and ``..`` are refused,
-    as a profile, which may come from any user, names it."""
-    if not isinstance(path, str) or not path.strip() or "\x00" in path:
-        raise _bad_path(f"{action_name}: path must be a non-empty string", path)
-    posix, windows = PurePosixPath(path), PureWindowsPath(path)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive or windows.root:
-        raise _bad_path(f"{action_name}: absolute paths are not allowed: {path!r}", path)
-    if ".." in posix.parts or ".." in windows.parts:
-        raise _bad_path(f"{action_name}: '..' is not allowed in paths: {path!r}", path)
-    return posix
-
-
-def _bad_path(message: str, path: object) -> ActionError:
-    details = {"reason": "bad_path", **({"path": path} if isinstance(path, str) else {})}
-    return ActionError(message, details, retryable=False)
-
-
-def missing(action_name: str, path: str, store: str) -> DataFileMissing:
-    return DataFileMissing(
-        f"{action_name}: no file {path!r} in the data store {store}; with workers on more "
-        "than one host, FLOWBEAT_DATA_STORE must name a store every worker reaches",
-        {"reason": "not_found", "path": path, "store": store},
-    )
+from service.platform.storage import (
+    PART_PREFIX,
+    DataStore,
+    Staged,
+    bad_path,
+    missing,
+    relative_path,
+)
 
 
 class DirectoryStore:
@@ -116,11 +67,11 @@ def resolve_under(base_dir: Path, path: object, action_name: str, base_name: str
     except FileNotFoundError:
         raise
     except (OSError, RuntimeError) as exc:
-        raise _bad_path(f"{action_name}: cannot resolve {path!r}: {exc}", path) from exc
+        raise bad_path(f"{action_name}: cannot resolve {path!r}: {exc}", path) from exc
     if not target.is_relative_to(base):
-        raise _bad_path(f"{action_name}: {path!r} resolves outside the {base_name}", path)
+        raise bad_path(f"{action_name}: {path!r} resolves outside the {base_name}", path)
     if not target.is_file():
-        raise _bad_path(f"{action_name}: {path!r} is not a regular file", path)
+        raise bad_path(f"{action_name}: {path!r} is not a regular file", path)
     return target
 
 

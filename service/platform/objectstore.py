@@ -17,10 +17,10 @@ import obstore
 from obstore.exceptions import BaseError as ObjectStoreError
 from obstore.store import S3Store
 
-from service.platform.datastore import PART_PREFIX, Staged, missing, relative_path
 from service.platform.errors import ActionError
 from service.platform.secrets import secrets_of
 from service.platform.settings import Settings
+from service.platform.storage import PART_PREFIX, Staged, missing, relative_path
 
 if TYPE_CHECKING:
     from obstore import ReadableFile
