@@ -31,7 +31,8 @@ from service.engine.steps import (
     Unresolvable,
     Woke,
 )
-from service.language.snapshots import cached_profile, job_profile
+from service.language.profiles import Profile
+from service.language.snapshots import job_profile, known_profile, parsed_profile
 from service.language.specs import StepSpec
 from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.platform.db import driver
@@ -118,7 +119,7 @@ def fast_claim(
     if row is None:
         return None
     attempts, profile_hash, job_params, outputs = row
-    profile = cached_profile(profile_hash, lambda: _profile_json(conn, key.job_id))
+    profile = _snapshot(conn, key.job_id, profile_hash)
     return FastClaim(Lease(token, attempts), profile, job_params, outputs)
 
 
@@ -136,7 +137,7 @@ def claim_step(
         return None
     _wait_for_peer(row, now)
     profile = job_profile(job)
-    runs = _upstream_allows(session, row, profile.step(key.step_id))
+    runs = _upstream_allows(session, row, profile.step(row.step_id))
     if runs is None:
         return None
     if not runs:
@@ -251,7 +252,7 @@ def fast_shard_claim(
     if row is None:
         return None
     shard, attempts, item, profile_hash, outputs = row
-    profile = cached_profile(profile_hash, lambda: _profile_json(conn, parent.job_id))
+    profile = _snapshot(conn, parent.job_id, profile_hash)
     key = StepKey(parent.job_id, parent.step_id, shard)
     return ShardClaim(key, Lease(token, attempts), profile, item, outputs)
 
@@ -267,8 +268,13 @@ def job_params(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, An
     return _job_json(conn, "SELECT params FROM jobs WHERE id = %s", job_id)
 
 
-def _profile_json(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
-    return _job_json(conn, "SELECT profile FROM jobs WHERE id = %s", job_id)
+def _snapshot(conn: psycopg.Connection[Any], job_id: uuid.UUID, profile_hash: str) -> Profile:
+    """The job's profile, read from its row only the first time this process meets its hash."""
+    known = known_profile(profile_hash)
+    if known is not None:
+        return known
+    data = _job_json(conn, "SELECT profile FROM jobs WHERE id = %s", job_id)
+    return parsed_profile(profile_hash, data)
 
 
 def _job_json(

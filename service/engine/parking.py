@@ -83,10 +83,8 @@ def park(session: Session, held: Held, now: datetime) -> Parking:
         return unless
     if not take_step_slot(session, key, spec, held.params, now):
         return Parked(key, ParkReason.SLOT)
-    if rows is not None and spec.action == WAIT_ACTION:
-        return _sleep(session, held, rows, now)
-    if rows is not None and spec.action == PIPELINE_RUN_ACTION:
-        return _call(session, held, rows, now)
+    if rows is not None and spec.action in (WAIT_ACTION, PIPELINE_RUN_ACTION):
+        return _wait_on_inputs(session, held, rows, now)
     return Goes(rows)
 
 
@@ -101,17 +99,13 @@ def _writes_rows(spec: StepSpec) -> bool:
     )
 
 
-def _sleep(session: Session, held: Held, rows: HeldRows, now: datetime) -> Parking:
+def _wait_on_inputs(session: Session, held: Held, rows: HeldRows, now: datetime) -> Parking:
+    """A timer or a child job, which its inputs say until when or which pipeline."""
     claimed = resolve_held(session, held, now)
     if isinstance(claimed, Unresolvable):
         return claimed
-    woke = sleep(session, *rows, claimed.inputs, now)
-    return Parked(held.key, ParkReason.TIMER) if woke is None else woke
-
-
-def _call(session: Session, held: Held, rows: HeldRows, now: datetime) -> Parking:
-    claimed = resolve_held(session, held, now)
-    if isinstance(claimed, Unresolvable):
-        return claimed
+    if held.spec.action == WAIT_ACTION:
+        woke = sleep(session, *rows, claimed.inputs, now)
+        return Parked(held.key, ParkReason.TIMER) if woke is None else woke
     failed = call_child(session, rows, held.lease.attempt, claimed.inputs, now)
     return Parked(held.key, ParkReason.CHILD) if failed is None else failed

@@ -18,7 +18,7 @@ from service.engine.compensations import lost as lost_compensations
 from service.engine.completion import fail_step
 from service.engine.steps import Lease, StepKey
 from service.engine.waits import TIMED_RETRY
-from service.language.snapshots import cached_profile, job_profile
+from service.language.snapshots import job_profile, known_profile, parsed_profile
 from service.platform.constants import STEP_TIMEOUT_GRACE_S, SWEEP_ADVISORY_LOCK_ID
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_OPEN, JobStatus, StepStatus
@@ -136,9 +136,8 @@ def _not_queued(
 
 def _queues(session: Session, profile_hash: str, job_id: uuid.UUID) -> frozenset[str]:
     """The queues a profile's steps go to, read once per profile."""
-    profile = cached_profile(
-        profile_hash,
-        lambda: session.scalar(select(JobRow.profile).where(JobRow.id == job_id)) or {},
+    profile = known_profile(profile_hash) or parsed_profile(
+        profile_hash, session.scalar(select(JobRow.profile).where(JobRow.id == job_id)) or {}
     )
     return frozenset(profile.queue_of(step.id) for step in profile.steps)
 

@@ -4,7 +4,6 @@ A job runs the profile it was submitted with (stored on the job row); every work
 every step, so each content hash is parsed once per process.
 """
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from service.language.expressions import parse_refs
@@ -16,18 +15,21 @@ _PROFILE_CACHE: dict[str, Profile] = {}
 _PROFILE_CACHE_SIZE = 256
 
 
-def cached_profile(profile_hash: str, load: Callable[[], dict[str, Any]]) -> Profile:
-    """A job's profile snapshot, parsed once per process for each content hash."""
-    profile = _PROFILE_CACHE.get(profile_hash)
-    if profile is None:
-        if len(_PROFILE_CACHE) >= _PROFILE_CACHE_SIZE:
-            _PROFILE_CACHE.clear()
-        profile = _PROFILE_CACHE[profile_hash] = Profile.model_validate(load())
+def known_profile(profile_hash: str) -> Profile | None:
+    """The snapshot of this content hash if this process has parsed it: the caller reads the
+    stored profile only when it has not."""
+    return _PROFILE_CACHE.get(profile_hash)
+
+
+def parsed_profile(profile_hash: str, data: dict[str, Any]) -> Profile:
+    if len(_PROFILE_CACHE) >= _PROFILE_CACHE_SIZE:
+        _PROFILE_CACHE.clear()
+    profile = _PROFILE_CACHE[profile_hash] = Profile.model_validate(data)
     return profile
 
 
 def job_profile(job: JobRow) -> Profile:
-    return cached_profile(job.profile_hash, lambda: job.profile)
+    return known_profile(job.profile_hash) or parsed_profile(job.profile_hash, job.profile)
 
 
 class StepFacts(NamedTuple):
