@@ -4,7 +4,7 @@ The engine's functions each carry out a row of these tables in one statement or 
 transaction; a new execution pattern adds rows here rather than branches to the runner.
 PostgreSQL holds the same rows (``lifecycle_transitions``, written from here at every
 migration) and a trigger refuses any status written that they do not allow, so code that
-drifts from the table fails where it runs, not in review. ``tests/service/test_states.py``
+drifts from the table fails where it runs, not in review. ``tests/service/platform/test_states.py``
 walks the tables: every status reachable, every open status with a way out, every transition
 carried out by a function that exists.
 """

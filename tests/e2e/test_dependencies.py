@@ -14,7 +14,7 @@ from service.platform.db import unit_of_work
 from service.platform.models import JobRow
 from tasks.dispatch import publish_new_job
 from tests.e2e.conftest import Client, Cluster, wait_for
-from tests.service.test_dependencies import DOWN, UP
+from tests.service.triggers.test_dependencies import DOWN, UP
 
 
 @pytest.mark.timeout(120)

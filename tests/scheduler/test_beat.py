@@ -23,8 +23,8 @@ from service.platform.db import unit_of_work
 from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JobStatus
 from tests.conftest import Stack
-from tests.service.test_deadlines import saga
-from tests.service.test_signals import paid_profile
+from tests.service.engine.test_deadlines import saga
+from tests.service.engine.test_signals import paid_profile
 from tests.support.fanouts import submitted
 
 if TYPE_CHECKING:

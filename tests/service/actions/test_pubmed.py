@@ -11,7 +11,7 @@ from service.actions import REGISTRY, StepContext, load_plugins
 from service.platform.errors import ActionError
 from tests.conftest import Stack
 from tests.service.actions import make_ctx
-from tests.service.test_ratelimit import assert_no_window_exceeds
+from tests.service.platform.test_ratelimit import assert_no_window_exceeds
 from tests.support.replay import FIXTURES, ReplayServer
 
 REMI = json.loads((FIXTURES / "eutils" / "esearch-remimazolam-icu-sedation.json").read_text())

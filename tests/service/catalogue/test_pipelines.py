@@ -24,7 +24,7 @@ from service.platform.errors import (
 )
 from service.platform.models import JobRow, PipelineRow, PipelineVersionRow
 
-PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 
 def weekly(name: str, *, tag: str = "lit", extra_step: bool = False) -> str:

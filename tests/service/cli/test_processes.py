@@ -22,7 +22,7 @@ from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e  # starts flowbeat dev, api and worker processes
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
 

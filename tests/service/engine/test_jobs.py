@@ -18,7 +18,7 @@ from service.platform.db import libpq_url, unit_of_work
 from service.platform.errors import IdempotencyConflict, OpenJobsLimit
 from service.platform.models import JobRow, StepRunRow
 
-PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 SUBMITTERS = 6
 
 

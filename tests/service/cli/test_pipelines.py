@@ -13,7 +13,7 @@ from tests.conftest import Stack
 
 pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 

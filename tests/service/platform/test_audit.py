@@ -15,7 +15,7 @@ from service.platform.clock import utcnow
 from service.platform.constants import AUDIT_DETAIL_MAX_BYTES, SWEEP_ADVISORY_LOCK_ID
 from service.platform.db import autocommit, unit_of_work
 from service.platform.models import AuditEventRow
-from tests.service.test_jobs import PROFILES, slow_jobs, store_together
+from tests.service.engine.test_jobs import PROFILES, slow_jobs, store_together
 
 
 def _actor(owner: str, channel: str = "api") -> Actor:

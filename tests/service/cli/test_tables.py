@@ -22,7 +22,7 @@ from tests.conftest import Stack
 
 pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WIDTH = 80
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]

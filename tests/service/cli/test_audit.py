@@ -25,7 +25,7 @@ from service.platform.models import AuditEventRow
 
 pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PARKED = """\
 name: parked
 steps:

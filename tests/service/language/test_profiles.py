@@ -789,7 +789,7 @@ def test_retry_delay(policy: RetryPolicy, attempt: int, rand: float, expected: f
 def test_committed_json_schema_is_current_and_regenerated_where_it_is_shipped(
     tmp_path: Path,
 ) -> None:
-    checkout = Path(__file__).resolve().parents[2]
+    checkout = Path(__file__).resolve().parents[3]
     assert SCHEMA_PATH.relative_to(checkout) == Path("profiles", "profile.schema.json")
     fresh = tmp_path / "schema.json"
     write_json_schema(fresh)

@@ -19,7 +19,7 @@ from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e  # starts the API as a process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROXY = "127.0.0.2"
 STRANGER = "127.0.0.3"
 """Loopback addresses other than 127.0.0.1, which uvicorn trusts by default."""

@@ -26,7 +26,7 @@ from tests.support.embedded_cli import BROKER_ENV, DATABASE_ENV
 
 pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS_QUEUE = "flowbeat.steps"
 EMBEDDED_ARGV = [sys.executable, "-m", "tests.support.embedded_cli"]
 
