@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
@@ -17,16 +17,9 @@ import redis
 from playwright.sync_api import Browser
 from sqlalchemy import func, select
 
-from service.platform.constants import (
-    BEAT_LOCK_KEY,
-    UNACKED_KEY,
-    WORKER_HELD_KEY_PREFIX,
-    WORKER_QUEUES_KEY,
-    WORKERS_KEY,
-)
 from service.platform.settings import Settings
-from tasks.queues import step_lists
 from tests.conftest import Stack
+from tests.support.leftovers import forget_earlier_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = {"succeeded", "failed", "cancelled"}
@@ -359,39 +352,6 @@ def client(stack: Stack) -> Iterator[Client]:
     client = Client(stack)
     yield client
     client.close()
-
-
-UNACKED_INDEX_KEY = "unacked_index"
-"""kombu's Redis transport's index of ``UNACKED_KEY`` by delivery time (its default name)."""
-LIVE_WORKER_S = 10.0
-"""A worker that beat this recently may be a live one of a module's own (``shared_worker``);
-every test's workers beat every 2 s or faster."""
-
-
-def forget_earlier_tests(broker: redis.Redis) -> None:
-    """Clear what earlier tests of this process left in its broker DB that a new worker or
-    beat would act on: step messages nobody ran, the lock of a beat leader that was killed,
-    and the heartbeats, holdings and unacknowledged messages of killed workers (a new worker
-    would reap them back into the queues, and the visibility timeout would restore them).
-    Live workers, the broker's epoch and the side-effect counters (in DB 0) are kept."""
-    seconds, micros = broker.time()
-    cutoff = seconds + micros / 1e6 - LIVE_WORKER_S
-    lists = step_lists(broker)
-    if lists:
-        broker.delete(*lists)
-    broker.delete(BEAT_LOCK_KEY)
-    for raw in cast(list[bytes], broker.zrangebyscore(WORKERS_KEY, "-inf", cutoff)):
-        worker = raw.decode()
-        held = f"{WORKER_HELD_KEY_PREFIX}{worker}"
-        tags = cast(set[bytes], broker.smembers(held))
-        with broker.pipeline() as pipe:
-            if tags:
-                pipe.hdel(UNACKED_KEY, *tags)
-                pipe.zrem(UNACKED_INDEX_KEY, *tags)
-            pipe.delete(held)
-            pipe.hdel(WORKER_QUEUES_KEY, worker)
-            pipe.zrem(WORKERS_KEY, worker)
-            pipe.execute()
 
 
 @pytest.fixture

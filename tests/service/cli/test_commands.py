@@ -9,8 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
+from service.engine.runtime import Runtime
 from tests.conftest import Stack
+from tests.support.leftovers import cancel_open_jobs, forget_earlier_tests
 
 pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
@@ -21,14 +24,18 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture(scope="module")
-def flowbeat(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Cli:
+def flowbeat(stack: Stack, runtime: Runtime, tmp_path_factory: pytest.TempPathFactory) -> Cli:
     env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-data"))
 
     def run(
         *args: str, timeout_s: float = 120, **overrides: str
     ) -> subprocess.CompletedProcess[str]:
-        """``overrides`` replace environment variables for this one command."""
+        """``overrides`` replace environment variables for this one command. A command that
+        starts a worker of its own (and, for a wait, a beat whose sweeper sends every open job
+        again) starts it on what earlier tests of this process left cleared away."""
+        if "--local-worker" in args:
+            _clear_leftovers(stack, runtime)
         argv = [sys.executable, "-m", "service.cli", *args]
         return subprocess.run(
             argv,
@@ -41,6 +48,15 @@ def flowbeat(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Cli:
         )
 
     return run
+
+
+def _clear_leftovers(stack: Stack, runtime: Runtime) -> None:
+    cancel_open_jobs(runtime.sessions)
+    broker = redis.Redis.from_url(stack.broker_url)
+    try:
+        forget_earlier_tests(broker)
+    finally:
+        broker.close()
 
 
 def test_run_follows_the_steps_and_exits_zero_on_success(flowbeat: Cli) -> None:
