@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 
 from service.platform.settings import Settings
 from tests.conftest import Stack
-from tests.support.leftovers import forget_earlier_tests
+from tests.support.leftovers import cancel_open_jobs, forget_earlier_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = {"succeeded", "failed", "cancelled"}
@@ -355,9 +355,11 @@ def client(stack: Stack) -> Iterator[Client]:
 
 
 @pytest.fixture
-def cluster(stack: Stack, tmp_path: Path) -> Iterator[Cluster]:
+def cluster(stack: Stack, client: Client, tmp_path: Path) -> Iterator[Cluster]:
     """Processes of this test only, on a broker DB cleared of earlier tests' leftovers
-    (``forget_earlier_tests``); the database keeps its rows."""
+    (``forget_earlier_tests``) and a database whose earlier jobs are all over: the sweeper of
+    a beat sends every open job again, and an earlier test's would take this one's workers."""
+    cancel_open_jobs(client.rt.sessions)
     broker = redis.Redis.from_url(stack.broker_url)
     try:
         forget_earlier_tests(broker)
