@@ -40,7 +40,7 @@ from service.engine.checkpoints import write_checkpoint
 from service.engine.compensations import unfinished
 from service.engine.completion import record_failure, succeed_step, unresolvable
 from service.engine.jobs import cancel_job
-from service.engine.leases import HeldRows
+from service.engine.leases import HeldRows, parked_rows
 from service.engine.steps import StepKey, Unresolvable
 from service.engine.submission import JobRequest, submit_job
 from service.engine.waits import TIMED_RETRY
@@ -155,21 +155,9 @@ def _start_calls(session: Session, now: datetime, starter: Starter, work: ChildW
 
 
 def _parked(session: Session, job_id: uuid.UUID, step_id: str, attempt: int) -> HeldRows | None:
-    """The open job and the step row still parked for this attempt's child, both locked (the
-    job first, in the order a cancel takes them); ``None`` when a cancel settled it first."""
-    job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one()
-    row = session.scalars(
-        select(StepRunRow)
-        .where(
-            StepRunRow.job_id == job_id,
-            StepRunRow.step_id == step_id,
-            StepRunRow.shard == SHARD_NONE,
-            StepRunRow.status == StepStatus.AWAITING_CHILD,
-            StepRunRow.attempts == attempt,
-        )
-        .with_for_update()
-    ).one_or_none()
-    return None if row is None or job.status in JOB_FINAL else (job, row)
+    """The step still parked for this attempt's child, and its open job."""
+    awaiting = and_(StepRunRow.status == StepStatus.AWAITING_CHILD, StepRunRow.attempts == attempt)
+    return parked_rows(session, StepKey(job_id, step_id), awaiting)
 
 
 def _start(
@@ -345,19 +333,10 @@ def _send_due(session: Session, now: datetime, work: ChildWork) -> None:
         .limit(CHILD_BATCH)
     ).all()
     for job_id, step_id in due:
-        job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one()
-        row = session.scalars(
-            select(StepRunRow)
-            .where(
-                StepRunRow.job_id == job_id,
-                StepRunRow.step_id == step_id,
-                StepRunRow.shard == SHARD_NONE,
-                TIMED_RETRY,
-            )
-            .with_for_update(skip_locked=True)
-        ).one_or_none()
-        if row is None or job.status in JOB_FINAL:
+        rows = parked_rows(session, StepKey(job_id, step_id), TIMED_RETRY, skip_locked=True)
+        if rows is None:
             continue
+        job, row = rows
         row.wake_at = None
         work.ready.append(steps_plan(job_profile(job), job.id, [step_id]).at(job.priority))
 

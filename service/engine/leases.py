@@ -71,6 +71,26 @@ def held_rows(session: Session, key: StepKey, lease: Lease) -> HeldRows | None:
     return None if row is None else (live_job(session, key.job_id), row)
 
 
+def parked_rows(
+    session: Session, key: StepKey, still: ColumnElement[bool], *, skip_locked: bool = False
+) -> HeldRows | None:
+    """A parked step's job and row, locked in the order a cancel takes them (the job first),
+    for whoever resumes it without a lease (a timer, a child's end); ``None`` when the row no
+    longer meets ``still`` or its job is over, as a cancel or another resumer left them."""
+    job = session.scalars(select(JobRow).where(JobRow.id == key.job_id).with_for_update()).one()
+    row = session.scalars(
+        select(StepRunRow)
+        .where(
+            StepRunRow.job_id == key.job_id,
+            StepRunRow.step_id == key.step_id,
+            StepRunRow.shard == key.shard,
+            still,
+        )
+        .with_for_update(skip_locked=skip_locked)
+    ).one_or_none()
+    return None if row is None or job.status in JOB_FINAL else (job, row)
+
+
 def renew_lease(
     session: Session, key: StepKey, lease: Lease, lease_s: float, now: datetime
 ) -> bool:

@@ -22,14 +22,15 @@ from sqlalchemy.orm import Session
 from service.catalogue.notices import record_event
 from service.engine.checkpoints import write_checkpoint
 from service.engine.completion import succeed_step, unresolvable
+from service.engine.leases import parked_rows
 from service.engine.steps import StepKey, Unresolvable, Woke
 from service.language.plan import JobPlan
 from service.language.snapshots import job_profile
 from service.language.waits import wake_time
-from service.platform.constants import SCHEDULES_CHANNEL, SHARD_NONE, WAKE_BATCH
+from service.platform.constants import SCHEDULES_CHANNEL, WAKE_BATCH
 from service.platform.errors import WaitInvalid
 from service.platform.models import JobRow, StepRunRow
-from service.platform.states import JOB_FINAL, JOB_OPEN, StepStatus
+from service.platform.states import JOB_OPEN, StepStatus
 
 _ASLEEP = and_(
     StepRunRow.status == StepStatus.SLEEPING,
@@ -89,20 +90,11 @@ def wake_due(session: Session, now: datetime) -> list[JobPlan]:
     ).all()
     ready = []
     for job_id, step_id in due:
-        job = session.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one()
-        row = session.scalars(
-            select(StepRunRow)
-            .where(
-                StepRunRow.job_id == job_id,
-                StepRunRow.step_id == step_id,
-                StepRunRow.shard == SHARD_NONE,
-                StepRunRow.status == StepStatus.SLEEPING,
-            )
-            .with_for_update(skip_locked=True)
-        ).one_or_none()
-        if row is None or job.status in JOB_FINAL:
-            continue
-        ready.append(_wake(session, job, row, now).at(job.priority))
+        asleep = StepRunRow.status == StepStatus.SLEEPING
+        rows = parked_rows(session, StepKey(job_id, step_id), asleep, skip_locked=True)
+        if rows is not None:
+            job, row = rows
+            ready.append(_wake(session, job, row, now).at(job.priority))
     return ready
 
 
