@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 
 from service.platform.settings import Settings
 from tests.conftest import Stack
-from tests.support.leftovers import cancel_open_jobs, forget_earlier_tests
+from tests.support.leftovers import end_earlier_work, forget_earlier_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = {"succeeded", "failed", "cancelled"}
@@ -357,9 +357,10 @@ def client(stack: Stack) -> Iterator[Client]:
 @pytest.fixture
 def cluster(stack: Stack, client: Client, tmp_path: Path) -> Iterator[Cluster]:
     """Processes of this test only, on a broker DB cleared of earlier tests' leftovers
-    (``forget_earlier_tests``) and a database whose earlier jobs are all over: the sweeper of
-    a beat sends every open job again, and an earlier test's would take this one's workers."""
-    cancel_open_jobs(client.rt.sessions)
+    (``forget_earlier_tests``) and a database where earlier tests' jobs are all over and their
+    schedules disabled (``end_earlier_work``): a beat's sweeper sends every open job again, and
+    it fires every due schedule, so earlier tests' work would take this one's workers."""
+    end_earlier_work(client.rt.sessions)
     broker = redis.Redis.from_url(stack.broker_url)
     try:
         forget_earlier_tests(broker)

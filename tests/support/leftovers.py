@@ -9,7 +9,7 @@ of earlier tests for the sweeper to send again ahead of its own.
 from typing import cast
 
 import redis
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.engine.jobs import cancel_job
@@ -22,7 +22,7 @@ from service.platform.constants import (
     WORKERS_KEY,
 )
 from service.platform.db import unit_of_work
-from service.platform.models import JobRow
+from service.platform.models import JobRow, ScheduleRow
 from service.platform.states import JOB_FINAL
 from tasks.queues import step_lists
 
@@ -59,10 +59,10 @@ def forget_earlier_tests(broker: redis.Redis) -> None:
             pipe.execute()
 
 
-def cancel_open_jobs(sessions: sessionmaker[Session]) -> None:
-    """Every job of the database that is not over, cancelled: a sweeper would send them again
-    and their steps would take the slots of the worker a test starts for its own job."""
+def end_earlier_work(sessions: sessionmaker[Session]) -> None:
+    """Every job of the database that is not over cancelled, and every schedule disabled."""
     with unit_of_work(sessions) as session:
         open_ids = session.scalars(select(JobRow.id).where(JobRow.status.not_in(JOB_FINAL))).all()
         for job_id in open_ids:
             cancel_job(session, job_id, owner=None, now=utcnow())
+        session.execute(update(ScheduleRow).where(ScheduleRow.enabled).values(enabled=False))

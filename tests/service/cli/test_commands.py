@@ -13,7 +13,7 @@ import redis
 
 from service.engine.runtime import Runtime
 from tests.conftest import Stack
-from tests.support.leftovers import cancel_open_jobs, forget_earlier_tests
+from tests.support.leftovers import end_earlier_work, forget_earlier_tests
 
 pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
@@ -51,7 +51,7 @@ def flowbeat(stack: Stack, runtime: Runtime, tmp_path_factory: pytest.TempPathFa
 
 
 def _clear_leftovers(stack: Stack, runtime: Runtime) -> None:
-    cancel_open_jobs(runtime.sessions)
+    end_earlier_work(runtime.sessions)
     broker = redis.Redis.from_url(stack.broker_url)
     try:
         forget_earlier_tests(broker)

@@ -80,14 +80,16 @@ def test_a_limit_below_one_is_refused(stack: Stack) -> None:
 
 
 def test_the_event_loop_limiter_shares_the_window_of_the_threads_one(stack: Stack) -> None:
+    """A window of a minute: a stall of the machine between the two limiters' grants must not
+    let the first grant age out of it."""
     name = f"t-{uuid.uuid4().hex}"
-    threads = RateLimiter(name, 2, client=redis.Redis.from_url(stack.broker_url))
+    threads = RateLimiter(name, 2, 60, client=redis.Redis.from_url(stack.broker_url))
     assert threads.try_acquire()[0]
 
     async def twice() -> list[tuple[bool, float]]:
         client = redis.asyncio.Redis.from_url(stack.broker_url)
         try:
-            loop = AsyncRateLimiter(name, 2, client=client)
+            loop = AsyncRateLimiter(name, 2, 60, client=client)
             return [await loop.try_acquire(), await loop.try_acquire()]
         finally:
             await client.aclose()
@@ -95,7 +97,7 @@ def test_the_event_loop_limiter_shares_the_window_of_the_threads_one(stack: Stac
     [(first, _), (second, wait_s)] = asyncio.run(twice())
 
     assert first and not second
-    assert 0 < wait_s <= 1.0
+    assert 0 < wait_s <= 60.0
 
 
 def test_checks_sent_together_are_granted_in_order_in_one_window(stack: Stack) -> None:
