@@ -61,6 +61,7 @@ def api(host: str = "127.0.0.1", port: int = 8000) -> None:
         log_config=None,
         proxy_headers=True,
         forwarded_allow_ips=settings.forwarded_allow_ips,
+        timeout_graceful_shutdown=settings.api_shutdown_grace_s,
     )
 
 

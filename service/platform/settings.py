@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     api_db_pool_size: int = Field(default=20, ge=1)
     """Connections an API process keeps open; requests beyond it open and close their own, which
     costs PostgreSQL a backend each, so it is sized for the thread pool's usual concurrency."""
+    api_shutdown_grace_s: int = Field(default=5, ge=1)
+    """How long a stopping API lets the requests in flight finish. Event streams never finish
+    by themselves: they are cut then, and their clients resume after their last event."""
     event_keepalive_s: float = Field(default=EVENT_KEEPALIVE_S, gt=0)
     rate_limit_per_s: float = Field(default=100.0, ge=0)
     """Requests per second each API key may send, shared by every API process; 0: no limit."""

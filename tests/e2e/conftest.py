@@ -152,12 +152,13 @@ class Cluster:
         return proc
 
     def api(self, **settings: str) -> str:
-        """A live API (uvicorn, as in production) on a free port; returns its base URL."""
+        """A live API, as ``flowbeat api`` serves it in production, on a free port; returns its
+        base URL."""
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        argv = [sys.executable, "-m", "uvicorn", "--factory", "api.app:app_from_env"]
-        argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        argv = [sys.executable, "-m", "service.cli", "api", "--host", "127.0.0.1"]
+        argv += ["--port", str(port)]
         env = {**self.env, **{f"FLOWBEAT_{k.upper()}": v for k, v in settings.items()}}
         proc = Proc(argv, env, self.tmp / f"api-{len(self.procs)}.log")
         self.procs.append(proc)

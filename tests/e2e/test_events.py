@@ -2,6 +2,8 @@
 
 import contextlib
 import json
+import os
+import signal
 import threading
 import uuid
 from collections.abc import Iterator
@@ -159,6 +161,31 @@ def test_many_open_streams_each_receive_every_event_of_their_jobs(
     )
     mine = [e for e in everything if e["job_id"] in ids]
     assert len({(e["job_id"], e["seq"]) for e in mine}) == len(mine) == expected
+
+
+@pytest.mark.timeout(120)
+def test_a_stopping_api_cuts_its_open_streams_after_its_grace_and_exits(
+    client: Client, cluster: Cluster
+) -> None:
+    """A stream never ends by itself; the API told to stop must not wait for it."""
+    base = cluster.api(event_keepalive_s=KEEPALIVE_S, api_shutdown_grace_s="1")
+    api = cluster.procs[-1]
+    key = _key(client)
+    opened, ended = threading.Event(), threading.Event()
+
+    def follow() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            for _ in _ndjson(base, key, "/v1/events"):
+                opened.set()
+        ended.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    assert opened.wait(30), "the stream's first keep-alive"
+
+    os.killpg(api.popen.pid, signal.SIGTERM)
+
+    assert api.popen.wait(timeout=30) is not None
+    assert ended.wait(10), "the stream was cut"
 
 
 @pytest.mark.timeout(120)

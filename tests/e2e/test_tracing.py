@@ -80,6 +80,7 @@ def test_a_job_is_one_trace_from_the_request_to_its_outbound_call(
             30,
             "every span of the job's trace",
         )
+        cluster.close()  # while the receiver answers: an exporter left without one retries at exit
 
     by_service = {span.service for span in spans}
     assert by_service == {"flowbeat-api", "flowbeat-worker"}
@@ -191,4 +192,5 @@ def test_steps_the_beat_sends_stay_in_the_trace_their_job_began_in(
             30,
             "the fire and every step in one trace",
         )
+        cluster.close()  # while the receiver answers: an exporter left without one retries at exit
     assert {s.service for s in spans if s.name == "schedule.fire"} == {"flowbeat-beat"}
