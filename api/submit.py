@@ -6,7 +6,6 @@ message for a job that PostgreSQL does not hold yet.
 
 import logging
 import re
-import uuid
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
 from service.catalogue.notices import validate_notify_url
 from service.catalogue.resolution import seen_resolution
-from service.engine.intake import NewJob, insert_jobs_if_resolved, let_in_new, new_job
+from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job
 from service.engine.jobs import job_view, new_job_view
 from service.engine.runtime import Runtime
 from service.engine.submission import JobRequest, submit_job
@@ -34,7 +33,6 @@ from service.language.specs import NAME_PATTERN
 from service.platform import logs, tracing
 from service.platform.audit import Actor
 from service.platform.auth import Principal
-from service.platform.clock import utcnow
 from service.platform.constants import API_JOB_BATCH_MAX, API_LOOP_DB_WAIT_S
 from service.platform.db import autocommit, connect_kwargs, libpq_url
 from service.platform.egress import check_notify_url
@@ -137,11 +135,6 @@ class LoopIO:
     jobs: Coalescer[Submission, bool]
 
 
-def _sent(job: NewJob, let_in: set[uuid.UUID]) -> bool:
-    """Whether a stored job goes out now: one waiting for a slot only if it took one."""
-    return job.values["waiting_for"] is None or job.id in let_in
-
-
 @asynccontextmanager
 async def loop_io(
     settings: Settings, runtime: Runtime, celery_app: "Celery"
@@ -177,16 +170,13 @@ async def loop_io(
                     [s.job for s in batch],
                     open_jobs_limit=settings.max_open_jobs_per_owner,
                 )
-                let_in = await let_in_new(
-                    conn, [s.job for s in batch if s.job.id in stored], sent_at=utcnow()
-                )
         except PoolTimeout:
             return [False] * len(batch)
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             if len(batch) == 1:
                 return [exc]
             return [answer for s in batch for answer in await store_and_send([s])]
-        sent = [s for s in batch if s.job.id in stored and _sent(s.job, let_in)]
+        sent = [s for s in batch if s.job.id in stored and s.job.values["waiting_for"] is None]
         outcomes = await publish_new_jobs_async(celery_app, runtime, broker, [s.plan for s in sent])
         failed = {s.job.id: o for s, o in zip(sent, outcomes, strict=True) if o is not None}
         return [failed.get(s.job.id, s.job.id in stored) for s in batch]

@@ -4,13 +4,16 @@ Concurrency keys: at most ``limit`` open jobs of one pipeline share a key's valu
 
 A job over its key's limit is stored queued and ``waiting_for`` a slot, and nothing of it is
 sent, so it holds neither a worker nor a message; a job that waits is never claimed (the claim
-statement skips jobs that wait, whoever sent their message). It is let in, oldest first, by
-whoever finds a slot free: the submission that stores it when nobody is ahead of it, the beat
-leader when a keyed job ends or a waiting one is stored (PostgreSQL wakes it through the
-schedules channel, see migration 0025), and the sweeper at every pass. Each of them counts and
-lets in under a transaction-scoped advisory lock on the key, so two API processes or a beat
-and a sweeper never both take the last slot. A slot is held while the job is open: a worker
-killed under it does not end the job, which the sweeper sends again, so no slot leaks.
+statement skips jobs that wait, whoever sent their message). The statement that stores a keyed
+job decides which: it is stored let in when its key has a slot free and no job of the key waits
+ahead of it (``admitted``), the usual case, so it is written once and wakes nobody. A waiting
+job is let in, oldest first, by whoever finds a slot free: the beat leader when a keyed job ends
+or a waiting one is stored (PostgreSQL wakes it through the schedules channel, see migration
+0025), and the sweeper at every pass. Each of them counts and lets in under a
+transaction-scoped advisory lock on the key, held until its transaction commits, so two API
+processes or a beat and a sweeper never both take the last slot. A slot is held while the job
+is open: a worker killed under it does not end the job, which the sweeper sends again, so no
+slot leaks.
 
 Fair share (``FLOWBEAT_FAIR_SHARE_AHEAD``): jobs submitted through the API wait their turn
 while that many jobs of their queue (their first step's) are sent and not started; the beat
@@ -33,9 +36,12 @@ from service.platform.states import JobStatus
 WAITING_FOR_SLOT = "concurrency"
 WAITING_FOR_TURN = "turn"
 
-_LET_IN = text("SELECT * FROM flowbeat_let_in(:key, :limit, :only, :sent_at)")
-"""One statement in a function of migration 0025: it takes the key's advisory lock, then
+_LET_IN = text("SELECT * FROM flowbeat_let_in(:key, :limit, :sent_at)")
+"""One statement in a function of migration 0036: it takes the key's advisory lock, then
 counts and lets in with a snapshot taken after the lock, so it is safe in autocommit too."""
+SLOT_ROOM = "flowbeat_slot_room"
+"""Migration 0036's function: under the key's advisory lock, and with a snapshot taken after
+it, how many slots of the key are free to a new job: none while a job of the key waits."""
 _TAKE_TURNS = text("SELECT * FROM flowbeat_take_turns(:ahead, :only, :sent_at)")
 """Migration 0027's function: under one advisory lock, as many jobs as ``ahead`` leaves room
 for beside those sent and not started, each owner's oldest first, owner by owner."""
@@ -62,21 +68,11 @@ def job_key(profile: Profile, owner: str, params: dict[str, Any]) -> str | None:
     return f"{owner}/{profile.name}/{value}"
 
 
-def let_in(
-    session: Session,
-    key: str,
-    limit: int,
-    *,
-    sent_at: datetime | None,
-    only: uuid.UUID | None = None,
-) -> list[uuid.UUID]:
+def let_in(session: Session, key: str, limit: int, *, sent_at: datetime) -> list[uuid.UUID]:
     """Let in the oldest jobs waiting on ``key`` while slots are free, recorded as sent at
-    ``sent_at``; their ids, to send once the caller has committed. With ``only``, that job
-    if its turn has come, and none ahead of it: those are the beat's, which their storing
-    woke. The limit is the newest waiting job's: a pipeline saved with a new limit applies
-    it from its next job on."""
-    values = {"key": key, "limit": limit, "only": only, "sent_at": sent_at}
-    rows = session.execute(_LET_IN, values)
+    ``sent_at``; their ids, to send once the caller has committed. The limit is the newest
+    waiting job's: a pipeline saved with a new limit applies it from its next job on."""
+    rows = session.execute(_LET_IN, {"key": key, "limit": limit, "sent_at": sent_at})
     return [row[0] for row in rows]
 
 
@@ -95,7 +91,8 @@ def waiting_turns(session: Session) -> bool:
 
 
 def slot_values(profile: Profile, owner: str, params: dict[str, Any]) -> dict[str, Any]:
-    """A new job's columns for its key: one with a key is stored waiting and unsent."""
+    """A new job's columns for its key: one with a key asks for a slot, and the statement
+    that stores it stores it let in or waiting and unsent (``admitted``)."""
     key = job_key(profile, owner, params)
     if key is None or profile.concurrency is None:
         return {"concurrency_key": None, "concurrency_limit": None, "waiting_for": None}
@@ -103,7 +100,16 @@ def slot_values(profile: Profile, owner: str, params: dict[str, Any]) -> dict[st
         "concurrency_key": key,
         "concurrency_limit": profile.concurrency.limit,
         "waiting_for": WAITING_FOR_SLOT,
-        "dispatched_at": None,
+    }
+
+
+def admitted(let: str, waiting_for: str, dispatched_at: str) -> dict[str, str]:
+    """The SQL of a new job's ``waiting_for`` and ``dispatched_at`` as stored, from those it
+    asked for and ``let``, whether a slot of its key is its (NULL: it has no key): one let in
+    no longer waits, one left waiting is not sent."""
+    return {
+        "waiting_for": f"CASE WHEN {let} THEN NULL ELSE {waiting_for} END",
+        "dispatched_at": f"CASE WHEN {let} IS false THEN NULL ELSE {dispatched_at} END",
     }
 
 

@@ -1,7 +1,7 @@
 """The event loop's intake: jobs that arrive together are stored in one statement on an
-autocommitted connection, the keyed ones let in by one more, and sent together; what this
-path cannot take it leaves to ``service.engine.submission.submit_job``, which answers as it
-always has."""
+autocommitted connection, the keyed ones let in or left waiting by that statement, and sent
+together; what this path cannot take it leaves to ``service.engine.submission.submit_job``,
+which answers as it always has."""
 
 import uuid
 from collections.abc import Sequence
@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from service.catalogue.pipelines import own_or_shared
 from service.catalogue.resolution import ResolvedPipeline
+from service.engine.concurrency import SLOT_ROOM, WAITING_FOR_SLOT, admitted
 from service.engine.submission import (
     JOB_COLUMNS,
     JobRequest,
@@ -39,6 +40,7 @@ _BATCH_COLUMNS = ", ".join(
     + [f"{column} text" for column in audit_columns(None)]
 )
 _OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
+_STORED_AS = admitted("let", "waiting_for", "dispatched_at")
 _INSERT_JOBS_IF_RESOLVED = (
     f"""
     WITH batch AS (
@@ -66,19 +68,38 @@ _INSERT_JOBS_IF_RESOLVED = (
                      WHERE owner = fresh.owner AND status IN ({_OPEN_STATUSES})
                      LIMIT greatest(%(cap)s, 0)
                 ) AS open_jobs) + fresh.owner_rank <= %(cap)s)
+    ), rooms AS (
+        SELECT keys.key, {SLOT_ROOM}(keys.key, keys.lim) AS n
+          FROM (SELECT DISTINCT ON (concurrency_key) concurrency_key AS key,
+                       concurrency_limit AS lim
+                  FROM allowed WHERE waiting_for = '{WAITING_FOR_SLOT}'
+                 ORDER BY concurrency_key, ord DESC) AS keys
+    ), placed AS (
+        SELECT allowed.*,
+               CASE WHEN allowed.waiting_for = '{WAITING_FOR_SLOT}' THEN
+                   row_number() OVER (PARTITION BY allowed.concurrency_key ORDER BY allowed.ord)
+                   <= rooms.n
+               END AS let
+          FROM allowed
+          LEFT JOIN rooms ON allowed.waiting_for = '{WAITING_FOR_SLOT}'
+                         AND rooms.key = allowed.concurrency_key
     ), new_job AS (
         INSERT INTO jobs ({", ".join(JOB_COLUMNS)})
-        SELECT {", ".join(JOB_COLUMNS)} FROM allowed ORDER BY ord
+        SELECT {", ".join(_STORED_AS.get(column, column) for column in JOB_COLUMNS)}
+          FROM placed ORDER BY ord
         ON CONFLICT (owner, idempotency_key) DO NOTHING
-        RETURNING id"""
+        RETURNING id, waiting_for, dispatched_at"""
     + new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
     + submit_events(
         "allowed.created_at, allowed.audit_channel, allowed.audit_source, allowed.audit_actor,"
         " allowed.owner, allowed.pipeline, allowed.pipeline_version",
         "new_job JOIN allowed USING (id) WHERE allowed.audit_channel IS NOT NULL",
     )
-    + " SELECT id FROM new_job"
+    + " SELECT id, waiting_for, dispatched_at FROM new_job"
 )
+"""``rooms`` asks ``SLOT_ROOM`` once a key of the batch, in the keys' order (so two batches
+take their keys' locks in one order), and a key's jobs of the batch take its free slots in
+their order, before any job is inserted; the locks are held until the statement commits."""
 
 
 @dataclass(frozen=True)
@@ -131,50 +152,19 @@ async def insert_jobs_if_resolved(
     A job left out says only that it was not stored: ``submit_job`` then finds out why and
     answers as it always does. One statement instead of the lookup, the open-jobs count and
     the insert, for every job of the batch: one round trip and one commit, and the lookup can
-    be skipped safely from a hint.
+    be skipped safely from a hint. A keyed job stored is let in or left waiting by the same
+    statement, as ``submit_job`` stores one; its values say which.
     """
     rows = [_batch_row(ord_, job) for ord_, job in enumerate(jobs)]
     cursor = await conn.execute(
         _INSERT_JOBS_IF_RESOLVED, {"jobs": Jsonb(rows), "cap": open_jobs_limit}
     )
-    stored = {row[0] for row in await cursor.fetchall()}
+    stored = {row[0]: row[1:] for row in await cursor.fetchall()}
     for job in jobs:
         if job.id in stored:
+            job.values.update(zip(("waiting_for", "dispatched_at"), stored[job.id], strict=True))
             metrics.JOBS_SUBMITTED.labels(job.values["pipeline"], job.values["trigger"]).inc()
-    return stored
-
-
-_LET_IN_NEW = """
-    SELECT let.job FROM unnest(%(keys)s::text[], %(limits)s::int[], %(ids)s::uuid[])
-                        WITH ORDINALITY AS w(key, lim, id, ord)
-     CROSS JOIN LATERAL flowbeat_let_in(w.key, w.lim, w.id, %(sent_at)s) AS let(job)
-     ORDER BY w.ord
-"""
-
-
-async def let_in_new(
-    conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], *, sent_at: datetime
-) -> set[uuid.UUID]:
-    """The stored jobs of ``jobs`` waiting for a slot that take one now, in one statement, as
-    ``take_slot`` does for a job stored alone: each only if none of its key waits ahead of
-    it, so those are left to the beat that their storing woke."""
-    waiting = [job for job in jobs if job.values["waiting_for"] is not None]
-    if not waiting:
-        return set()
-    cursor = await conn.execute(
-        _LET_IN_NEW,
-        {
-            "keys": [job.values["concurrency_key"] for job in waiting],
-            "limits": [job.values["concurrency_limit"] for job in waiting],
-            "ids": [job.id for job in waiting],
-            "sent_at": sent_at,
-        },
-    )
-    let = {row[0] for row in await cursor.fetchall()}
-    for job in waiting:
-        if job.id in let:
-            job.values.update(waiting_for=None, dispatched_at=sent_at)
-    return let
+    return set(stored)
 
 
 def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:

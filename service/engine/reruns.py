@@ -22,7 +22,7 @@ from service.engine.checkpoints import copy_checkpoints
 from service.engine.concurrency import slot_values
 from service.engine.jobs import get_job
 from service.engine.signals import carry_signals
-from service.engine.submission import insert_job, step_rows, take_slot
+from service.engine.submission import insert_job, step_rows
 from service.language.dag import descendants
 from service.language.params import resolve_params
 from service.language.profiles import Profile
@@ -78,7 +78,6 @@ def rerun_job(
     job["deadline_at"] = _deadline_of_rerun(parent, now)
     job["traceparent"] = tracing.traceparent()
     insert_job(session, job, step_rows(profile, reused, now))
-    take_slot(session, job, publish_now=True)
     _copy_reused(session, parent.id, job["id"], reused, fan_out_kept, now)
     carry_signals(session, parent.id, job["id"], profile, reused)
     session.flush()

@@ -17,7 +17,14 @@ from sqlalchemy.orm import Session
 
 from service.catalogue.notices import validate_notify_url
 from service.catalogue.resolution import ResolvedPipeline, resolve_pipeline
-from service.engine.concurrency import WAITING_FOR_TURN, let_in, slot_values, take_turns
+from service.engine.concurrency import (
+    SLOT_ROOM,
+    WAITING_FOR_SLOT,
+    WAITING_FOR_TURN,
+    admitted,
+    slot_values,
+    take_turns,
+)
 from service.language.checks import validate_profile
 from service.language.params import resolve_params
 from service.language.profiles import Profile
@@ -141,7 +148,8 @@ def submit_job(
 
     Everything it reads is read-only and its one write is a single statement, so a caller may
     run it in autocommit (``service.platform.db.autocommit``) and still store all of a job or none;
-    a job stored waiting then lets itself in, in one more statement, or is let in by the beat.
+    that statement stores a keyed job let in if a slot of its key is free and none of it waits,
+    else waiting for the beat to let it in.
     """
     resolved = resolve_request(
         session,
@@ -165,9 +173,9 @@ def submit_job(
     job = job_values(request, resolved, params, request_hash, owner, publish_now)
     if fair_share_ahead and job["waiting_for"] is None:
         job.update(waiting_for=WAITING_FOR_TURN, dispatched_at=None)
-    if insert_job(session, job, step_rows(profile), audit):
-        job = take_slot(session, job, publish_now)
-        return JobRow(**take_turn(session, job, fair_share_ahead, publish_now)), True
+    stored = insert_job(session, job, step_rows(profile), audit)
+    if stored is not None:
+        return JobRow(**take_turn(session, stored, fair_share_ahead, publish_now)), True
     raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
     if raced is None:
         raise IdempotencyConflict(
@@ -241,21 +249,29 @@ def new_steps(steps_from: str) -> str:
     )"""
 
 
+_STORED_AS = admitted(
+    "(SELECT let FROM slot)", "%(waiting_for)s::text", "%(dispatched_at)s::timestamptz"
+)
 _INSERT_JOB = (
     f"""
-    WITH new_job AS (
+    WITH slot AS (
+        SELECT {SLOT_ROOM}(%(concurrency_key)s::text, %(concurrency_limit)s::int) > 0 AS let
+         WHERE %(waiting_for)s::text = '{WAITING_FOR_SLOT}'
+    ), new_job AS (
         INSERT INTO jobs ({", ".join(JOB_COLUMNS)})
-        VALUES ({", ".join(f"%({column})s" for column in JOB_COLUMNS)})
+        VALUES ({", ".join(_STORED_AS.get(column, f"%({column})s") for column in JOB_COLUMNS)})
         ON CONFLICT (owner, idempotency_key) DO NOTHING
-        RETURNING id"""
+        RETURNING id, waiting_for, dispatched_at"""
     + new_steps("new_job, jsonb_to_recordset(%(steps)s)")
     + submit_events(
         "%(created_at)s::timestamptz, %(audit_channel)s::text, %(audit_source)s::text,"
         " %(audit_actor)s::text, %(owner)s::text, %(pipeline)s::text, %(pipeline_version)s::int",
         "new_job WHERE %(audit_channel)s::text IS NOT NULL",
     )
-    + " SELECT count(*) FROM new_job"
+    + " SELECT waiting_for, dispatched_at FROM new_job"
 )
+"""A keyed job is stored let in or waiting by this statement, which asks ``SLOT_ROOM`` before
+it inserts; the key's lock it takes is held until the caller commits the job."""
 
 
 def step_rows(
@@ -294,28 +310,17 @@ def insert_job(
     job: dict[str, Any],
     steps: list[dict[str, Any]],
     audit: Actor | None = None,
-) -> bool:
+) -> dict[str, Any] | None:
     """The job and its steps (and, with ``audit``, its audit event) in one constant statement;
-    ``False`` if its idempotency key was taken first. ``ON CONFLICT`` waits for a concurrent
-    holder of the key to commit or roll back, so a key is never stored twice and no savepoint
-    is needed."""
+    the job's values as stored (a keyed job let in or left waiting), or ``None`` if its
+    idempotency key was taken first. ``ON CONFLICT`` waits for a concurrent holder of the key
+    to commit or roll back, so a key is never stored twice and no savepoint is needed."""
     row = driver(session).execute(_INSERT_JOB, _insert_values(job, steps, audit)).fetchone()
-    inserted = row is not None and row[0] == 1
-    if inserted:
-        counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
-        metrics.after_commit(session, counter.inc)
-    return inserted
-
-
-def take_slot(session: Session, job: dict[str, Any], publish_now: bool) -> dict[str, Any]:
-    """A job stored waiting for a slot of its key takes one now if its turn has come; the
-    values it then has. One that still waits is sent by whoever lets it in."""
-    key, sent_at = job["concurrency_key"], utcnow() if publish_now else None
-    if key is None or not let_in(
-        session, key, job["concurrency_limit"], sent_at=sent_at, only=job["id"]
-    ):
-        return job
-    return {**job, "waiting_for": None, "dispatched_at": sent_at}
+    if row is None:
+        return None
+    counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
+    metrics.after_commit(session, counter.inc)
+    return {**job, "waiting_for": row[0], "dispatched_at": row[1]}
 
 
 def take_turn(

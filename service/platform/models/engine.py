@@ -74,10 +74,18 @@ class JobRow(Base):
             postgresql_where=text("status = 'queued' AND waiting_for = 'turn'"),
         ),
         Index(
-            "ix_jobs_open_by_concurrency_key",
+            "ix_jobs_slot_holders",
+            "concurrency_key",
+            postgresql_where=text(
+                f"concurrency_key IS NOT NULL AND waiting_for IS NULL AND status IN {JOB_OPEN_SQL}"
+            ),
+        ),
+        Index(
+            "ix_jobs_slot_waiting",
             "concurrency_key",
             "created_at",
-            postgresql_where=text(f"concurrency_key IS NOT NULL AND status IN {JOB_OPEN_SQL}"),
+            "id",
+            postgresql_where=text("waiting_for = 'concurrency' AND status = 'queued'"),
         ),
         Index("ix_jobs_open_deadline", "deadline_at", postgresql_where=text(OPEN_DEADLINE)),
     )

@@ -1,25 +1,31 @@
 """Concurrency keys: at most ``limit`` open jobs of a pipeline share a key's value; the others
 wait queued, unsent and unclaimable, and are let in oldest first as slots free."""
 
+import asyncio
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
+from service.catalogue.resolution import ResolvedPipeline
 from service.engine.claims import fast_claim
 from service.engine.concurrency import let_in_all, take_turns
+from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
 from service.engine.sweeper import sweep
+from service.language.checks import validate_profile
 from service.platform.clock import utcnow
-from service.platform.db import driver, unit_of_work
+from service.platform.db import driver, libpq_url, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
-from service.platform.states import JobStatus
+from service.platform.states import JOB_OPEN, JobStatus
 from tests.support.arrange import walk
 
 TENANTS = {
@@ -242,3 +248,150 @@ def test_a_queue_no_worker_takes_from_holds_back_only_its_own_jobs(runtime: Runt
     assert plain.waiting_for is None, "two jobs sent to another queue are not ahead of it"
     with unit_of_work(runtime.sessions) as session:
         assert take_turns(session, 2, sent_at=utcnow()) == [], "the gpu queue is full"
+
+
+def _held(rt: Runtime, owner: str, tenant: str) -> int:
+    with unit_of_work(rt.sessions) as session:
+        return len(
+            session.scalars(
+                select(JobRow.id).where(
+                    JobRow.concurrency_key == f"{owner}/per-tenant/{tenant}",
+                    JobRow.waiting_for.is_(None),
+                    JobRow.status.in_(sorted(JOB_OPEN)),
+                )
+            ).all()
+        )
+
+
+def _wait_for_the_key_lock(rt: Runtime) -> None:
+    """Until a backend of this test database waits for an advisory lock: the second
+    submission, queued behind the first's key."""
+    deadline = time.monotonic() + 10
+    with psycopg.connect(libpq_url(rt.settings.require_database_url()), autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                """SELECT count(*) FROM pg_locks
+                    WHERE locktype = 'advisory' AND NOT granted
+                      AND database = (SELECT oid FROM pg_database
+                                       WHERE datname = current_database())"""
+            ).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the second submission never waited for the first's key")
+
+
+def _lane_job(rt: Runtime, owner: str, tenant: str) -> NewJob:
+    profile = validate_profile(dict(TENANTS), source="inline", known_actions=rt.registry.names())
+    request = JobRequest(pipeline="per-tenant", params={"tenant": tenant})
+    return new_job(request, ResolvedPipeline(profile, None, None), owner=owner, name="per-tenant")
+
+
+def _store_on_the_lane(rt: Runtime, jobs: list[NewJob]) -> set[uuid.UUID]:
+    async def insert() -> set[uuid.UUID]:
+        url = libpq_url(rt.settings.require_database_url())
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            return await insert_jobs_if_resolved(conn, jobs, open_jobs_limit=0)
+
+    return asyncio.run(insert())
+
+
+def _second_by_route(rt: Runtime, owner: str) -> JobRow:
+    return _submit(rt, owner, "last")
+
+
+def _second_by_lane(rt: Runtime, owner: str) -> JobRow:
+    job = _lane_job(rt, owner, "last")
+    assert _store_on_the_lane(rt, [job]) == {job.id}
+    return JobRow(**job.values)
+
+
+@pytest.mark.parametrize("second_by", [_second_by_route, _second_by_lane], ids=["route", "lane"])
+@pytest.mark.parametrize("first_ends", ["commit", "rollback"])
+def test_two_submissions_racing_for_the_last_slot_take_it_once(
+    runtime: Runtime, owner: str, first_ends: str, second_by: Callable[[Runtime, str], JobRow]
+) -> None:
+    """Two API processes, each on its own connection: the second asks for the key's last slot
+    while the first holds it uncommitted, so it waits for the first's key lock, then counts
+    what the first left (its job, or none)."""
+    _submit(runtime, owner, "last")
+    session = runtime.sessions()
+    try:
+        first, _ = submit_job(
+            session,
+            JobRequest(pipeline=TENANTS, params={"tenant": "last"}),
+            owner=owner,
+            profiles_dir=runtime.settings.profiles_dir,
+            known_actions=runtime.registry.names(),
+        )
+        assert first.waiting_for is None, "the last slot is the first's while it holds it"
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            second = pool.submit(second_by, runtime, owner)
+            _wait_for_the_key_lock(runtime)
+            getattr(session, first_ends)()
+            late = second.result(timeout=10)
+    finally:
+        session.close()
+
+    if first_ends == "commit":
+        assert late.waiting_for == "concurrency" and late.dispatched_at is None
+    else:
+        assert late.waiting_for is None and late.dispatched_at is not None
+    assert _held(runtime, owner, "last") == 2
+
+
+_JOB_WRITES = text(
+    "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+)
+"""This backend's writes to ``jobs`` not yet in the shared statistics: compared before and after
+within one transaction, what its statements wrote."""
+
+
+def test_a_job_with_room_is_stored_let_in_by_its_insert_and_wakes_nobody(
+    runtime: Runtime, owner: str
+) -> None:
+    """The usual case costs one write of the job row and no notice to the beat; a job left
+    waiting is announced, so the beat lets it in when a slot frees."""
+    heard: list[str] = []
+    url = libpq_url(runtime.settings.require_database_url())
+    with psycopg.connect(url, autocommit=True) as beat:
+        beat.add_notify_handler(lambda notice: heard.append(notice.payload))
+        beat.execute("LISTEN flowbeat_schedules")
+        with unit_of_work(runtime.sessions) as session:
+            before = session.execute(_JOB_WRITES).one()
+            job, _ = submit_job(
+                session,
+                JobRequest(pipeline=TENANTS, params={"tenant": "quiet"}),
+                owner=owner,
+                profiles_dir=runtime.settings.profiles_dir,
+                known_actions=runtime.registry.names(),
+            )
+            after = session.execute(_JOB_WRITES).one()
+        beat.execute("SELECT 1")
+        assert (job.waiting_for, job.dispatched_at is not None) == (None, True)
+        writes = tuple(a - b for a, b in zip(after, before, strict=True))
+        assert writes == (1, 0), "inserted let in, not updated after"
+        assert heard == []
+
+        _submit(runtime, owner, "quiet")
+        _submit(runtime, owner, "quiet")
+        beat.execute("SELECT 1")
+        assert heard == ["concurrency"], "only the job over the limit wakes the beat"
+
+
+def test_a_batch_of_one_key_takes_its_free_slots_in_order_and_the_rest_wait(
+    runtime: Runtime, owner: str
+) -> None:
+    jobs = [_lane_job(runtime, owner, "batch") for _ in range(3)]
+
+    assert _store_on_the_lane(runtime, jobs) == {job.id for job in jobs}
+
+    assert [job.values["waiting_for"] for job in jobs] == [None, None, "concurrency"]
+    assert [job.values["dispatched_at"] is None for job in jobs] == [False, False, True]
+    assert _waiting(runtime, [job.id for job in jobs]) == [False, False, True]
+    _finish(runtime, jobs[0].id)
+    late = _lane_job(runtime, owner, "batch")
+    _store_on_the_lane(runtime, [late])
+    assert late.values["waiting_for"] == "concurrency", "the slot is the older job's"
+    with unit_of_work(runtime.sessions) as session:
+        assert let_in_all(session, utcnow()) == [jobs[2].id]
