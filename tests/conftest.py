@@ -73,6 +73,7 @@ class Stack:
             "FLOWBEAT_STALL_AFTER_S": "20",
             "FLOWBEAT_DISPATCH_GRACE_S": "2",
             "FLOWBEAT_WORKER_PREFETCH": "1",
+            "FLOWBEAT_API_SHUTDOWN_GRACE_S": "1",
             "FLOWBEAT_EGRESS_ALLOW_HTTP": "true",
             "FLOWBEAT_EGRESS_INTERNAL_HOSTS": LOCAL_HOSTS,
             DRILL_RUN_ENV: run,
