@@ -52,10 +52,10 @@ PYTEST = FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} 
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
 
 # Test processes (pytest-xdist). The e2e and chaos tests mostly wait on the processes they start,
-# so WORKERS=4 keeps two cores busier (make test in half the time), but on a loaded machine
-# it still lost timing drills: two until it runs clean. The unit tier is CPU-bound. Each test
-# process holds one of the server's 15 free Redis DB numbers while it runs.
-WORKERS ?= 2
+# so three keep two cores busy: make test's pytest took 8.5 min with three, 12 with two. Four
+# lost timing drills on a loaded machine. The unit tier is CPU-bound. Each test process holds
+# one of the server's 15 free Redis DB numbers while it runs.
+WORKERS ?= 3
 UNIT_WORKERS ?= 2
 
 # Lint, the docs site and every tier but cluster in one run, so the workers stay busy to the
