@@ -40,7 +40,7 @@ from service.engine.checkpoints import write_checkpoint
 from service.engine.compensations import unfinished
 from service.engine.completion import record_failure, succeed_step, unresolvable
 from service.engine.jobs import cancel_job
-from service.engine.leases import HeldRows, parked_rows
+from service.engine.leases import HeldRows, due_rows, parked_rows
 from service.engine.steps import StepKey, Unresolvable
 from service.engine.submission import JobRequest, submit_job
 from service.engine.waits import TIMED_RETRY
@@ -326,19 +326,9 @@ def _send_due(session: Session, now: datetime, work: ChildWork) -> None:
     """Steps whose backoff after a failed child is over: their timer cleared, and sent, so the
     next attempt's claim records the next call. A message lost after the commit is the
     sweeper's, as any: the row is then an ordinary ``retrying`` one."""
-    due = session.execute(
-        select(StepRunRow.job_id, StepRunRow.step_id)
-        .where(_BACKING_OFF, StepRunRow.wake_at <= now)
-        .order_by(StepRunRow.wake_at)
-        .limit(CHILD_BATCH)
-    ).all()
-    for job_id, step_id in due:
-        rows = parked_rows(session, StepKey(job_id, step_id), TIMED_RETRY, skip_locked=True)
-        if rows is None:
-            continue
-        job, row = rows
+    for job, row in due_rows(session, _BACKING_OFF, TIMED_RETRY, now, CHILD_BATCH):
         row.wake_at = None
-        work.ready.append(steps_plan(job_profile(job), job.id, [step_id]).at(job.priority))
+        work.ready.append(steps_plan(job_profile(job), job.id, [row.step_id]).at(job.priority))
 
 
 def next_retry(session: Session) -> datetime | None:

@@ -9,11 +9,12 @@ alive by the same renewal.
 """
 
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, Select, select, update
 from sqlalchemy.orm import Session
 
 from service.engine.steps import Lease, StepKey
@@ -28,16 +29,17 @@ TAKE_LEASE = f"""status = '{StepStatus.RUNNING}', attempts = s.attempts + 1,
 """What a claim statement sets on the step row ``s`` it takes."""
 
 
+def _step_row(key: StepKey, *conditions: ColumnElement[bool]) -> Select[StepRunRow]:
+    return select(StepRunRow).where(
+        StepRunRow.job_id == key.job_id,
+        StepRunRow.step_id == key.step_id,
+        StepRunRow.shard == key.shard,
+        *conditions,
+    )
+
+
 def lock_step(session: Session, key: StepKey) -> StepRunRow:
-    row = session.scalars(
-        select(StepRunRow)
-        .where(
-            StepRunRow.job_id == key.job_id,
-            StepRunRow.step_id == key.step_id,
-            StepRunRow.shard == key.shard,
-        )
-        .with_for_update()
-    ).one_or_none()
+    row = session.scalars(_step_row(key).with_for_update()).one_or_none()
     if row is None:
         raise StopChain(f"no step {key}")
     return row
@@ -78,17 +80,31 @@ def parked_rows(
     for whoever resumes it without a lease (a timer, a child's end); ``None`` when the row no
     longer meets ``still`` or its job is over, as a cancel or another resumer left them."""
     job = session.scalars(select(JobRow).where(JobRow.id == key.job_id).with_for_update()).one()
-    row = session.scalars(
-        select(StepRunRow)
-        .where(
-            StepRunRow.job_id == key.job_id,
-            StepRunRow.step_id == key.step_id,
-            StepRunRow.shard == key.shard,
-            still,
-        )
-        .with_for_update(skip_locked=skip_locked)
-    ).one_or_none()
+    locked = _step_row(key, still).with_for_update(skip_locked=skip_locked)
+    row = session.scalars(locked).one_or_none()
     return None if row is None or job.status in JOB_FINAL else (job, row)
+
+
+def due_rows(
+    session: Session,
+    due: ColumnElement[bool],
+    still: ColumnElement[bool],
+    now: datetime,
+    limit: int,
+) -> Iterator[HeldRows]:
+    """Up to ``limit`` steps that ``due`` finds parked with their ``wake_at`` come, oldest
+    first, each locked as ``parked_rows`` locks it when the caller reaches it; one a cancel or
+    another resumer settled meanwhile is passed over."""
+    found = session.execute(
+        select(StepRunRow.job_id, StepRunRow.step_id)
+        .where(due, StepRunRow.wake_at <= now)
+        .order_by(StepRunRow.wake_at)
+        .limit(limit)
+    ).all()
+    for job_id, step_id in found:
+        rows = parked_rows(session, StepKey(job_id, step_id), still, skip_locked=True)
+        if rows is not None:
+            yield rows
 
 
 def renew_lease(

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from service.catalogue.notices import record_event
 from service.engine.checkpoints import write_checkpoint
 from service.engine.completion import succeed_step, unresolvable
-from service.engine.leases import parked_rows
+from service.engine.leases import due_rows
 from service.engine.steps import StepKey, Unresolvable, Woke
 from service.language.plan import JobPlan
 from service.language.snapshots import job_profile
@@ -82,20 +82,11 @@ def wake_due(session: Session, now: datetime) -> list[JobPlan]:
     Each job row is locked before its step row, the order a cancellation takes them in, so a
     wake and a cancel of the same job wait for each other instead of deadlocking; a step that
     a cancel settled meanwhile is found no longer sleeping and left alone."""
-    due = session.execute(
-        select(StepRunRow.job_id, StepRunRow.step_id)
-        .where(_ASLEEP, StepRunRow.wake_at <= now)
-        .order_by(StepRunRow.wake_at)
-        .limit(WAKE_BATCH)
-    ).all()
-    ready = []
-    for job_id, step_id in due:
-        asleep = StepRunRow.status == StepStatus.SLEEPING
-        rows = parked_rows(session, StepKey(job_id, step_id), asleep, skip_locked=True)
-        if rows is not None:
-            job, row = rows
-            ready.append(_wake(session, job, row, now).at(job.priority))
-    return ready
+    asleep = StepRunRow.status == StepStatus.SLEEPING
+    return [
+        _wake(session, job, row, now).at(job.priority)
+        for job, row in due_rows(session, _ASLEEP, asleep, now, WAKE_BATCH)
+    ]
 
 
 def next_wake(session: Session) -> datetime | None:
