@@ -58,10 +58,17 @@ PYTEST = FLOWBEAT_TEST_DATABASE_URL=$${FLOWBEAT_TEST_DATABASE_URL:-$(LOCAL_PG)} 
 WORKERS ?= 3
 UNIT_WORKERS ?= 2
 
-# Lint, the docs site and every tier but cluster in one run, so the workers stay busy to the
-# end. The cluster tier needs root and takes minutes alone: make cluster.
-test: lint docs
-	$(PYTEST) -n $(WORKERS) --dist worksteal --durations=20 -m "not cluster"
+# Every tier but cluster in one run, so the workers stay busy to the end, with lint and the
+# docs site built beside it: the suite leaves about a quarter of the two cores idle, waiting on
+# the processes it starts, and lint and docs fit in it. Their output follows the tests', and
+# either failing fails the target. The cluster tier needs root and takes minutes alone: make
+# cluster.
+test: setup
+	@$(MAKE) --no-print-directory lint docs > .checks.log 2>&1 & checks=$$!; \
+	$(PYTEST) -n $(WORKERS) --dist worksteal --durations=20 -m "not cluster"; tests=$$?; \
+	wait $$checks; lint=$$?; cat .checks.log; rm -f .checks.log; \
+	[ $$lint -eq 0 ] || echo "make test: lint or the docs site failed"; \
+	[ $$tests -eq 0 ] && [ $$lint -eq 0 ]
 
 unit: setup
 	$(PYTEST) -n $(UNIT_WORKERS) -m unit
