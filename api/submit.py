@@ -20,7 +20,7 @@ from api.batching import Coalescer
 from api.schemas import JobCreate, JobPublic
 from service.catalogue.notices import validate_notify_url
 from service.catalogue.resolution import seen_resolution
-from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job
+from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job, plan_once
 from service.engine.jobs import job_view, new_job_view
 from service.engine.runtime import Runtime
 from service.engine.submission import JobRequest, submit_job
@@ -151,6 +151,7 @@ async def loop_io(
         min_size=0,
         max_size=settings.api_db_pool_size,
         kwargs={"autocommit": True, **connect_kwargs(url, settings.database_pooled)},
+        configure=None if settings.database_pooled else plan_once,
         timeout=API_LOOP_DB_WAIT_S,
         open=False,
     )

@@ -167,6 +167,17 @@ async def insert_jobs_if_resolved(
     return set(stored)
 
 
+async def plan_once(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Has ``conn`` plan the intake statement once, not for every batch. PostgreSQL plans a
+    prepared statement again for each execution's parameters while that plan looks cheaper
+    than a generic one, and for this statement it always does, since a custom plan folds the
+    open-jobs cap away: that planning was 0.6 of the 1.4 ms the statement took for one job.
+    The generic plan is made again when ANALYZE changes the statistics of a table it reads.
+    Not for a connection through a transaction pooler: nothing is prepared there, and a
+    setting of its session would reach other clients."""
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
 def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
     values = job.values
     pipeline_id = values["pipeline_id"]

@@ -79,6 +79,21 @@ def test_a_submission_by_a_known_key_is_answered_in_front_of_the_route(
     assert read["id"] == job["id"] and read["pipeline"] == "greet"
 
 
+def test_the_lanes_connections_plan_the_intake_once(
+    client: TestClient, make_key: KeyFactory
+) -> None:
+    answer = post(client, known_key(client, make_key, "write"), GREET_JOB)
+    assert answer.status_code == 202, answer.text
+
+    async def setting() -> str:
+        async with client.app.state.loop_io.pool.connection() as conn:  # type: ignore[attr-defined]
+            cursor = await conn.execute("SHOW plan_cache_mode")
+            row = await cursor.fetchone()
+            return str(row[0])
+
+    assert client.portal.call(setting) == "force_generic_plan"  # type: ignore[union-attr]
+
+
 def test_its_answer_is_the_routes_answer(
     client: TestClient, make_key: KeyFactory, route_calls: list[str]
 ) -> None:

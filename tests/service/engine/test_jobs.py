@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from service.catalogue.resolution import ResolvedPipeline
-from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job
+from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job, plan_once
 from service.engine.runtime import Runtime
 from service.engine.submission import JobRequest, submit_job
 from service.language.loading import find_profile
@@ -157,6 +157,32 @@ def slow_jobs(rt: Runtime, owner: str, keys: list[str | None]) -> list[NewJob]:
         )
         for key in keys
     ]
+
+
+def test_a_connection_planned_once_stores_every_later_batch_on_one_generic_plan(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+
+    async def plans() -> tuple[int, int]:
+        url = libpq_url(runtime.settings.require_database_url())
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await plan_once(conn)
+            for _ in range(8):
+                jobs = slow_jobs(runtime, owner, [None])
+                leftovers.extend(job.id for job in jobs)
+                assert await insert_jobs_if_resolved(conn, jobs, open_jobs_limit=0)
+            cursor = await conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%jsonb_to_recordset%'"
+            )
+            row = await cursor.fetchone()
+            assert row is not None, "the intake statement was never prepared"
+            return row[0], row[1]
+
+    generic, custom = asyncio.run(plans())
+    assert generic >= 1 and custom == 0
+    assert stored(runtime, owner) == (8, 24)
 
 
 def test_jobs_stored_together_each_get_their_own_steps(
