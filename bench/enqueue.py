@@ -16,10 +16,14 @@ production, set above the arrival rate.
 The baseline is ``bench.raw_api``: what a user would write without flowbeat, a FastAPI
 endpoint that parses the same body and calls Celery's ``send_task``, storing nothing, served
 by uvicorn in one process as flowbeat's API is, on a Redis DB of its own (with
-``--with-worker``, a raw Celery worker consumes its queue). Each round sends the same schedule
-to both, flowbeat first in odd rounds, and is calibrated before and after as the chain bench's
-rounds are; a round run on a throttled or busy machine is printed as `DISTURBED` and left out.
-The figures are the medians, over the other rounds, of each side's p99 and of their ratio.
+``--with-worker``, a raw Celery worker consumes its queue). A third side, ``stored``, is the
+same endpoint storing each job first with one ``INSERT`` into a bare table of a database of
+its own: the floor under any design that stores every job before it answers, which is what
+flowbeat's ratio to the bare endpoint is to be read against. Each round sends the same
+schedule to every side, in an order that turns round by round, and is calibrated before and
+after as the chain bench's rounds are; a round run on a throttled or busy machine is printed
+as `DISTURBED` and left out. The figures are the medians, over the other rounds, of each
+side's p99 and of their ratios.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -41,9 +46,20 @@ from urllib.parse import urlsplit
 
 from bench.chain_throughput import raw_worker
 from bench.cpu import cpu_s
-from bench.harness import PIPELINE, PROFILE_YAML, REPO, log, on_sigterm, pct, py_spy, workspace
-from bench.rounds import alternate, calibrate, disturbed, interpreter, machine_pace, pace_line
+from bench.harness import (
+    PIPELINE,
+    PROFILE_YAML,
+    REPO,
+    fresh_database,
+    log,
+    on_sigterm,
+    pct,
+    py_spy,
+    workspace,
+)
+from bench.rounds import calibrate, disturbed, interpreter, machine_pace, pace_line
 from bench.stack import serve_http, start_flowbeat
+from service.platform.db import libpq_url
 
 CLIENT_THREADS = 16
 
@@ -129,21 +145,31 @@ def main(argv: list[str] | None = None) -> int:
         raw_env = {**fb.env, "BENCH_RAW_REDIS_URL": raw_url, "PYTHONPATH": str(REPO)}
         raw_argv = [sys.executable, "-m", "bench.raw_api"]
         raw_api, raw_base = serve_http(stack, raw_argv, raw_env, ws.tmp / "raw-api.log")
+        store_url = stack.enter_context(fresh_database(ws.admin_db))
+        stored_env = {**raw_env, "BENCH_RAW_STORE_URL": libpq_url(store_url)}
+        stored_api, stored_base = serve_http(stack, raw_argv, stored_env, ws.tmp / "stored.log")
         sides = {
             "raw": Side(raw_base, fb.key, raw_api.pid, None),
+            "stored": Side(stored_base, fb.key, stored_api.pid, None),
             "flowbeat": Side(fb.base_url, fb.key, fb.api.pid, args.py_spy),
         }
         for side in sides.values():
             fire(side.base_url, side.key, args.rate, 1.0)
         for number in range(args.rounds):
             before = calibrate()
-            raw, flowbeat = alternate(
+            measured = in_turn(
                 number,
-                partial(sides["raw"].measure, args.rate, args.seconds, number),
-                partial(sides["flowbeat"].measure, args.rate, args.seconds, number),
+                {
+                    name: partial(side.measure, args.rate, args.seconds, number)
+                    for name, side in sides.items()
+                },
             )
-            rounds.append(_round(raw, flowbeat, before, calibrate()))
-            log(f"round {number + 1}: p99 {raw['p99_ms']:.1f} / {flowbeat['p99_ms']:.1f} ms")
+            rounds.append(_round(measured, before, calibrate()))
+            log(
+                f"round {number + 1}: p99 "
+                + " / ".join(f"{name} {measured[name]['p99_ms']:.1f}" for name in SIDES)
+                + " ms"
+            )
     figures = _figures(args, rounds)
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -154,9 +180,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r[side]["errors"] for r in rounds for side in SIDES) else 0
 
 
-SIDES = ("raw", "flowbeat")
+SIDES = ("raw", "stored", "flowbeat")
 TARGET_RATIO = 1.2
 """flowbeat's p99 over the bare endpoint's, at 500 jobs/s (issue 31)."""
+RATIOS = {
+    "p99_ratio": ("flowbeat", "raw"),
+    "floor_p99_ratio": ("stored", "raw"),
+    "over_floor_p99_ratio": ("flowbeat", "stored"),
+}
+"""Each ratio of p99s a round reports, as (over, under): flowbeat's against the bare endpoint
+(the target), the storing floor's against it, and flowbeat's against the floor."""
+
+
+def in_turn(number: int, sides: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, Any]:
+    """Every side's share of round ``number``, the order of the sides turned by one each round
+    so that none always runs first or after the same neighbour."""
+    names = list(sides)
+    shift = number % len(names)
+    return {name: sides[name]() for name in names[shift:] + names[:shift]}
 
 
 @dataclass
@@ -189,7 +230,9 @@ def _figures(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[str
         "median_p99_ms": {
             side: statistics.median(float(r[side]["p99_ms"]) for r in clean) for side in SIDES
         },
-        "median_p99_ratio": statistics.median(float(r["p99_ratio"]) for r in clean),
+        **{
+            f"median_{ratio}": statistics.median(float(r[ratio]) for r in clean) for ratio in RATIOS
+        },
         "median_of": "undisturbed rounds"
         if clean is not rounds
         else "all rounds (every one disturbed)",
@@ -225,16 +268,12 @@ def _side(latencies: list[float], errors: int, api_cpu_s: float) -> dict[str, An
 
 
 def _round(
-    raw: dict[str, Any],
-    flowbeat: dict[str, Any],
-    before: dict[str, float],
-    after: dict[str, float],
+    sides: dict[str, Any], before: dict[str, float], after: dict[str, float]
 ) -> dict[str, Any]:
     return {
-        "raw": raw,
-        "flowbeat": flowbeat,
-        "p99_ratio": flowbeat["p99_ms"] / raw["p99_ms"],
-        "p50_ratio": flowbeat["p50_ms"] / raw["p50_ms"],
+        **{side: sides[side] for side in SIDES},
+        **{ratio: sides[a]["p99_ms"] / sides[b]["p99_ms"] for ratio, (a, b) in RATIOS.items()},
+        "p50_ratio": sides["flowbeat"]["p50_ms"] / sides["raw"]["p50_ms"],
         "calibration": {"before": before, "after": after},
     }
 
@@ -246,14 +285,17 @@ def _print(args: argparse.Namespace, figures: dict[str, Any], rounds: list[Any])
     print(
         f"enqueue at {args.rate:.0f} jobs/s, {len(rounds)} rounds of {args.seconds:.0f} s a side, "
         f"one API process a side, {worker}, {interpreter()}; medians of {figures['median_of']}: "
-        f"p99 raw endpoint {p99['raw']:.1f} ms, flowbeat {p99['flowbeat']:.1f} ms "
-        f"(target < {TARGET_P99_MS:.0f} ms); p99 ratio {figures['median_p99_ratio']:.2f} "
-        f"(target <= {TARGET_RATIO:.1f})"
+        f"p99 raw endpoint {p99['raw']:.1f} ms, storing floor {p99['stored']:.1f} ms, flowbeat "
+        f"{p99['flowbeat']:.1f} ms (target < {TARGET_P99_MS:.0f} ms); p99 ratio "
+        f"{figures['median_p99_ratio']:.2f} (target <= {TARGET_RATIO:.1f}), floor over raw "
+        f"{figures['median_floor_p99_ratio']:.2f}, flowbeat over floor "
+        f"{figures['median_over_floor_p99_ratio']:.2f}"
     )
     for number, r in enumerate(rounds, 1):
         before, after = r["calibration"]["before"], r["calibration"]["after"]
         print(
-            f"  round {number}: p99 ratio {r['p99_ratio']:.2f}, p50 ratio {r['p50_ratio']:.2f} "
+            f"  round {number}: p99 ratio {r['p99_ratio']:.2f} (floor {r['floor_p99_ratio']:.2f}, "
+            f"over floor {r['over_floor_p99_ratio']:.2f}), p50 ratio {r['p50_ratio']:.2f} "
             f"(loop {before['loop_ms']:.0f}/{after['loop_ms']:.0f} ms, background "
             f"{before['background_cores']:.2f}/{after['background_cores']:.2f} cores, "
             f"load {before['load_1m']:.2f}/{after['load_1m']:.2f})"
@@ -262,7 +304,7 @@ def _print(args: argparse.Namespace, figures: dict[str, Any], rounds: list[Any])
         for side in SIDES:
             f = r[side]
             print(
-                f"    {side:8}: accepted {f['accepted']}, errors {f['errors']}; latency from due "
+                f"    {side:9}: accepted {f['accepted']}, errors {f['errors']}; latency from due "
                 f"time p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms, max "
                 f"{f['max_ms']:.0f} ms; API CPU {f['api_cpu_ms_per_job']:.2f} ms a job"
             )

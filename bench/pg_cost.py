@@ -2,12 +2,13 @@
 
     python -m bench.pg_cost [--jobs 2000] [--rounds 3] [--json]
 
-The chain bench's job (three no-op steps) is accepted with the API's one-statement insert and
-run by the worker's own service calls (a claim, two checkpoints that each claim the next step,
-a checkpoint that settles the job), in this one process, one job after another, with no HTTP,
-Celery or Redis around them. What the PostgreSQL backends of the database spend in between is
-the database's own cost of a job, to set beside what the full bench reads for the same
-backends while everything else competes for the cores.
+The chain bench's job (three no-op steps) is accepted with the API's one-statement insert, on a
+connection that plans it once as the API's do, and run by the worker's own service calls (a
+claim, two checkpoints that each claim the next step, a checkpoint that settles the job), in
+this one process, one job after another, with no HTTP, Celery or Redis around them. What the
+PostgreSQL backends of the database spend in between is the database's own cost of a job, to
+set beside what the full bench reads for the same backends while everything else competes for
+the cores.
 
 Each round runs twice on fresh databases, in alternating order: as migrated, and with the event
 log's triggers disabled. The difference is the most that any change to how events are appended
@@ -130,7 +131,10 @@ def measure(admin_db: str, profiles: Path, variant: str, jobs: int) -> Cost:
 
 async def _measured(rt: Any, conninfo: str, variant: str, jobs: int) -> Cost:
     """Every connection is opened before the meter starts: it counts the backends it sees."""
+    from service.engine.intake import plan_once
+
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as api_conn:
+        await plan_once(api_conn)
         with psycopg.connect(conninfo) as meter_conn:
             _run(rt, [_first_job(rt), *await _accept(rt, api_conn, WARMUP_JOBS)])
             meter = CpuMeter({}, meter_conn)
