@@ -31,8 +31,13 @@ class ProxiedRedis:
 @pytest.fixture
 def redis_proxy(cluster: Cluster) -> Iterator[ProxiedRedis]:
     """The stack's Redis behind a TCP proxy the test controls. The drill action records its
-    executions on Redis directly, so what the proxy does to a worker never loses the record."""
+    executions on Redis directly, so what the proxy does to a worker never loses the record.
+    The cluster's processes stop before the proxy closes: a worker whose broker went away
+    under it as it stopped took the whole 15 s stop timeout, then was killed."""
     broker = make_url(cluster.stack.broker_url)
     cluster.env["DRILL_REDIS_URL"] = cluster.stack.broker_url.rsplit("/", 1)[0] + "/0"
     with TcpProxy(broker.host or "127.0.0.1", broker.port or 6379) as proxy:
-        yield ProxiedRedis(proxy, f"redis://127.0.0.1:{proxy.port}/{broker.database}")
+        try:
+            yield ProxiedRedis(proxy, f"redis://127.0.0.1:{proxy.port}/{broker.database}")
+        finally:
+            cluster.close()
