@@ -1,6 +1,7 @@
 """Real PostgreSQL and Redis for every test run: a fresh database and Redis DB per process."""
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,15 @@ def tier_of(item: pytest.Item) -> str:
     if folder == "e2e" or any(item.get_closest_marker(m) for m in STARTS_PROCESSES):
         return "e2e"
     return "unit"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background (``make test &`` in a script) ignores SIGINT, and every
+    command a test starts would inherit that: ``flowbeat dev`` stopped with SIGINT, as Ctrl-C
+    stops it at a terminal, would never stop, and its worker would take later tests' jobs. A
+    signal this process handles starts at its default in the commands it runs."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
