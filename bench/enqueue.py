@@ -36,7 +36,6 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -57,7 +56,7 @@ from bench.harness import (
     py_spy,
     workspace,
 )
-from bench.rounds import calibrate, disturbed, interpreter, machine_pace, pace_line
+from bench.rounds import calibrate, disturbed, in_turn, interpreter, machine_pace, pace_line
 from bench.stack import serve_http, start_flowbeat
 from service.platform.db import libpq_url
 
@@ -190,14 +189,6 @@ RATIOS = {
 }
 """Each ratio of p99s a round reports, as (over, under): flowbeat's against the bare endpoint
 (the target), the storing floor's against it, and flowbeat's against the floor."""
-
-
-def in_turn(number: int, sides: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, Any]:
-    """Every side's share of round ``number``, the order of the sides turned by one each round
-    so that none always runs first or after the same neighbour."""
-    names = list(sides)
-    shift = number % len(names)
-    return {name: sides[name]() for name in names[shift:] + names[:shift]}
 
 
 @dataclass

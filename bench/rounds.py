@@ -76,6 +76,14 @@ def alternate(number: int, side_a: Callable[[], A], side_b: Callable[[], B]) -> 
     return a, side_b()
 
 
+def in_turn(number: int, sides: dict[str, Callable[[], A]]) -> dict[str, A]:
+    """``alternate`` for any number of sides: every side's share of round ``number``, their
+    order turned by one each round so that none always runs first or after the same one."""
+    names = list(sides)
+    shift = number % len(names)
+    return {name: sides[name]() for name in names[shift:] + names[:shift]}
+
+
 DISTURBED_SLOWDOWN = 1.25
 
 
