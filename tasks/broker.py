@@ -218,8 +218,11 @@ class Taken:
     prefetching on, may be about to run."""
 
     task: str
+    task_id: str | None
+    """The id a step claims under, and the steps a chain runs after it in the same message."""
     job_id: uuid.UUID | None
     step_id: str | None
+    """The step the message was sent for."""
 
 
 @dataclass(frozen=True)
@@ -259,11 +262,16 @@ def _taken(raw: bytes | str | None) -> Taken | None:
         return None
     try:
         payload = json.loads(raw)[0]
-        task = str(payload["headers"]["task"])
+        headers = payload["headers"]
         args = json.loads(base64.b64decode(payload["body"]))[0]
     except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
-        return Taken("unknown", None, None)
-    return Taken(task, _uuid(args[0] if args else None), _str(args[1] if len(args) > 1 else None))
+        return Taken("unknown", None, None, None)
+    return Taken(
+        str(headers.get("task")),
+        _str(headers.get("id")),
+        _uuid(args[0] if args else None),
+        _str(args[1] if len(args) > 1 else None),
+    )
 
 
 def _uuid(value: Any) -> uuid.UUID | None:

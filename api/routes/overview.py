@@ -12,6 +12,7 @@ from datetime import datetime
 import redis
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
 
 from api.deps import Reader, SessionDep, broker_probe
 from api.openapi import errors
@@ -61,8 +62,15 @@ class PipelineFailuresPublic(BaseModel):
 
 class TakenPublic(BaseModel):
     task: str
+    task_id: str | None
     job_id: uuid.UUID | None
-    step_id: str | None
+    step_id: str | None = Field(description="the step the message was sent for")
+    running_steps: list[str] = Field(
+        description=(
+            "the steps running under it now: that step, or the later steps of its chain that "
+            "run in the same message; none while it waits to start or to retry"
+        )
+    )
 
 
 class WorkerPublic(BaseModel):
@@ -70,16 +78,19 @@ class WorkerPublic(BaseModel):
     queues: list[str]
     last_beat_at: UtcDatetime
     running: list[TakenPublic] = Field(
-        description="the messages it has taken and not acknowledged: the steps it runs"
+        description="the messages it has taken and not acknowledged, and what runs under them"
     )
 
     @classmethod
-    def of(cls, state: WorkerState) -> "WorkerPublic":
+    def of(cls, state: WorkerState, steps: dict[str, list[str]]) -> "WorkerPublic":
         return cls(
             name=state.name,
             queues=state.queues,
             last_beat_at=state.beat_at,
-            running=[TakenPublic(**vars(taken)) for taken in state.taken],
+            running=[
+                TakenPublic(**vars(taken), running_steps=steps.get(taken.task_id or "", []))
+                for taken in state.taken
+            ],
         )
 
 
@@ -97,6 +108,7 @@ class ScheduleFire(BaseModel):
 
 class Overview(BaseModel):
     window: figures.Span
+    at: UtcDatetime = Field(description="when the figures were read")
     since: UtcDatetime = Field(description="the first interval's start")
     until: UtcDatetime = Field(description="the last interval's end: the window is [since, until)")
     bucket_s: int
@@ -112,11 +124,43 @@ class Overview(BaseModel):
     schedules: list[ScheduleFire]
 
 
-def _broker(settings: Settings, now: datetime) -> tuple[list[QueuePublic], list[WorkerPublic]]:
-    with broker_probe(settings) as client:
-        queues = queue_states(client, settings.worker_dead_after_s)
-        workers = worker_states(client, settings.worker_dead_after_s)
-    return [QueuePublic.of(q, now) for q in queues], [WorkerPublic.of(w) for w in workers]
+def _broker(
+    session: Session, settings: Settings, now: datetime
+) -> tuple[list[QueuePublic] | None, list[WorkerPublic] | None, str | None]:
+    """The queues and the workers, or why the broker could not tell."""
+    try:
+        with broker_probe(settings) as client:
+            queues = queue_states(client, settings.worker_dead_after_s)
+            workers = worker_states(client, settings.worker_dead_after_s)
+    except redis.RedisError as exc:
+        return None, None, f"the broker did not answer: {exc}"
+    held = [(t.job_id, t.task_id) for w in workers for t in w.taken if t.job_id and t.task_id]
+    steps = figures.running_under(session, held)
+    return (
+        [QueuePublic.of(q, now) for q in queues],
+        [WorkerPublic.of(w, steps) for w in workers],
+        None,
+    )
+
+
+def _approvals(session: Session, owner: str | None) -> ApprovalsWaiting:
+    oldest = list_approvals(
+        session, statuses=sorted(APPROVAL_WAITING), visible_to=owner, limit=LISTED
+    )
+    return ApprovalsWaiting(
+        waiting=count_waiting(session, visible_to=owner),
+        oldest=[ApprovalPublic.of(approval, job.pipeline) for approval, job in oldest],
+    )
+
+
+def _fires(session: Session, owner: str | None) -> list[ScheduleFire]:
+    return [
+        ScheduleFire(
+            schedule_id=row.id, pipeline=row.pipeline, name=row.name, next_fire_at=row.next_fire_at
+        )
+        for row in next_fires(session, owner=owner, limit=LISTED)
+        if row.next_fire_at is not None
+    ]
 
 
 @router.get("/v1/overview", response_model=Overview, responses=errors({400: "invalid_query"}))
@@ -131,18 +175,10 @@ def read_overview(
     owner = visible_to(principal)
     span = figures.Window.ending(window, now)
     series = figures.throughput(session, span, owner=owner)
-    queues: list[QueuePublic] | None = None
-    workers: list[WorkerPublic] | None = None
-    broker_error = None
-    try:
-        queues, workers = _broker(request.app.state.settings, now)
-    except redis.RedisError as exc:
-        broker_error = f"the broker did not answer: {exc}"
-    waiting = list_approvals(
-        session, statuses=sorted(APPROVAL_WAITING), visible_to=owner, limit=LISTED
-    )
+    queues, workers, broker_error = _broker(session, request.app.state.settings, now)
     return Overview(
         window=window,
+        at=now,
         since=span.since,
         until=span.until,
         bucket_s=int(span.bucket.total_seconds()),
@@ -164,18 +200,6 @@ def read_overview(
         queues=queues,
         workers=workers,
         broker_error=broker_error,
-        approvals=ApprovalsWaiting(
-            waiting=count_waiting(session, visible_to=owner),
-            oldest=[ApprovalPublic.of(a, job.pipeline) for a, job in waiting],
-        ),
-        schedules=[
-            ScheduleFire(
-                schedule_id=row.id,
-                pipeline=row.pipeline,
-                name=row.name,
-                next_fire_at=row.next_fire_at,
-            )
-            for row in next_fires(session, owner=owner, limit=LISTED)
-            if row.next_fire_at is not None
-        ],
+        approvals=_approvals(session, owner),
+        schedules=_fires(session, owner),
     )

@@ -10,7 +10,8 @@ bounded range of ``created_at`` through an index on it (``(status, created_at)``
 not every job ever run.
 """
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -19,8 +20,8 @@ from typing import Any
 from sqlalchemy import Select, func, literal, select, text
 from sqlalchemy.orm import Session
 
-from service.platform.models import JobRow
-from service.platform.states import JOB_OPEN, JobStatus
+from service.platform.models import JobRow, StepRunRow
+from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 """Buckets start on whole multiples of their width from here: on the minute, the quarter hour."""
@@ -170,3 +171,28 @@ def open_jobs(session: Session, *, owner: str | None) -> dict[str, int]:
     counts = dict.fromkeys(statuses, 0)
     counts.update({status: count for status, count in session.execute(query)})
     return counts
+
+
+def running_under(
+    session: Session, messages: Collection[tuple[uuid.UUID, str]]
+) -> dict[str, list[str]]:
+    """The steps running now under each message, by its task id: a step claims under the id of
+    the message that runs it, and a chain's later steps run in their first step's message, so
+    a worker's messages alone would name only the first. Read by job, through the index of
+    ``(job_id, step_id, shard)``, since ``task_id`` has none."""
+    if not messages:
+        return {}
+    query = (
+        select(StepRunRow.task_id, StepRunRow.step_id)
+        .where(
+            StepRunRow.job_id.in_({job for job, _ in messages}),
+            StepRunRow.task_id.in_({task for _, task in messages}),
+            StepRunRow.status == StepStatus.RUNNING,
+        )
+        .distinct()
+        .order_by(StepRunRow.task_id, StepRunRow.step_id)
+    )
+    running: dict[str, list[str]] = {}
+    for task_id, step_id in session.execute(query):
+        running.setdefault(task_id or "", []).append(step_id)
+    return running

@@ -103,7 +103,7 @@ def test_each_live_worker_is_listed_with_its_queues_and_the_steps_it_holds(
     client.zadd(WORKERS_KEY, {busy: now, idle: now - 1, dead: now - 60})
     gpu = f"{QUEUE_STEPS},{QUEUE_STEPS}.gpu,celery.pidbox"
     client.hset(WORKER_QUEUES_KEY, mapping={busy: gpu, idle: QUEUE_STEPS, dead: QUEUE_STEPS})
-    app.send_task(TASK_RUN_STEP, args=[str(job), "fetch"], queue=queue, ignore_result=True)
+    sent = app.send_task(TASK_RUN_STEP, args=[str(job), "fetch"], queue=queue, ignore_result=True)
     connection = app.connection_for_write()
     try:
         monkeypatch.setattr(liveness, "_holder", held_key(busy))
@@ -114,7 +114,7 @@ def test_each_live_worker_is_listed_with_its_queues_and_the_steps_it_holds(
 
         assert dead not in workers
         assert workers[busy].queues == ["default", "gpu"]
-        assert workers[busy].taken == [Taken(TASK_RUN_STEP, job, "fetch")]
+        assert workers[busy].taken == [Taken(TASK_RUN_STEP, sent.id, job, "fetch")]
         assert workers[busy].beat_at == datetime.fromtimestamp(now, UTC)
         assert (workers[idle].queues, workers[idle].taken) == (["default"], [])
     finally:

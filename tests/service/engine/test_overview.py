@@ -16,11 +16,12 @@ from service.engine.overview import (
     Window,
     failing_pipelines,
     open_jobs,
+    running_under,
     slowest_pipelines,
     throughput,
 )
 from service.engine.runtime import Runtime
-from service.platform.models import JobRow
+from service.platform.models import JobRow, StepRunRow
 from tests.support.arrange import walk
 
 NOW = datetime(2026, 11, 29, 10, 30, 20, tzinfo=UTC)
@@ -169,3 +170,26 @@ def test_open_jobs_count_every_open_job_however_old(session: Session, owner: str
         "queued": 1,
         "running": 2,
     }
+
+
+def _step(session: Session, job_id: uuid.UUID, step_id: str, task_id: str, status: str) -> None:
+    session.add(StepRunRow(job_id=job_id, step_id=step_id, shard=-1, status="pending"))
+    session.flush()
+    where = (StepRunRow.job_id == job_id, StepRunRow.step_id == step_id)
+    walk(session, StepRunRow, *where, to=status)
+    session.execute(update(StepRunRow).where(*where).values(task_id=task_id))
+
+
+def test_the_steps_running_under_a_message_include_its_chains_later_steps(
+    session: Session, owner: str
+) -> None:
+    job, other = _job(session, owner, NOW, "running"), _job(session, owner, NOW, "running")
+    _step(session, job, "fetch", "t1", "succeeded")
+    _step(session, job, "parse", "t1", "running")
+    _step(session, job, "store", "t2", "running")
+    _step(session, other, "fetch", "t3", "running")
+
+    running = running_under(session, [(job, "t1"), (job, "t2"), (other, "t9")])
+
+    assert running == {"t1": ["parse"], "t2": ["store"]}
+    assert running_under(session, []) == {}
