@@ -16,9 +16,7 @@ on the way out.
 
 import argparse
 import json
-import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from functools import partial
@@ -27,11 +25,12 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
+from bench.harness import fresh_database
 from service.engine import overview
 from service.platform.clock import utcnow
 from service.platform.db import make_engine, make_session_factory
 from service.platform.migrate import upgrade
-from tests.support.servers import admin_database_url, create_test_database, drop_test_database
+from tests.support.servers import admin_database_url
 
 OWNERS, PIPELINES, OPEN = 20, 50, 50
 
@@ -66,18 +65,6 @@ class Plan:
     """Index entries bitmap index scans collected before the table was read."""
     buffers: int
     result_rows: int
-
-
-@contextmanager
-def _database() -> Iterator[str]:
-    admin = admin_database_url()
-    name = f"flowbeat_bench_{uuid.uuid4().hex[:10]}"
-    url = create_test_database(admin, name)
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        drop_test_database(admin, name)
 
 
 def _load(url: str, jobs: int, days: float) -> None:
@@ -186,7 +173,8 @@ def _plans(session: Session, owner: str | None) -> list[Plan]:
 
 
 def run(jobs: int, days: float) -> dict[str, Any]:
-    with _database() as url:
+    with fresh_database(admin_database_url()) as url:
+        upgrade(url)
         _load(url, jobs, days)
         engine = make_engine(url)
         try:

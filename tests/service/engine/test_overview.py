@@ -22,7 +22,7 @@ from service.engine.overview import (
 )
 from service.engine.runtime import Runtime
 from service.platform.models import JobRow, StepRunRow
-from tests.support.arrange import walk
+from tests.support.arrange import add_job, walk
 
 NOW = datetime(2026, 11, 29, 10, 30, 20, tzinfo=UTC)
 
@@ -49,22 +49,7 @@ def _job(
     pipeline: str = "p",
     took_s: float | None = None,
 ) -> uuid.UUID:
-    job_id = uuid.uuid4()
-    session.add(
-        JobRow(
-            id=job_id,
-            owner=owner,
-            pipeline=pipeline,
-            profile={},
-            profile_hash="0" * 64,
-            params={},
-            status="queued",
-            trigger="manual",
-            request_hash="0" * 64,
-        )
-    )
-    session.flush()
-    walk(session, JobRow, JobRow.id == job_id, to=status)
+    job_id = add_job(session, owner, status, pipeline=pipeline)
     started = created + timedelta(seconds=1) if took_s is not None else None
     finished = started + timedelta(seconds=took_s) if started and took_s is not None else None
     session.execute(
