@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
-from api import ui_audit, ui_catalogue, ui_inbox
+from api import ui_audit, ui_catalogue, ui_home, ui_inbox
 from api.deps import text_parameters
 from api.docs import install_docs
 from api.errors import install_error_handlers
@@ -24,6 +24,7 @@ from api.routes import (
     hooks,
     jobs,
     metrics,
+    overview,
     pipelines,
     queues,
     runs,
@@ -60,6 +61,7 @@ ROUTES = (
     hooks,
     metrics,
     queues,
+    overview,
     audit,
 )
 """The route modules, in the order their routes are matched."""
@@ -121,6 +123,7 @@ def create_app(
     app.include_router(ui_audit.router)
     app.include_router(ui_catalogue.router)
     app.include_router(ui_inbox.router)
+    app.include_router(ui_home.router)
     install_openapi(app)
     install_docs(app)
     return app

@@ -52,6 +52,7 @@ LOG_TAIL_LINES = 50
 TIMELINE_EVENTS = 5000
 """Lines of each step's log on the job page; its full log is a page of its own."""
 LOG_PAGE_LINES = 500
+HOME = "/ui/home"
 JOB_STATUSES = ("queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled")
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -141,13 +142,13 @@ def _back(url: str) -> RedirectResponse:
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request, next: str = "/ui/jobs") -> Response:
+def login_form(request: Request, next: str = HOME) -> Response:
     return _page(request, "login.html", next=_local(next))
 
 
 def _local(url: str) -> str:
     """Only a path of this dashboard, so a login link cannot send a person elsewhere."""
-    return url if url.startswith("/ui/") and "//" not in url else "/ui/jobs"
+    return url if url.startswith("/ui/") and "//" not in url else HOME
 
 
 @router.post("/login")
@@ -155,7 +156,7 @@ async def login(
     request: Request,
     session: SessionDep,
     key: Annotated[str, Form()] = "",
-    next: Annotated[str, Form()] = "/ui/jobs",
+    next: Annotated[str, Form()] = HOME,
     origin: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Another site's page could log a person in under the attacker's key (login CSRF), so
@@ -189,7 +190,7 @@ def logout(_: Poster) -> Response:
 
 @router.get("", include_in_schema=False)
 def home() -> Response:
-    return _back("/ui/jobs")
+    return _back(HOME)
 
 
 @router.get("/jobs", response_class=HTMLResponse)

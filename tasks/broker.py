@@ -22,6 +22,7 @@ from service.platform.constants import (
     WORKER_QUEUES_KEY,
     WORKERS_KEY,
 )
+from tasks.liveness import held_key
 from tasks.queues import queue_of, route_of, step_lists
 
 
@@ -184,20 +185,104 @@ def queue_states(client: redis.Redis, dead_after_s: float) -> list[QueueState]:
     ]
 
 
-def _consumers(client: redis.Redis, dead_after_s: float) -> dict[str, list[str]]:
-    """The live workers of each queue, as they announce themselves (``tasks.liveness``)."""
+def _alive(client: redis.Redis, dead_after_s: float) -> list[tuple[bytes, float]]:
+    """The workers that beat within ``dead_after_s``, by Redis's clock, and when they did."""
     seconds, micros = client.time()
     since = seconds + micros / 1e6 - dead_after_s
-    alive = cast(list[bytes], client.zrangebyscore(WORKERS_KEY, since, "+inf"))
+    return cast(
+        list[tuple[bytes, float]],
+        client.zrangebyscore(WORKERS_KEY, since, "+inf", withscores=True),
+    )
+
+
+def _queues_of(raw: bytes | str | None) -> list[str]:
+    names = (queue_of(name) for name in _text(raw).split(","))
+    return sorted({name for name in names if name is not None})
+
+
+def _consumers(client: redis.Redis, dead_after_s: float) -> dict[str, list[str]]:
+    """The live workers of each queue, as they announce themselves (``tasks.liveness``)."""
+    alive = [worker for worker, _ in _alive(client, dead_after_s)]
     if not alive:
         return {}
     consumers: dict[str, list[str]] = {}
     for worker, queues in zip(alive, client.hmget(WORKER_QUEUES_KEY, alive), strict=True):
-        for name in _text(queues).split(","):
-            queue = queue_of(name)
-            if queue is not None:
-                consumers.setdefault(queue, []).append(_text(worker))
+        for queue in _queues_of(queues):
+            consumers.setdefault(queue, []).append(_text(worker))
     return consumers
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A message a worker has taken and not acknowledged: the task it runs, or with
+    prefetching on, may be about to run."""
+
+    task: str
+    task_id: str | None
+    """The id a step claims under, and the steps a chain runs after it in the same message."""
+    job_id: uuid.UUID | None
+    step_id: str | None
+    """The step the message was sent for."""
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    name: str
+    queues: list[str]
+    beat_at: datetime
+    taken: list[Taken]
+
+
+def worker_states(client: redis.Redis, dead_after_s: float) -> list[WorkerState]:
+    """Every live worker, its queues and what it holds, in three round trips: the liveness
+    set, each worker's queues and ``held`` set, and the held messages in ``unacked``."""
+    alive = _alive(client, dead_after_s)
+    with client.pipeline(transaction=False) as pipe:
+        for worker, _ in alive:
+            pipe.hget(WORKER_QUEUES_KEY, worker)
+            pipe.smembers(held_key(_text(worker)))
+        answers = pipe.execute()
+    queues, held = answers[0::2], [sorted(_text(tag) for tag in tags) for tags in answers[1::2]]
+    tags = [tag for worker_tags in held for tag in worker_tags]
+    messages = dict(zip(tags, client.hmget(UNACKED_KEY, tags), strict=True)) if tags else {}
+    return [
+        WorkerState(
+            _text(worker),
+            _queues_of(worker_queues),
+            datetime.fromtimestamp(beat, UTC),
+            [taken for tag in worker_tags if (taken := _taken(messages.get(tag))) is not None],
+        )
+        for (worker, beat), worker_queues, worker_tags in zip(alive, queues, held, strict=True)
+    ]
+
+
+def _taken(raw: bytes | str | None) -> Taken | None:
+    """``None`` for a tag whose message was acknowledged since its set was read."""
+    if raw is None:
+        return None
+    try:
+        payload = json.loads(raw)[0]
+        headers = payload["headers"]
+        args = json.loads(base64.b64decode(payload["body"]))[0]
+    except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
+        return Taken("unknown", None, None, None)
+    return Taken(
+        str(headers.get("task")),
+        _str(headers.get("id")),
+        _uuid(args[0] if args else None),
+        _str(args[1] if len(args) > 1 else None),
+    )
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _text(value: bytes | str | None) -> str:

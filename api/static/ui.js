@@ -22,3 +22,22 @@
   events.onmessage = soon;
   events.addEventListener("end", () => { events.close(); refresh(); });
 })();
+
+// Live updates of the home page: its panel is fetched again every few seconds while the
+// page is in view, since its figures move with the clock as much as with jobs.
+(function () {
+  const home = document.getElementById("home");
+  if (!home) return;
+  const every = Number(home.dataset.refreshS) * 1000;
+  const source = `/ui/home/panel?window=${encodeURIComponent(home.dataset.window)}`;
+
+  function refresh() {
+    if (document.visibilityState !== "visible") return;
+    fetch(source, { credentials: "same-origin" })
+      .then((answer) => (answer.ok ? answer.text() : null))
+      .then((html) => { if (html !== null) home.innerHTML = html; });
+  }
+
+  setInterval(refresh, every);
+  document.addEventListener("visibilitychange", refresh);
+})();

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.catalogue.notices import Notice, record_event, try_delivery
@@ -133,6 +133,16 @@ def _parked_steps(session: Session, job_id: uuid.UUID) -> int:
     )
 
 
+def _shown(statuses: list[str], visible_to: str | None) -> list[ColumnElement[bool]]:
+    """Approvals in ``statuses`` the key may read; waiting ones of open jobs only."""
+    where: list[ColumnElement[bool]] = [ApprovalRow.status.in_(statuses)]
+    if visible_to is not None:
+        where.append(JobRow.owner == visible_to)
+    if set(statuses) <= APPROVAL_WAITING:
+        where.append(JobRow.status.not_in(list(JOB_FINAL)))
+    return where
+
+
 def list_approvals(
     session: Session, *, statuses: list[str], visible_to: str | None, limit: int
 ) -> list[tuple[ApprovalRow, JobRow]]:
@@ -140,15 +150,22 @@ def list_approvals(
     query = (
         select(ApprovalRow, JobRow)
         .join(JobRow, JobRow.id == ApprovalRow.job_id)
-        .where(ApprovalRow.status.in_(statuses))
+        .where(*_shown(statuses, visible_to))
         .order_by(ApprovalRow.requested_at, ApprovalRow.job_id, ApprovalRow.step_id)
         .limit(limit)
     )
-    if visible_to is not None:
-        query = query.where(JobRow.owner == visible_to)
-    if set(statuses) <= APPROVAL_WAITING:
-        query = query.where(JobRow.status.not_in(list(JOB_FINAL)))
     return [(approval, job) for approval, job in session.execute(query)]
+
+
+def count_waiting(session: Session, *, visible_to: str | None) -> int:
+    """All that ``list_approvals`` would list as waiting, however many that is."""
+    query = (
+        select(func.count())
+        .select_from(ApprovalRow)
+        .join(JobRow, JobRow.id == ApprovalRow.job_id)
+        .where(*_shown(sorted(APPROVAL_WAITING), visible_to))
+    )
+    return int(session.scalar(query) or 0)
 
 
 @dataclass

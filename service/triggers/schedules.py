@@ -396,3 +396,16 @@ def list_schedules(
     if pipeline is not None:
         query = query.where(ScheduleRow.pipeline == pipeline)
     return summarize(session, list(session.scalars(query.limit(SCHEDULE_LIST_MAX))))
+
+
+def next_fires(session: Session, *, owner: str | None, limit: int) -> list[ScheduleRow]:
+    """The enabled schedules that fire soonest, read in order from their index."""
+    query = (
+        select(ScheduleRow)
+        .where(ScheduleRow.enabled, ScheduleRow.next_fire_at.is_not(None))
+        .order_by(ScheduleRow.next_fire_at, ScheduleRow.id)
+        .limit(limit)
+    )
+    if owner is not None:
+        query = query.where(ScheduleRow.owner == owner)
+    return list(session.scalars(query))

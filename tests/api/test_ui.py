@@ -83,7 +83,7 @@ def test_the_key_is_kept_in_an_http_only_same_site_cookie(
     answer = ui.post("/ui/login", data={"key": make_key("read"), "next": "https://evil.test/"})
 
     cookie = answer.headers["set-cookie"].lower()
-    assert answer.headers["location"] == "/ui/jobs"
+    assert answer.headers["location"] == "/ui/home"
     assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
     assert "secure" not in cookie
 
@@ -274,7 +274,7 @@ def test_a_decision_never_sends_the_browser_off_the_dashboard(
         data={"csrf": _csrf(page), "back": "https://elsewhere.example/ui/"},
     )
 
-    assert answer.status_code == 303 and answer.headers["location"] == "/ui/jobs"
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/home"
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])

@@ -11,23 +11,27 @@ import os
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.conftest import Client, Cluster, needs_chromium
+from tests.e2e.conftest import Client, Cluster, needs_chromium, wait_for
 
 HOLD_S = 2.0
 """How long the publish step runs: the rerun page opens while it runs, so only the page's
 live updates can show it succeed."""
+BUSY_S = 120.0
+"""How long the home page's running job holds its worker: past the end of the test, which
+cancels it."""
 pytestmark = needs_chromium
 
 
-def _write_key(client: Client) -> str:
+def _write_key(client: Client, owner: str = "tests") -> str:
     from service.platform.auth import create_api_key
     from service.platform.db import unit_of_work
 
     with unit_of_work(client.rt.sessions) as session:
-        key, _ = create_api_key(session, owner="tests", scopes=["write"])
+        key, _ = create_api_key(session, owner=owner, scopes=["write"])
     return key
 
 
@@ -83,3 +87,63 @@ def test_a_failed_job_is_rerun_from_its_failed_step_and_succeeds(
     _shot(page, "job-rerun")
     page.goto(f"{base}/ui/pipelines/gated")
     _shot(page, "pipeline")
+
+
+def _listed(base: str, key: str, **query: str) -> int:
+    """How many jobs ``GET /v1/jobs`` lists for the key, as a client of the API counts them."""
+    answer = httpx.get(
+        f"{base}/v1/jobs",
+        params={"limit": "200", **query},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert answer.status_code == 200, answer.text
+    return len(answer.json()["jobs"])
+
+
+def _figure(page: Page, name: str) -> int:
+    return int(page.get_attribute(f"#fig-{name}", "data-count") or -1)
+
+
+@pytest.mark.timeout(180)
+def test_the_home_page_shows_what_the_api_lists_and_follows_new_jobs(
+    client: Client, cluster: Cluster, browser: Browser
+) -> None:
+    owner, gate = f"home-{uuid.uuid4().hex[:6]}", f"home-{uuid.uuid4().hex[:8]}"
+    base = cluster.api()
+    cluster.worker()
+    settled = [client.submit_at(None, "gated", owner=owner, gate="open") for _ in range(3)]
+    client.counters.set(f"drill:gate:{gate}", "closed", ex=600)
+    settled += [client.submit_at(None, "gated", owner=owner, gate=gate) for _ in range(2)]
+    for job_id in settled:
+        client.wait_final(job_id)
+    busy = client.submit_at(None, "gated", owner=owner, gate="open", hold_s=BUSY_S)
+    wait_for(lambda: client.steps(busy)["publish"].status == "running", 30, "the busy step")
+    key = _write_key(client, owner)
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{base}/ui")
+    page.fill("input[name=key]", key)
+    page.click("button[type=submit]")
+
+    page.wait_for_url(f"{base}/ui/home")
+    shown = {name: _figure(page, name) for name in ("started", "succeeded", "failed", "running")}
+    assert shown == {
+        "started": _listed(base, key),
+        "succeeded": _listed(base, key, status="succeeded"),
+        "failed": _listed(base, key, status="failed"),
+        "running": _listed(base, key, status="running"),
+    }
+    assert shown == {"started": 6, "succeeded": 3, "failed": 2, "running": 1}
+    expect(page.locator("#failing tr[data-pipeline=gated] a.failed")).to_have_text("2")
+    expect(page.locator(f"#workers a[href='/ui/jobs/{busy}#step-publish']")).to_have_count(1)
+
+    client.wait_final(client.submit_at(None, "gated", owner=owner, gate="open"))
+    expect(page.locator("#fig-started")).to_have_attribute("data-count", "7", timeout=20_000)
+    expect(page.locator("#fig-succeeded")).to_have_attribute("data-count", "4")
+    _shot(page, "home")
+
+    page.click("#fig-failed")
+    page.wait_for_url(lambda url: "/ui/jobs?" in url and "status=failed" in url)
+    expect(page.locator("table.jobs tbody tr")).to_have_count(2)
+    expect(page.locator("table.jobs .status.failed")).to_have_count(2)
+    client.cancel(busy)

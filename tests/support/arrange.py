@@ -5,6 +5,7 @@ allow, so a test cannot set a queued job straight to ``failed``; ``walk`` takes 
 allowed move at a time, and the event log and dependency triggers see each move as they see
 the engine's."""
 
+import uuid
 from collections import deque
 from typing import Any
 
@@ -57,3 +58,31 @@ def walk(session: Session, model: Model, *where: ColumnElement[bool], to: str) -
                 update(model).where(*where, model.status == previous).values(status=status)
             )
             previous = status
+
+
+def add_job(
+    session: Session,
+    owner: str,
+    status: str,
+    *,
+    job_id: uuid.UUID | None = None,
+    pipeline: str = "dag",
+) -> uuid.UUID:
+    """A job row with no steps, walked from ``queued`` to ``status``; flushed, not committed."""
+    job_id = job_id or uuid.uuid4()
+    session.add(
+        JobRow(
+            id=job_id,
+            owner=owner,
+            pipeline=pipeline,
+            profile={},
+            profile_hash="0" * 64,
+            params={},
+            status="queued",
+            trigger="manual",
+            request_hash="0" * 64,
+        )
+    )
+    session.flush()
+    walk(session, JobRow, JobRow.id == job_id, to=status)
+    return job_id

@@ -3,15 +3,24 @@
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
 from celery import Celery
 
 from service.platform.clock import utcnow
-from service.platform.constants import BROKER_EPOCH_KEY
-from tasks.broker import forget_loss, oldest_waiting, read_broker
+from service.platform.constants import (
+    BROKER_EPOCH_KEY,
+    QUEUE_STEPS,
+    TASK_RUN_STEP,
+    WORKER_QUEUES_KEY,
+    WORKERS_KEY,
+)
+from service.platform.settings import Settings
+from tasks import liveness
+from tasks.broker import Taken, forget_loss, oldest_waiting, read_broker, worker_states
+from tasks.liveness import held_key
 from tasks.transport import message_router
 from tests.conftest import Stack
 
@@ -79,3 +88,40 @@ def test_a_loss_is_seen_once_unless_the_pass_that_saw_it_takes_it_back(stack: St
         assert not read_broker(stack.broker_url).lost, "another pass's marker stays"
     finally:
         broker.close()
+
+
+def test_each_live_worker_is_listed_with_its_queues_and_the_steps_it_holds(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.app import create_celery  # builds the process-wide app: only once stack is up
+
+    app = create_celery(Settings(broker_url=stack.broker_url))
+    client = redis.Redis.from_url(stack.broker_url)
+    queue, job = f"workers-test-{uuid.uuid4().hex[:8]}", uuid.uuid4()
+    busy, idle, dead = (f"test@host:{uuid.uuid4().hex[:8]}" for _ in range(3))
+    now = float(client.time()[0])
+    client.zadd(WORKERS_KEY, {busy: now, idle: now - 1, dead: now - 60})
+    gpu = f"{QUEUE_STEPS},{QUEUE_STEPS}.gpu,celery.pidbox"
+    client.hset(WORKER_QUEUES_KEY, mapping={busy: gpu, idle: QUEUE_STEPS, dead: QUEUE_STEPS})
+    sent = app.send_task(TASK_RUN_STEP, args=[str(job), "fetch"], queue=queue, ignore_result=True)
+    connection = app.connection_for_write()
+    try:
+        monkeypatch.setattr(liveness, "_holder", held_key(busy))
+        taken = connection.default_channel.basic_get(queue, no_ack=False)
+        client.sadd(held_key(busy), "acknowledged-meanwhile")
+
+        workers = {w.name: w for w in worker_states(client, dead_after_s=30)}
+
+        assert dead not in workers
+        assert workers[busy].queues == ["default", "gpu"]
+        assert workers[busy].taken == [Taken(TASK_RUN_STEP, sent.id, job, "fetch")]
+        assert workers[busy].beat_at == datetime.fromtimestamp(now, UTC)
+        assert (workers[idle].queues, workers[idle].taken) == (["default"], [])
+    finally:
+        connection.default_channel.qos.ack(taken.delivery_tag)
+        connection.release()
+        client.zrem(WORKERS_KEY, busy, idle, dead)
+        client.hdel(WORKER_QUEUES_KEY, busy, idle, dead)
+        client.delete(queue, held_key(busy))
+        client.close()
+        app.close()

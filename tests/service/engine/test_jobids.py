@@ -11,8 +11,8 @@ from service.engine.jobids import resolve_job_id
 from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
 from service.platform.errors import JobIdAmbiguous, JobIdInvalid, JobNotFound
-from service.platform.models import JobRow, PrunedJobRow
-from tests.support.arrange import walk
+from service.platform.models import PrunedJobRow
+from tests.support.arrange import add_job
 
 
 @pytest.fixture
@@ -24,22 +24,7 @@ def session(runtime: Runtime) -> Iterator[Session]:
 
 
 def _job(session: Session, job_id: uuid.UUID, owner: str) -> uuid.UUID:
-    session.add(
-        JobRow(
-            id=job_id,
-            owner=owner,
-            pipeline="dag",
-            profile={},
-            profile_hash="0" * 64,
-            params={},
-            status="queued",
-            trigger="manual",
-            request_hash="0" * 64,
-        )
-    )
-    session.flush()
-    walk(session, JobRow, JobRow.id == job_id, to="cancelled")
-    return job_id
+    return add_job(session, owner, "cancelled", job_id=job_id)
 
 
 def _ids(prefix: str, count: int) -> list[uuid.UUID]:

@@ -32,6 +32,7 @@ from service.triggers.schedules import (
     delete_schedule,
     get_schedule,
     list_schedules,
+    next_fires,
     put_schedule,
     set_schedule,
     set_schedule_enabled,
@@ -161,6 +162,18 @@ def test_the_listing_counts_runs_and_shows_the_last_status(
 
     assert (summary.run_count, summary.last_status) == (2, "running")
     assert summary.schedule.last_fire_at == T0 + timedelta(hours=2)
+
+
+def test_the_next_fires_are_the_enabled_schedules_soonest_first(
+    session: Session, settings: Settings, owner: str
+) -> None:
+    hourly = save(session, settings, owner, "slow")
+    daily = save(session, settings, owner, "dag", every=None, cron="0 9 * * *")
+    save(session, settings, owner, "wide", enabled=False)
+
+    assert next_fires(session, owner=owner, limit=5) == [hourly, daily]
+    assert next_fires(session, owner=owner, limit=1) == [hourly]
+    assert next_fires(session, owner=f"{owner}-other", limit=5) == []
 
 
 def test_a_stale_scheduler_firing_the_same_fire_again_is_refused_by_the_fence(
