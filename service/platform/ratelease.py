@@ -4,7 +4,10 @@ The window (``service.platform.ratelimit``) stays the one shared limit: a proces
 ``units`` of it in one grant, as one atomic script call, and spends them on its own requests
 until they are spent or the window they were granted in has passed, when Redis has dropped
 them anyway. It holds at most one lease of a key at a time and asks for the next only once it
-is spent, with one ask in flight however many requests wait for it.
+is spent, with one ask in flight however many requests wait for it. Requests that arrive while
+it is in flight and find it spent ask together for as many units as they are, or ``units`` if
+more, so a burst costs two round trips, not one a request; what they take at once is spent at
+once, so no more than ``units`` wait in a lease.
 
 The tolerance, in any window of ``window_s`` seconds, with ``P`` processes leasing ``k``:
 
@@ -66,6 +69,7 @@ class LeasedLimit:
         self._clock = clock
         self.lease: Lease | None = None
         self._renewal: asyncio.Future[tuple[int, float]] | None = None
+        self._waiting = 0
 
     async def acquire(self) -> tuple[bool, float]:
         """``(True, 0)`` for a unit of this process's lease, or ``(False, seconds to wait)``
@@ -73,17 +77,22 @@ class LeasedLimit:
         while True:
             if self.lease is not None and self.lease.take(self._clock()):
                 return True, 0.0
-            if self._renewal is None:
-                self._renewal = asyncio.ensure_future(self._renew())
-            granted, wait_s = await asyncio.shield(self._renewal)
+            self._waiting += 1
+            try:
+                if self._renewal is None:
+                    wanted = max(self.units, self._waiting)
+                    self._renewal = asyncio.ensure_future(self._renew(wanted))
+                granted, wait_s = await asyncio.shield(self._renewal)
+            finally:
+                self._waiting -= 1
             if not granted:
                 return False, wait_s
 
-    async def _renew(self) -> tuple[int, float]:
+    async def _renew(self, units: int) -> tuple[int, float]:
         """The window is counted from the grant, which Redis makes after this moment: a lease
         that expires a window after it is never spent after Redis has dropped its units."""
         asked_at = self._clock()
-        ask = Ask(self.limiter, self.units)
+        ask = Ask(self.limiter, units)
         try:
             granted, value = await self._grant(ask)
         finally:

@@ -75,6 +75,21 @@ def test_a_lease_takes_its_units_in_one_ask_and_serves_them_without_another(
     assert _counted(stack, process.limit) == 5
 
 
+def test_a_burst_that_outnumbers_the_lease_asks_once_more_for_what_it_lacks(
+    stack: Stack,
+) -> None:
+    async def body(client: redis.asyncio.Redis) -> tuple[Process, list[tuple[bool, float]]]:
+        process = Process(client, _name(), 20, 1, Clock())
+        answers = await asyncio.gather(*(process.limit.acquire() for _ in range(8)))
+        return process, list(answers)
+
+    process, answers = _with_redis(stack, body)
+
+    assert [granted for granted, _ in answers] == [True] * 8
+    assert [ask.units for ask in process.asks] == [1, 7]
+    assert process.limit.lease is not None and process.limit.lease.unspent(1000.0) == []
+
+
 def test_requests_waiting_on_a_renewal_share_one_ask(stack: Stack) -> None:
     async def body(client: redis.asyncio.Redis) -> tuple[Process, list[tuple[bool, float]]]:
         process = Process(client, _name(), 20, 4, Clock())
