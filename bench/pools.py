@@ -64,7 +64,7 @@ TIMEOUT_S = 300.0
 
 
 def io_profile(url: str) -> str:
-    step = "    action: http.request\n    inputs:\n      url: " + url + "\n"
+    step = "    action: http.request\n    with:\n      url: " + url + "\n"
     return (
         f"name: {IO_PIPELINE}\n"
         "description: three steps that each wait on a slow local endpoint, for bench.pools\n"
@@ -196,12 +196,12 @@ def main(argv: list[str] | None = None) -> int:
             r = {**measured, "calibration": {"before": before, "after": after}}
             r["ratios"] = _ratios(r)
             rounds.append(r)
-            log(f"round {number + 1}: {json.dumps(r['ratios'])}")
-    figures = _figures(rounds)
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        _print(args, figures)
+            log(f"round {number + 1}: {json.dumps(r)}")
+        figures = _figures(rounds)
+        if args.json:
+            print(json.dumps(figures, indent=2), flush=True)
+        else:
+            _print(args, figures)
     return 0
 
 
@@ -250,7 +250,7 @@ def _print(args: argparse.Namespace, figures: dict[str, Any]) -> None:
                 for work in ("noop", "io")
             )
             print(f"    {name:9}: {works}; worker PSS {side['pss_mib']:.0f} MiB")
-    print(pace_line(figures["pace"]))
+    print(pace_line(figures["pace"]), flush=True)
 
 
 if __name__ == "__main__":
