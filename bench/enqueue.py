@@ -1,7 +1,7 @@
 """Enqueue latency of one API process at a fixed arrival rate, beside a bare endpoint's.
 
     python -m bench.enqueue [--rate 500] [--seconds 10] [--rounds 5] [--with-worker]
-                            [--py-spy DIR] [--json]
+                            [--per-request] [--py-spy DIR] [--json]
 
 The chain bench's clients are closed-loop (each waits for its answer before it sends the
 next), so a slow answer lowers the rate it measures at. Here requests arrive on a fixed
@@ -24,6 +24,14 @@ schedule to every side, in an order that turns round by round, and is calibrated
 after as the chain bench's rounds are; a round run on a throttled or busy machine is printed
 as `DISTURBED` and left out. The figures are the medians, over the other rounds, of each
 side's p99 and of their ratios.
+
+``--per-request`` adds a fourth side, ``per_request``: a second flowbeat API on the same
+database, key and Redis that asks Redis for every request's unit of the key's window
+(``FLOWBEAT_RATE_LIMIT_LEASE=1``) where ``flowbeat`` spends leases of the default size. The
+sides run one after another, and the window is twice the arrival rate, so sharing the key's
+window refuses neither. Each side also reports the commands (a script's own included) and the
+scripts its round ran on the Redis server the sides share, a job: counts that do not drift with
+the machine's pace.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import redis
 
 from bench.chain_throughput import raw_worker
 from bench.cpu import cpu_s
@@ -120,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=5, help="the median round is reported")
     parser.add_argument("--with-worker", action="store_true")
+    parser.add_argument(
+        "--per-request", action="store_true", help="a side whose rate check asks Redis each time"
+    )
     parser.add_argument("--py-spy", type=Path, default=None, help="write flame graphs here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -147,11 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         store_url = stack.enter_context(fresh_database(ws.admin_db))
         stored_env = {**raw_env, "BENCH_RAW_STORE_URL": libpq_url(store_url)}
         stored_api, stored_base = serve_http(stack, raw_argv, stored_env, ws.tmp / "stored.log")
+        server = redis.Redis.from_url(ws.redis_base)
+        stack.callback(server.close)
         sides = {
-            "raw": Side(raw_base, fb.key, raw_api.pid, None),
-            "stored": Side(stored_base, fb.key, stored_api.pid, None),
-            "flowbeat": Side(fb.base_url, fb.key, fb.api.pid, args.py_spy),
+            "raw": Side(raw_base, fb.key, raw_api.pid, None, server),
+            "stored": Side(stored_base, fb.key, stored_api.pid, None, server),
+            "flowbeat": Side(fb.base_url, fb.key, fb.api.pid, args.py_spy, server),
         }
+        if args.per_request:
+            env = {**fb.env, "FLOWBEAT_RATE_LIMIT_LEASE": "1"}
+            argv = [sys.executable, "-m", "service.cli", "api"]
+            api, base = serve_http(stack, argv, env, ws.tmp / "api-per-request.log")
+            sides[PER_REQUEST] = Side(base, fb.key, api.pid, None, server)
         for side in sides.values():
             fire(side.base_url, side.key, args.rate, 1.0)
         for number in range(args.rounds):
@@ -166,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(_round(measured, before, calibrate()))
             log(
                 f"round {number + 1}: p99 "
-                + " / ".join(f"{name} {measured[name]['p99_ms']:.1f}" for name in SIDES)
+                + " / ".join(f"{name} {measured[name]['p99_ms']:.1f}" for name in sides)
                 + " ms"
             )
     figures = _figures(args, rounds)
@@ -176,19 +196,30 @@ def main(argv: list[str] | None = None) -> int:
         _print(args, figures, rounds)
         print(pace_line(figures["pace"]))
     log("done")
-    return 1 if any(r[side]["errors"] for r in rounds for side in SIDES) else 0
+    return 1 if any(r[side]["errors"] for r in rounds for side in _sides(r)) else 0
 
 
 SIDES = ("raw", "stored", "flowbeat")
+PER_REQUEST = "per_request"
 TARGET_RATIO = 1.2
 """flowbeat's p99 over the bare endpoint's, at 500 jobs/s (issue 31)."""
 RATIOS = {
     "p99_ratio": ("flowbeat", "raw"),
     "floor_p99_ratio": ("stored", "raw"),
     "over_floor_p99_ratio": ("flowbeat", "stored"),
+    "lease_p99_ratio": ("flowbeat", PER_REQUEST),
 }
 """Each ratio of p99s a round reports, as (over, under): flowbeat's against the bare endpoint
-(the target), the storing floor's against it, and flowbeat's against the floor."""
+(the target), the storing floor's against it, flowbeat's against the floor, and with
+``--per-request`` flowbeat's leased rate check against one asking Redis every time."""
+
+
+def _sides(r: dict[str, Any]) -> tuple[str, ...]:
+    return (*SIDES, PER_REQUEST) if PER_REQUEST in r else SIDES
+
+
+def _ratios(r: dict[str, Any]) -> list[str]:
+    return [ratio for ratio, (a, b) in RATIOS.items() if a in r and b in r]
 
 
 @dataclass
@@ -197,13 +228,28 @@ class Side:
     key: str
     pid: int
     spy_dir: Path | None
+    redis: redis.Redis
 
     def measure(self, rate: float, seconds: float, number: int) -> dict[str, Any]:
-        """One side's share of a round; the first round's is profiled when asked."""
+        """One side's share of a round; the first round's is profiled when asked. The sides
+        share one Redis server and run one at a time, so the commands it ran meanwhile are
+        this side's: a count that does not drift with the machine's pace."""
         api_cpu_s = cpu_s(self.pid) or 0.0
+        before = redis_calls(self.redis)
         with py_spy(self.spy_dir if number == 0 else None, self.pid, "enqueue-api"):
             latencies, errors = fire(self.base_url, self.key, rate, seconds)
-        return _side(latencies, errors, (cpu_s(self.pid) or 0.0) - api_cpu_s)
+        figures = _side(latencies, errors, (cpu_s(self.pid) or 0.0) - api_cpu_s)
+        after, jobs = redis_calls(self.redis), max(len(latencies), 1)
+        figures["redis_commands_per_job"] = (after[0] - before[0]) / jobs
+        figures["redis_scripts_per_job"] = (after[1] - before[1]) / jobs
+        return figures
+
+
+def redis_calls(client: redis.Redis) -> tuple[int, int]:
+    """Commands the server ran (a script's own commands included) and scripts it ran."""
+    stats = client.info("commandstats")
+    calls = {name: int(stat["calls"]) for name, stat in stats.items() if name != "cmdstat_info"}
+    return sum(calls.values()), calls.get("cmdstat_evalsha", 0) + calls.get("cmdstat_eval", 0)
 
 
 def _figures(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -219,10 +265,12 @@ def _figures(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> dict[str
         "seconds": args.seconds,
         "with_worker": args.with_worker,
         "median_p99_ms": {
-            side: statistics.median(float(r[side]["p99_ms"]) for r in clean) for side in SIDES
+            side: statistics.median(float(r[side]["p99_ms"]) for r in clean)
+            for side in _sides(rounds[0])
         },
         **{
-            f"median_{ratio}": statistics.median(float(r[ratio]) for r in clean) for ratio in RATIOS
+            f"median_{ratio}": statistics.median(float(r[ratio]) for r in clean)
+            for ratio in _ratios(rounds[0])
         },
         "median_of": "undisturbed rounds"
         if clean is not rounds
@@ -262,8 +310,12 @@ def _round(
     sides: dict[str, Any], before: dict[str, float], after: dict[str, float]
 ) -> dict[str, Any]:
     return {
-        **{side: sides[side] for side in SIDES},
-        **{ratio: sides[a]["p99_ms"] / sides[b]["p99_ms"] for ratio, (a, b) in RATIOS.items()},
+        **sides,
+        **{
+            ratio: sides[a]["p99_ms"] / sides[b]["p99_ms"]
+            for ratio in _ratios(sides)
+            for a, b in [RATIOS[ratio]]
+        },
         "p50_ratio": sides["flowbeat"]["p50_ms"] / sides["raw"]["p50_ms"],
         "calibration": {"before": before, "after": after},
     }
@@ -281,23 +333,32 @@ def _print(args: argparse.Namespace, figures: dict[str, Any], rounds: list[Any])
         f"{figures['median_p99_ratio']:.2f} (target <= {TARGET_RATIO:.1f}), floor over raw "
         f"{figures['median_floor_p99_ratio']:.2f}, flowbeat over floor "
         f"{figures['median_over_floor_p99_ratio']:.2f}"
+        + (
+            f", leased over per-request check {figures['median_lease_p99_ratio']:.2f}"
+            if "median_lease_p99_ratio" in figures
+            else ""
+        )
     )
     for number, r in enumerate(rounds, 1):
         before, after = r["calibration"]["before"], r["calibration"]["after"]
         print(
             f"  round {number}: p99 ratio {r['p99_ratio']:.2f} (floor {r['floor_p99_ratio']:.2f}, "
-            f"over floor {r['over_floor_p99_ratio']:.2f}), p50 ratio {r['p50_ratio']:.2f} "
+            f"over floor {r['over_floor_p99_ratio']:.2f}"
+            + (f", leased over per-request {r['lease_p99_ratio']:.2f}" if PER_REQUEST in r else "")
+            + f"), p50 ratio {r['p50_ratio']:.2f} "
             f"(loop {before['loop_ms']:.0f}/{after['loop_ms']:.0f} ms, background "
             f"{before['background_cores']:.2f}/{after['background_cores']:.2f} cores, "
             f"load {before['load_1m']:.2f}/{after['load_1m']:.2f})"
             f"{' DISTURBED' if r['disturbed'] else ''}"
         )
-        for side in SIDES:
+        for side in _sides(r):
             f = r[side]
             print(
                 f"    {side:9}: accepted {f['accepted']}, errors {f['errors']}; latency from due "
                 f"time p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms, max "
-                f"{f['max_ms']:.0f} ms; API CPU {f['api_cpu_ms_per_job']:.2f} ms a job"
+                f"{f['max_ms']:.0f} ms; a job: API CPU {f['api_cpu_ms_per_job']:.2f} ms, Redis "
+                f"commands {f['redis_commands_per_job']:.2f}, scripts "
+                f"{f['redis_scripts_per_job']:.2f}"
             )
 
 

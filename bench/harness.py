@@ -49,8 +49,6 @@ B = TypeVar("B")
 RESULT_POLL_S = 1.0
 WORKER_CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
 WORKER_FLAGS = [
-    "--pool=prefork",
-    f"--concurrency={WORKER_CONCURRENCY}",
     "--without-gossip",
     "--without-mingle",
     "--without-heartbeat",
@@ -168,7 +166,13 @@ def subprocess_group(
         log(f"stopped {name} pid {proc.pid} (exit {proc.returncode})")
 
 
-def worker_argv(app_module: str, queue: str, node: str) -> list[str]:
+def worker_argv(
+    app_module: str,
+    queue: str,
+    node: str,
+    pool: str = "prefork",
+    concurrency: int = WORKER_CONCURRENCY,
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -176,6 +180,8 @@ def worker_argv(app_module: str, queue: str, node: str) -> list[str]:
         "-A",
         app_module,
         "worker",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
         *WORKER_FLAGS,
         "-Q",
         queue,

@@ -93,7 +93,13 @@ def wait_final(
 
 
 def post_jobs(
-    base_url: str, key: str, count: int, threads: int, latencies: list[float], errors: list[str]
+    base_url: str,
+    key: str,
+    count: int,
+    threads: int,
+    latencies: list[float],
+    errors: list[str],
+    pipeline: str = PIPELINE,
 ) -> None:
     """``count`` POSTs spread over ``threads`` clients, each with its own keep-alive connection.
 
@@ -102,7 +108,7 @@ def post_jobs(
     """
     counter = iter(range(count))
     lock = threading.Lock()
-    body = json.dumps({"pipeline": PIPELINE, "params": {}}).encode()
+    body = json.dumps({"pipeline": pipeline, "params": {}}).encode()
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     address = urlsplit(base_url)
 

@@ -86,6 +86,12 @@ def worker(
         os.environ["FLOWBEAT_WORKER_QUEUES"] = ",".join(_queue_names(queues))
     settings = load_settings()
     _check_secrets(settings)
+    if pool != "prefork":
+        typer.echo(
+            f"warning: the {pool} pool does not hold steps to their timeout_s; only prefork "
+            "does (see the operations guide, The worker's pool)",
+            err=True,
+        )
     if settings.worker_metrics_port:
         _check_exporter(settings)
         files = settings.data_dir / f"worker-metrics-{settings.worker_metrics_port}"

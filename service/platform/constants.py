@@ -68,6 +68,8 @@ RATE_LIMIT_KEY_PREFIX: Final = "flowbeat:ratelimit:"
 RATE_LIMIT_REDIS_TIMEOUT_S: Final = 1.0
 RATE_LIMIT_BATCH_MAX: Final = 64
 """Most rate-limit checks the API sends to Redis in one round trip (``api.batching``)."""
+RATE_LIMIT_LEASE_PARTS: Final = 20
+"""An API process leases at most a burst divided by this at a time (at least one unit)."""
 NCBI_RATE_LIMIT_NAME: Final = "ncbi-eutils"
 LITERATURE_HTTP_ATTEMPTS: Final = 4
 LITERATURE_RETRY_AFTER_MAX_S: Final = 30.0

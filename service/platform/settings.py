@@ -105,6 +105,11 @@ class Settings(BaseSettings):
     rate_limit_per_s: float = Field(default=100.0, ge=0)
     """Requests per second each API key may send, shared by every API process; 0: no limit."""
     rate_limit_burst: int = Field(default=200, ge=1)
+    rate_limit_lease: int = Field(default=10, ge=1)
+    """Units of a key's window an API process takes from Redis at a time and spends on that
+    key's requests without asking again (at most a twentieth of the burst). In any window,
+    a key may get up to ``processes x lease`` requests past its burst; 1: exact, a round trip
+    to Redis for every request."""
     max_open_jobs_per_owner: int = Field(default=10_000, ge=0)
     """Queued, running and waiting jobs an owner may have before a new one is refused; 0: none."""
     max_fanout_items: int = Field(default=100_000, ge=1)

@@ -4,11 +4,13 @@ to come back, and stores nothing."""
 from collections.abc import Iterator
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from service.engine.runtime import Runtime
-from service.platform.models import JobRow
+from service.platform.constants import RATE_LIMIT_KEY_PREFIX
+from service.platform.models import ApiKeyRow, JobRow
 from service.platform.settings import Settings
 from tests.api.conftest import CLOSED_PORT_REDIS, KeyFactory
 from tests.support.apps import api_client
@@ -46,6 +48,30 @@ def test_a_key_past_its_burst_is_told_to_come_back_later(
     assert refused.json()["error"]["code"] == "rate_limited"
     assert int(refused.headers["Retry-After"]) >= 1
     assert limited.get("/v1/jobs", headers=_auth(other)).status_code == 200
+
+
+def _window_of(runtime: Runtime, settings: Settings, key: str) -> int:
+    with runtime.sessions() as session:
+        key_id = session.scalar(select(ApiKeyRow.id).where(ApiKeyRow.prefix == key.split("_")[1]))
+    client = redis.Redis.from_url(settings.require_broker_url())
+    return int(client.zcard(f"{RATE_LIMIT_KEY_PREFIX}api-key:{key_id}"))
+
+
+def test_a_stopping_api_gives_back_the_units_of_its_lease_no_request_used(
+    settings: Settings, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    leasing = settings.model_copy(
+        update={"rate_limit_per_s": 1.0, "rate_limit_burst": 100, "rate_limit_lease": 5}
+    )
+    key = make_key("read")
+
+    with api_client(leasing, runtime) as client:
+        answers = [client.get("/v1/jobs", headers=_auth(key)) for _ in range(2)]
+        held = _window_of(runtime, settings, key)
+
+    assert [a.status_code for a in answers] == [200, 200]
+    assert held == 5
+    assert _window_of(runtime, settings, key) == 2
 
 
 def test_a_key_is_not_refused_while_the_limits_redis_is_unreachable(

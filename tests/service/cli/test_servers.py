@@ -84,3 +84,28 @@ def test_a_login_through_a_trusted_tls_proxy_gets_a_secure_cookie(api: str, key:
 @pytest.mark.timeout(90)
 def test_a_client_that_is_not_a_trusted_proxy_cannot_claim_https(api: str, key: str) -> None:
     assert "secure" not in _login_cookie(api, key, STRANGER)
+
+
+def test_a_worker_on_a_pool_that_cannot_enforce_step_timeouts_says_so(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The broker is a closed port: the worker never takes a message, it only starts."""
+    env = {
+        **os.environ,
+        **stack.env,
+        "PYTHONPATH": str(ROOT),
+        "FLOWBEAT_DATA_DIR": str(tmp_path),
+        "FLOWBEAT_BROKER_URL": "redis://127.0.0.1:1/0",
+    }
+    argv = [sys.executable, "-m", "service.cli", "worker", "--pool", "threads"]
+    proc = subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+    assert first.startswith("warning: the threads pool does not hold steps to their timeout_s")

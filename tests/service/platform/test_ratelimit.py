@@ -10,7 +10,7 @@ import redis
 import redis.asyncio
 
 from service.platform.constants import RATE_LIMIT_KEY_PREFIX
-from service.platform.ratelimit import AsyncRateLimiter, RateLimiter, try_acquire_all
+from service.platform.ratelimit import Ask, AsyncRateLimiter, RateLimiter, try_acquire_all
 from tests.conftest import Stack
 
 LIMIT = 5
@@ -86,11 +86,11 @@ def test_the_event_loop_limiter_shares_the_window_of_the_threads_one(stack: Stac
     threads = RateLimiter(name, 2, 60, client=redis.Redis.from_url(stack.broker_url))
     assert threads.try_acquire()[0]
 
-    async def twice() -> list[tuple[bool, float]]:
+    async def twice() -> list[tuple[int, float]]:
         client = redis.asyncio.Redis.from_url(stack.broker_url)
         try:
             loop = AsyncRateLimiter(name, 2, 60, client=client)
-            return [await loop.try_acquire(), await loop.try_acquire()]
+            return [await loop.try_take(1, "a"), await loop.try_take(1, "b")]
         finally:
             await client.aclose()
 
@@ -103,18 +103,18 @@ def test_the_event_loop_limiter_shares_the_window_of_the_threads_one(stack: Stac
 def test_checks_sent_together_are_granted_in_order_in_one_window(stack: Stack) -> None:
     shared, alone = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
 
-    async def together() -> list[tuple[bool, float] | BaseException]:
+    async def together() -> list[tuple[int, float] | BaseException]:
         client = redis.asyncio.Redis.from_url(stack.broker_url)
         try:
-            limiters = [AsyncRateLimiter(shared, 2, client=client) for _ in range(3)]
-            limiters.append(AsyncRateLimiter(alone, 1, client=client))
-            return await try_acquire_all(client, limiters)
+            asks = [Ask(AsyncRateLimiter(shared, 2, client=client)) for _ in range(3)]
+            asks.append(Ask(AsyncRateLimiter(alone, 1, client=client)))
+            return await try_acquire_all(client, asks)
         finally:
             await client.aclose()
 
     answers = asyncio.run(together())
 
-    assert [a[0] for a in answers if isinstance(a, tuple)] == [True, True, False, True]
+    assert [a[0] for a in answers if isinstance(a, tuple)] == [1, 1, 0, 1]
     refused = answers[2]
     assert isinstance(refused, tuple) and 0 < refused[1] <= 1.0
 
@@ -124,12 +124,12 @@ def test_a_check_whose_script_redis_does_not_hold_is_asked_again_and_counted_onc
 ) -> None:
     name = f"t-{uuid.uuid4().hex}"
 
-    async def unknown_script() -> list[tuple[bool, float] | BaseException]:
+    async def unknown_script() -> list[tuple[int, float] | BaseException]:
         client = redis.asyncio.Redis.from_url(stack.broker_url)
         try:
             limiter = AsyncRateLimiter(name, 2, client=client)
             limiter._script.sha = "0" * 40
-            return await try_acquire_all(client, [limiter])
+            return await try_acquire_all(client, [Ask(limiter)])
         finally:
             await client.aclose()
 
@@ -137,3 +137,21 @@ def test_a_check_whose_script_redis_does_not_hold_is_asked_again_and_counted_onc
 
     assert isinstance(answer, tuple) and answer[0]
     assert redis.Redis.from_url(stack.broker_url).zcard(RATE_LIMIT_KEY_PREFIX + name) == 1
+
+
+def test_a_grant_of_several_units_takes_what_room_is_left_and_counts_each(stack: Stack) -> None:
+    name = f"t-{uuid.uuid4().hex}"
+
+    async def two_grants() -> list[tuple[int, float]]:
+        client = redis.asyncio.Redis.from_url(stack.broker_url)
+        try:
+            limiter = AsyncRateLimiter(name, 7, 60, client=client)
+            return [await limiter.try_take(4, "a"), await limiter.try_take(4, "b")]
+        finally:
+            await client.aclose()
+
+    [(first, _), (second, _)] = asyncio.run(two_grants())
+
+    assert (first, second) == (4, 3)
+    threads = RateLimiter(name, 7, 60, client=redis.Redis.from_url(stack.broker_url))
+    assert not threads.try_acquire()[0]
