@@ -7,19 +7,21 @@ sent, so it holds neither a worker nor a message; a job that waits is never clai
 statement skips jobs that wait, whoever sent their message). The statement that stores a keyed
 job decides which: it is stored let in when its key has a slot free and no job of the key waits
 ahead of it (``admitted``), the usual case, so it is written once and wakes nobody. A waiting
-job is let in, oldest first, by whoever finds a slot free: the beat leader when a keyed job ends
-or a waiting one is stored (PostgreSQL wakes it through the schedules channel, see migration
-0025), and the sweeper at every pass. Each of them counts and lets in under a
-transaction-scoped advisory lock on the key, held until its transaction commits, so two API
-processes or a beat and a sweeper never both take the last slot. A slot is held while the job
-is open: a worker killed under it does not end the job, which the sweeper sends again, so no
-slot leaks.
+job is let in, the highest priority first and the oldest of those first (migration 0037), by
+whoever finds a slot free: the beat leader when a keyed job ends or a waiting one is stored
+(PostgreSQL wakes it through the schedules channel, see migration 0025), and the sweeper at
+every pass. Each of them counts and lets in under a transaction-scoped advisory lock on the key,
+held until its transaction commits, so two API processes or a beat and a sweeper never both
+take the last slot. A slot is held while the job is open: a worker killed under it does not
+end the job, which the sweeper sends again, so no slot leaks.
 
 Fair share (``FLOWBEAT_FAIR_SHARE_AHEAD``): jobs submitted through the API wait their turn
 while that many jobs of their queue (their first step's) are sent and not started; the beat
 leader lets them in owner by owner as workers take the ones ahead, so each broker queue stays
 short and no owner's backlog sits in it ahead of everyone else's, and a queue no worker takes
-from holds back only its own jobs.
+from holds back only its own jobs. An owner's turn goes to its most urgent waiting job, so
+fair share costs no owner its priorities; a priority never takes another owner's turn, since
+each owner sets its own jobs' priorities (docs/architecture/adr/0007).
 """
 
 import uuid
@@ -37,14 +39,15 @@ WAITING_FOR_SLOT = "concurrency"
 WAITING_FOR_TURN = "turn"
 
 _LET_IN = text("SELECT * FROM flowbeat_let_in(:key, :limit, :sent_at)")
-"""One statement in a function of migration 0036: it takes the key's advisory lock, then
+"""One statement in a function of migration 0037: it takes the key's advisory lock, then
 counts and lets in with a snapshot taken after the lock, so it is safe in autocommit too."""
 SLOT_ROOM = "flowbeat_slot_room"
 """Migration 0036's function: under the key's advisory lock, and with a snapshot taken after
 it, how many slots of the key are free to a new job: none while a job of the key waits."""
 _TAKE_TURNS = text("SELECT * FROM flowbeat_take_turns(:ahead, :only, :sent_at)")
-"""Migration 0027's function: under one advisory lock, as many jobs as ``ahead`` leaves room
-for beside those sent and not started, each owner's oldest first, owner by owner."""
+"""Migration 0037's function: under one advisory lock, as many jobs of each queue as ``ahead``
+leaves room for beside those sent and not started, owner by owner, each owner's most urgent
+first; among owners whose turn is the same, the most urgent first."""
 _ANY_TURN = text(
     f"""SELECT 1 FROM jobs
          WHERE status = '{JobStatus.QUEUED}' AND waiting_for = '{WAITING_FOR_TURN}' LIMIT 1"""
@@ -69,9 +72,10 @@ def job_key(profile: Profile, owner: str, params: dict[str, Any]) -> str | None:
 
 
 def let_in(session: Session, key: str, limit: int, *, sent_at: datetime) -> list[uuid.UUID]:
-    """Let in the oldest jobs waiting on ``key`` while slots are free, recorded as sent at
-    ``sent_at``; their ids, to send once the caller has committed. The limit is the newest
-    waiting job's: a pipeline saved with a new limit applies it from its next job on."""
+    """Let in the jobs waiting on ``key``, by priority then age, while slots are free,
+    recorded as sent at ``sent_at``; their ids, to send once the caller has committed. The
+    limit is the newest waiting job's: a pipeline saved with a new limit applies it from its
+    next job on."""
     rows = session.execute(_LET_IN, {"key": key, "limit": limit, "sent_at": sent_at})
     return [row[0] for row in rows]
 
@@ -81,7 +85,8 @@ def take_turns(
 ) -> list[uuid.UUID]:
     """Fair share: let in jobs waiting their turn while fewer than ``ahead`` jobs are sent and
     not started, round-robin by owner, so one owner's burst delays another's job by a turn,
-    not by the burst. With ``only``, that job if its turn has come; the ids, to send."""
+    not by the burst, and an owner's urgent job passes that owner's own backlog. With ``only``,
+    that job if its turn has come; the ids, to send."""
     rows = session.execute(_TAKE_TURNS, {"ahead": ahead, "only": only, "sent_at": sent_at})
     return [row[0] for row in rows]
 

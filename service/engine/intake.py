@@ -77,7 +77,8 @@ _INSERT_JOBS_IF_RESOLVED = (
     ), placed AS (
         SELECT allowed.*,
                CASE WHEN allowed.waiting_for = '{WAITING_FOR_SLOT}' THEN
-                   row_number() OVER (PARTITION BY allowed.concurrency_key ORDER BY allowed.ord)
+                   row_number() OVER (PARTITION BY allowed.concurrency_key
+                                      ORDER BY allowed.priority DESC, allowed.ord)
                    <= rooms.n
                END AS let
           FROM allowed
@@ -98,8 +99,9 @@ _INSERT_JOBS_IF_RESOLVED = (
     + " SELECT id, waiting_for, dispatched_at FROM new_job"
 )
 """``rooms`` asks ``SLOT_ROOM`` once a key of the batch, in the keys' order (so two batches
-take their keys' locks in one order), and a key's jobs of the batch take its free slots in
-their order, before any job is inserted; the locks are held until the statement commits."""
+take their keys' locks in one order), and a key's jobs of the batch take its free slots by
+priority, then in their order (as ``flowbeat_let_in`` lets in waiting ones), before any job is
+inserted; the locks are held until the statement commits."""
 
 
 @dataclass(frozen=True)

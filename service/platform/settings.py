@@ -213,7 +213,8 @@ class Settings(BaseSettings):
     fair_share_ahead: int = Field(default=0, ge=0)
     """Fair share between owners: at most this many jobs submitted through the API are sent
     and not started at once; the others wait their turn in PostgreSQL and the beat leader
-    sends them round-robin by owner. 0 sends every job at once, in arrival order."""
+    sends them round-robin by owner, each owner's highest priority first. 0 sends every job at
+    once, in arrival order."""
     worker_queues: Annotated[
         list[Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)]], NoDecode
     ] = Field(default_factory=lambda: [DEFAULT_QUEUE], min_length=1)

@@ -1,5 +1,6 @@
 """Concurrency keys on real workers and beat: never more jobs of a key open at once than its
-limit, the others let in as slots free, and a worker killed under a slot leaks none."""
+limit, the others let in as slots free (the most urgent first), and a worker killed under a slot
+leaks none."""
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ import httpx
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, Cluster, wait_for
+from tests.support.overtaking import post_backlog_then_urgent, started_before
 
 LIMIT = 2
 HOLD_S = 1.0
@@ -61,6 +63,25 @@ def test_a_key_never_has_more_jobs_running_than_its_limit(client: Client, cluste
 
     assert _most_at_once(_spans(client, acme)) == LIMIT
     assert all(client.count(job, "call") == 1 for job in acme)
+
+
+def test_a_priority_9_job_waiting_on_its_key_passes_the_jobs_waiting_before_it(
+    client: Client, cluster: Cluster
+) -> None:
+    """Posted while no worker runs, with fair share on as an operator runs it (a keyed job
+    waits for its slot, not its turn): the first job takes the one slot, the others wait on
+    the key, and each slot freed goes to the most urgent of them."""
+    ahead = {"fair_share_ahead": "4"}
+    base = cluster.api(**ahead)
+    cluster.beat(**ahead)
+    low, urgent = post_backlog_then_urgent(client, base, _keyed(hold_s=0.3, limit=1), tenant="a")
+    assert client.view(urgent).job.waiting_for == "concurrency"
+
+    cluster.worker(concurrency=1, **ahead)
+
+    passed = started_before(client, low, urgent, "call")
+    assert len(passed) <= 2, f"{len(passed)} of {len(low)} low-priority jobs started first"
+    assert _most_at_once(_spans(client, [*low, urgent])) == 1
 
 
 def test_a_worker_of_another_queue_killed_holding_a_slot_leaks_it_not(

@@ -69,8 +69,11 @@ class JobRow(Base):
         ),
         Index(
             "ix_jobs_waiting_turn",
+            "queue",
             "owner",
+            text("priority DESC"),
             "created_at",
+            "id",
             postgresql_where=text("status = 'queued' AND waiting_for = 'turn'"),
         ),
         Index(
@@ -83,6 +86,7 @@ class JobRow(Base):
         Index(
             "ix_jobs_slot_waiting",
             "concurrency_key",
+            text("priority DESC"),
             "created_at",
             "id",
             postgresql_where=text("waiting_for = 'concurrency' AND status = 'queued'"),

@@ -1,5 +1,7 @@
 """Concurrency keys: at most ``limit`` open jobs of a pipeline share a key's value; the others
-wait queued, unsent and unclaimable, and are let in oldest first as slots free."""
+wait queued, unsent and unclaimable, and are let in as slots free, the most urgent first and the
+oldest of those first. Fair share: jobs wait their turn, round-robin by owner, each owner's
+most urgent first."""
 
 import asyncio
 import time
@@ -36,11 +38,17 @@ TENANTS = {
 }
 
 
-def _submit(rt: Runtime, owner: str, tenant: str, profile: dict[str, Any] = TENANTS) -> JobRow:
+def _submit(
+    rt: Runtime,
+    owner: str,
+    tenant: str,
+    profile: dict[str, Any] = TENANTS,
+    priority: int | None = None,
+) -> JobRow:
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
             session,
-            JobRequest(pipeline=profile, params={"tenant": tenant}),
+            JobRequest(pipeline=profile, params={"tenant": tenant}, priority=priority),
             owner=owner,
             profiles_dir=rt.settings.profiles_dir,
             known_actions=rt.registry.names(),
@@ -87,6 +95,42 @@ def test_a_freed_slot_goes_to_the_oldest_waiting_job(runtime: Runtime, owner: st
 
     assert admitted == [third]
     assert _waiting(runtime, [second, third, fourth]) == [False, False, True]
+
+
+def test_a_freed_slot_goes_to_the_most_urgent_waiting_job_then_the_oldest(
+    runtime: Runtime, owner: str
+) -> None:
+    first, second = (_submit(runtime, owner, "acme").id for _ in range(2))
+    low = [_submit(runtime, owner, "acme").id for _ in range(3)]
+    urgent = _submit(runtime, owner, "acme", priority=9).id
+    _finish(runtime, first)
+    with unit_of_work(runtime.sessions) as session:
+        assert let_in_all(session, utcnow()) == [urgent]
+
+    _finish(runtime, second)
+    with unit_of_work(runtime.sessions) as session:
+        assert let_in_all(session, utcnow()) == [low[0]], "then the oldest of the rest"
+
+
+def test_slots_freed_at_once_go_once_each_to_the_most_urgent_whoever_lets_them_in(
+    runtime: Runtime, owner: str
+) -> None:
+    """The beat leader and a sweeper letting in at the same moment: each takes the key's lock
+    in turn and counts after it, so the two slots go to the two most urgent jobs, once."""
+    holders = [_submit(runtime, owner, "both").id for _ in range(2)]
+    waiting = [_submit(runtime, owner, "both", priority=p).id for p in (0, 5, 1, 9, 0, 3)]
+    for job in holders:
+        _finish(runtime, job)
+
+    def let_in_now(_: int) -> list[uuid.UUID]:
+        with unit_of_work(runtime.sessions) as session:
+            return let_in_all(session, utcnow())
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        admitted = [job for jobs in pool.map(let_in_now, range(4)) for job in jobs]
+
+    assert sorted(admitted) == sorted([waiting[3], waiting[1]])
+    assert _held(runtime, owner, "both") == 2
 
 
 def test_a_new_job_does_not_pass_one_waiting_ahead_of_it(runtime: Runtime, owner: str) -> None:
@@ -153,11 +197,11 @@ def test_a_key_reads_only_params_and_one_it_cannot_resolve_is_refused(
 PLAIN = {"name": "plain-turns", "steps": [{"id": "call", "action": "noop"}]}
 
 
-def _submit_turn(rt: Runtime, owner: str, ahead: int = 2) -> JobRow:
+def _submit_turn(rt: Runtime, owner: str, ahead: int = 2, priority: int | None = None) -> JobRow:
     with unit_of_work(rt.sessions) as session:
         job, _ = submit_job(
             session,
-            JobRequest(pipeline=PLAIN, params={}),
+            JobRequest(pipeline=PLAIN, params={}, priority=priority),
             owner=owner,
             profiles_dir=rt.settings.profiles_dir,
             known_actions=rt.registry.names(),
@@ -221,6 +265,49 @@ def test_one_free_place_goes_to_the_owner_with_nothing_running(runtime: Runtime)
         assert take_turns(session, 1, sent_at=utcnow()) == [late.id]
 
 
+@pytest.mark.usefixtures("no_other_turns")
+def test_an_owners_turn_goes_to_its_most_urgent_job_held_back(runtime: Runtime) -> None:
+    owner = f"o-{uuid.uuid4().hex[:6]}"
+    first, *low = [_submit_turn(runtime, owner, ahead=1) for _ in range(4)]
+    urgent = _submit_turn(runtime, owner, ahead=1, priority=9)
+    assert [job.waiting_for for job in [*low, urgent]] == ["turn"] * 4
+    _start(runtime, first.id)
+
+    with unit_of_work(runtime.sessions) as session:
+        assert take_turns(session, 1, sent_at=utcnow()) == [urgent.id]
+    _start(runtime, urgent.id)
+    with unit_of_work(runtime.sessions) as session:
+        assert take_turns(session, 1, sent_at=utcnow()) == [low[0].id], "then the oldest"
+
+
+@pytest.mark.usefixtures("no_other_turns")
+def test_a_priority_never_takes_another_owners_turn(runtime: Runtime) -> None:
+    """Each owner sets its own jobs' priorities: an owner that marked every job 9 would
+    otherwise take every turn, and fair share would protect nobody."""
+    big, small = f"big-{uuid.uuid4().hex[:6]}", f"small-{uuid.uuid4().hex[:6]}"
+    running = _submit_turn(runtime, big, ahead=1)
+    late = _submit_turn(runtime, small, ahead=1)
+    _submit_turn(runtime, big, ahead=1, priority=9)
+    _start(runtime, running.id)
+
+    with unit_of_work(runtime.sessions) as session:
+        assert take_turns(session, 1, sent_at=utcnow()) == [late.id], "big has had its turn"
+
+
+@pytest.mark.usefixtures("no_other_turns")
+def test_among_owners_whose_turn_is_the_same_the_most_urgent_goes_first(
+    runtime: Runtime,
+) -> None:
+    first, second, third = (f"o{n}-{uuid.uuid4().hex[:6]}" for n in range(3))
+    ahead_of_them = _submit_turn(runtime, first, ahead=1)
+    _submit_turn(runtime, second, ahead=1)
+    urgent = _submit_turn(runtime, third, ahead=1, priority=9)
+    _start(runtime, ahead_of_them.id)
+
+    with unit_of_work(runtime.sessions) as session:
+        assert take_turns(session, 1, sent_at=utcnow()) == [urgent.id], "not the older one"
+
+
 def _submit_to(rt: Runtime, owner: str, queue: str, ahead: int) -> JobRow:
     profile = {**PLAIN, "name": f"turns-{queue}", "queue": queue}
     with unit_of_work(rt.sessions) as session:
@@ -281,9 +368,9 @@ def _wait_for_the_key_lock(rt: Runtime) -> None:
     raise AssertionError("the second submission never waited for the first's key")
 
 
-def _lane_job(rt: Runtime, owner: str, tenant: str) -> NewJob:
+def _lane_job(rt: Runtime, owner: str, tenant: str, priority: int | None = None) -> NewJob:
     profile = validate_profile(dict(TENANTS), source="inline", known_actions=rt.registry.names())
-    request = JobRequest(pipeline="per-tenant", params={"tenant": tenant})
+    request = JobRequest(pipeline="per-tenant", params={"tenant": tenant}, priority=priority)
     return new_job(request, ResolvedPipeline(profile, None, None), owner=owner, name="per-tenant")
 
 
@@ -395,3 +482,13 @@ def test_a_batch_of_one_key_takes_its_free_slots_in_order_and_the_rest_wait(
     assert late.values["waiting_for"] == "concurrency", "the slot is the older job's"
     with unit_of_work(runtime.sessions) as session:
         assert let_in_all(session, utcnow()) == [jobs[2].id]
+
+
+def test_a_batch_gives_its_keys_free_slots_to_its_most_urgent_jobs(
+    runtime: Runtime, owner: str
+) -> None:
+    jobs = [_lane_job(runtime, owner, "urgent", priority=p) for p in (0, 0, 9)]
+
+    _store_on_the_lane(runtime, jobs)
+
+    assert [job.values["waiting_for"] for job in jobs] == [None, "concurrency", None]
