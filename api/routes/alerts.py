@@ -43,12 +43,12 @@ class AlertPublic(AlertRuleBody):
             id=row.id,
             name=row.name,
             owner=row.owner,
-            kind=row.kind,  # type: ignore[arg-type]
+            kind=row.kind,
             url=row.url,
             threshold=row.threshold,
             pipeline=row.pipeline,
             secret=row.secret,
-            format=row.format,  # type: ignore[arg-type]
+            format=row.format,
             dedupe_s=row.dedupe_s,
             enabled=row.enabled,
             source=row.source,

@@ -4,6 +4,7 @@ back the rest of a burst while counting it."""
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import insert
 
@@ -21,7 +22,7 @@ def _match(rt: Runtime) -> int:
         return match_events(session, utcnow()).queued
 
 
-def _owned(rt: Runtime, owner: str, *, dedupe_s: int = 0, **body: object) -> uuid.UUID:
+def _owned(rt: Runtime, owner: str, *, dedupe_s: int = 0, **body: Any) -> uuid.UUID:
     return rule(rt, owner, dedupe_s=dedupe_s, **body).rule.id
 
 

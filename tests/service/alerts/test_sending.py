@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -20,7 +21,7 @@ from tests.service.alerts.support import SECRET, outbox, rule
 from tests.support.webhook import WebhookServer
 
 
-def _queued(rt: Runtime, url: str, settings: Settings | None = None, **body: object) -> uuid.UUID:
+def _queued(rt: Runtime, url: str, settings: Settings | None = None, **body: Any) -> uuid.UUID:
     saved = rule(rt, f"o-{uuid.uuid4().hex[:8]}", url=url, settings=settings, dedupe_s=0, **body)
     with unit_of_work(rt.sessions) as session:
         row = session.get(AlertRuleRow, saved.rule.id)
