@@ -215,10 +215,12 @@ class Settings(BaseSettings):
     """How often the beat leader reads new events, checks schedules and queues against the
     rules, and hands due alerts to a worker."""
     alerts_max_attempts: int = Field(default=8, ge=1)
+    """Attempts at one alert (5xx, 429, timeouts are retried) before it is given up."""
     alerts_backoff_s: float = Field(default=5.0, gt=0)
     """The wait after an alert's first failed attempt; it doubles after each, up to
     ``alerts_backoff_max_s``."""
     alerts_backoff_max_s: float = Field(default=600.0, gt=0)
+    """The longest wait between two attempts at one alert."""
     notify_max_attempts: int = 5
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0
