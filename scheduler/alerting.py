@@ -1,11 +1,11 @@
 """The beat leader's part in alerts, every ``alerts_interval_s``: write ``FLOWBEAT_ALERTS``
-into PostgreSQL once it leads, match new events and lasting conditions into the outbox, and
-queue the task that sends what is due. A broker that is away loses nothing: the rows wait in
-PostgreSQL and the next pass queues the task again."""
+into PostgreSQL once it leads, match new events and lasting conditions into the outbox, prune
+old deliveries, and queue the task that sends what is due. A broker that is away loses
+nothing: the rows wait in PostgreSQL and the next pass queues the task again."""
 
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import redis
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -15,7 +15,7 @@ from service.alerts.conditions import check_queues, check_schedules, wants_queue
 from service.alerts.matching import match_events
 from service.alerts.offers import Offered
 from service.alerts.rules import sync_settings_rules
-from service.alerts.sending import has_due
+from service.alerts.sending import has_due, prune_deliveries
 from service.engine.runtime import Runtime
 from service.platform.db import unit_of_work
 from service.platform.settings import Settings
@@ -53,6 +53,7 @@ class AlertWatch:
         if offered.queued or offered.suppressed:
             log.info("alerts: %d queued, %d held back", offered.queued, offered.suppressed)
         with unit_of_work(sessions) as session:
+            prune_deliveries(session, now - timedelta(days=self.settings.alerts_kept_days))
             due = has_due(session, now)
         if due:
             try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.alerts.rules import EGRESS_KIND
@@ -27,6 +27,7 @@ from service.platform.secrets import secrets_of
 from service.platform.settings import Settings
 
 SEND_BATCH = 20
+PRUNE_BATCH = 1000
 LEASE_TIMEOUTS = 3
 """A claim lasts this many request timeouts: past it, the sender is taken for dead."""
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
@@ -144,3 +145,17 @@ def send_due(
         made += len(batch)
         if len(batch) < SEND_BATCH:
             return made
+
+
+def prune_deliveries(session: Session, before: datetime) -> int:
+    """Delete up to ``PRUNE_BATCH`` finished deliveries queued before ``before``, oldest first;
+    pending ones are kept whatever their age."""
+    oldest = (
+        select(AlertDeliveryRow.id)
+        .where(AlertDeliveryRow.status != PENDING, AlertDeliveryRow.created_at < before)
+        .order_by(AlertDeliveryRow.id)
+        .limit(PRUNE_BATCH)
+        .scalar_subquery()
+    )
+    done = session.execute(delete(AlertDeliveryRow).where(AlertDeliveryRow.id.in_(oldest)))
+    return int(done.rowcount or 0)

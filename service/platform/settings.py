@@ -221,6 +221,8 @@ class Settings(BaseSettings):
     ``alerts_backoff_max_s``."""
     alerts_backoff_max_s: float = Field(default=600.0, gt=0)
     """The longest wait between two attempts at one alert."""
+    alerts_kept_days: float = Field(default=30.0, gt=0)
+    """Delivered and given-up alerts older than this are deleted by the beat leader."""
     notify_max_attempts: int = 5
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from service.alerts.offers import Candidate, Offered, offer
-from service.alerts.sending import claim_due, send_due
+from service.alerts.sending import claim_due, prune_deliveries, send_due
 from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
@@ -120,3 +120,18 @@ def test_a_claimed_row_is_not_claimed_again_until_its_lease_is_over(runtime: Run
 
     [row] = outbox(runtime, rule_id)
     assert row.id in first and row.id not in again and row.id in after
+
+
+def test_finished_deliveries_past_the_cutoff_are_pruned_and_pending_ones_kept(
+    runtime: Runtime,
+) -> None:
+    with WebhookServer([200]) as hook:
+        sent = _queued(runtime, hook.url)
+        send_due(runtime.sessions, _settings(runtime))
+    pending = _queued(runtime, "http://127.0.0.1:9/never")
+
+    with unit_of_work(runtime.sessions) as session:
+        prune_deliveries(session, utcnow() + timedelta(seconds=1))
+
+    assert outbox(runtime, sent) == []
+    assert len(outbox(runtime, pending)) == 1
