@@ -157,5 +157,9 @@ def prune_deliveries(session: Session, before: datetime) -> int:
         .limit(PRUNE_BATCH)
         .scalar_subquery()
     )
-    done = session.execute(delete(AlertDeliveryRow).where(AlertDeliveryRow.id.in_(oldest)))
-    return int(done.rowcount or 0)
+    gone = session.scalars(
+        delete(AlertDeliveryRow)
+        .where(AlertDeliveryRow.id.in_(oldest))
+        .returning(AlertDeliveryRow.id)
+    ).all()
+    return len(gone)
