@@ -24,6 +24,10 @@ from tasks.broker import queue_states
 
 log = logging.getLogger(__name__)
 
+MATCH_BATCHES = 10
+"""Batches of the event log one pass reads at most, each in its own transaction, so a busy log
+is caught up with in a few passes without one transaction growing with it."""
+
 
 class AlertWatch:
     def __init__(self, settings: Settings, runtime: Runtime, broker: redis.Redis) -> None:
@@ -43,9 +47,14 @@ class AlertWatch:
                 for refused in sync_settings_rules(session, self.settings):
                     log.error("alerts: %s", refused.message)
             self.synced = True
-        offered = Offered()
-        with unit_of_work(sessions) as session:
-            offered.add(match_events(session, now))
+        offered = Offered(more=True)
+        for _ in range(MATCH_BATCHES):
+            if not offered.more:
+                break
+            with unit_of_work(sessions) as session:
+                batch = match_events(session, now)
+            offered.add(batch)
+            offered.more = batch.more
         with unit_of_work(sessions) as session:
             offered.add(check_schedules(session, now))
             if wants_queue_ages(session):

@@ -133,6 +133,7 @@ def match_events(session: Session, now: datetime, *, limit: int = EVENT_BATCH) -
     skipped = islice(([i, xmax] for i in range(last + 1, newest) if i not in found), MAX_GAPS)
     cursor.gaps = (kept + list(skipped))[-MAX_GAPS:]
     cursor.last_event_id = newest
+    offered.more = len(events) >= limit
     for event in events:
         if event.kind in LOG_KINDS and event.owner is not None:
             for rule in rules:

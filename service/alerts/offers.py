@@ -32,6 +32,8 @@ class Candidate:
 class Offered:
     queued: int = 0
     suppressed: int = 0
+    more: bool = False
+    """The pass stopped at its batch size: there is more to read now."""
 
     def add(self, other: "Offered") -> None:
         self.queued += other.queued

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import insert
 
 from service.alerts.matching import LogEvent, candidate_of, match_events
+from service.alerts.offers import Offered
 from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
@@ -143,3 +144,21 @@ def test_an_escalation_is_its_own_subject_and_a_pipeline_filter_holds() -> None:
     assert matched is not None and matched.subject == f"approval:{escalated.job_id}:ship"
     assert candidate_of(_rule("approval_escalated", pipeline="other"), escalated) is None
     assert candidate_of(_rule("job_failed"), escalated) is None
+
+
+def test_a_pass_stops_at_its_batch_and_the_next_one_reads_on(runtime: Runtime) -> None:
+    _match(runtime)
+    job = failed_job(runtime)
+    rule_id = _owned(runtime, job.owner)
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(
+            insert(JobEventRow), [{"job_id": job.id, "kind": "job.failed", "data": {}}] * 3
+        )
+
+    passes: list[Offered] = []
+    while not passes or passes[-1].more:
+        with unit_of_work(runtime.sessions) as session:
+            passes.append(match_events(session, utcnow(), limit=2))
+
+    assert len(passes) >= 3
+    assert sum(p.queued for p in passes) == len(outbox(runtime, rule_id)) == 4
