@@ -52,12 +52,17 @@ def _rule(client: Client, pipeline: str, url: str) -> AlertRuleRow:
     return saved.rule
 
 
-def _delivery(client: Client, rule: AlertRuleRow) -> AlertDeliveryRow | None:
+def _deliveries(client: Client, rule: AlertRuleRow) -> list[AlertDeliveryRow]:
     with unit_of_work(client.rt.sessions) as session:
-        row = session.scalar(select(AlertDeliveryRow).where(AlertDeliveryRow.rule_id == rule.id))
-        if row is not None:
-            session.expunge(row)
-        return row
+        rows = list(
+            session.scalars(select(AlertDeliveryRow).where(AlertDeliveryRow.rule_id == rule.id))
+        )
+        session.expunge_all()
+        return rows
+
+
+def _delivered(client: Client, rule: AlertRuleRow) -> AlertDeliveryRow | None:
+    return next((row for row in _deliveries(client, rule) if row.status == "delivered"), None)
 
 
 def _submit(base: str, client: Client, pipeline: dict[str, Any]) -> str:
@@ -101,19 +106,17 @@ def test_an_alert_is_delivered_once_through_a_broker_restart_and_two_failed_atte
             private_redis.restart()
             before_restart = len(hook.received)
             wait_for(lambda: len(hook.received) >= 3, 90, "two more attempts after the restart")
-            delivered = wait_for(
-                lambda: (row := _delivery(client, rule)) and row.status == "delivered" and row,
-                30,
-                "the delivery to be recorded",
-            )
+            delivered = wait_for(lambda: _delivered(client, rule), 30, "the delivery's record")
             time.sleep(QUIET_S)
             received = hook.received
+            rows = _deliveries(client, rule)
         finally:
             with unit_of_work(client.rt.sessions) as session:
                 delete_rule(session, rule.name, OWNER)
 
     assert before_restart < 3, "the restart came after the last attempt"
     assert len(received) == 3
+    assert [row.id for row in rows] == [delivered.id], "one outbox row for the one event"
     assert delivered.attempts == 3 and delivered.last_error is None
     assert {got.headers["X-Flowbeat-Delivery"] for got in received} == {f"alert-{delivered.id}"}
     assert all(got.signed_with(SECRET) for got in received)
