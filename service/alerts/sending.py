@@ -1,10 +1,11 @@
 """Sending the outbox: signed webhooks, retried with backoff, each outcome on its row.
 
-A worker claims due rows by pushing their next attempt past a lease and commits before it
-sends, so two workers never send one row at once and a worker killed mid-send leaves the row
-to be claimed again once the lease is over. Each attempt of a row carries the same delivery
-id (``alert-<id>``), so a receiver can drop the copy a crash between its answer and our
-commit makes. Signing and the request itself are the notices' (``service.catalogue.notices``).
+A worker claims a batch of due rows by pushing each one's next attempt past a lease long
+enough for the requests ahead of it, and commits before it sends, so two workers never send
+one row at once and a worker killed mid-send leaves the row to be claimed again once the lease
+is over. Each attempt of a row carries the same delivery id (``alert-<id>``), so a receiver
+can drop the copy a crash between its answer and our commit makes. Signing and the request
+itself are the notices' (``service.catalogue.notices``).
 """
 
 import json
@@ -29,7 +30,9 @@ from service.platform.settings import Settings
 SEND_BATCH = 20
 PRUNE_BATCH = 1000
 LEASE_TIMEOUTS = 3
-"""A claim lasts this many request timeouts: past it, the sender is taken for dead."""
+"""A claimed row's lease: the request timeouts of the rows ahead of it in its batch, and this
+many more; past it, its sender is taken for dead. While leased, a row is not due, so the beat
+queues no second sender for a batch that waits on a slow receiver."""
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 
 
@@ -71,7 +74,7 @@ def has_due(session: Session, now: datetime) -> bool:
 
 
 def claim_due(
-    session: Session, now: datetime, *, lease_s: float, limit: int = SEND_BATCH
+    session: Session, now: datetime, *, timeout_s: float, limit: int = SEND_BATCH
 ) -> list[Claimed]:
     rows = session.execute(
         select(AlertDeliveryRow, AlertRuleRow)
@@ -82,9 +85,9 @@ def claim_due(
         .with_for_update(of=AlertDeliveryRow, skip_locked=True)
     ).all()
     claimed = []
-    for row, rule in rows:
+    for place, (row, rule) in enumerate(rows):
         row.attempts += 1
-        row.next_attempt_at = now + timedelta(seconds=lease_s)
+        row.next_attempt_at = now + timedelta(seconds=(place + LEASE_TIMEOUTS) * timeout_s)
         delivery_id = f"alert-{row.id}"
         notice = Notice(url=rule.url, body=body_of(rule, row, delivery_id), delivery_id=delivery_id)
         claimed.append(Claimed(row.id, rule.kind, rule.owner, rule.secret, notice))
@@ -131,11 +134,10 @@ def send_due(
 ) -> int:
     """Send what is due, a claimed batch at a time, until a batch comes back short; returns
     how many attempts were made."""
-    lease_s = LEASE_TIMEOUTS * settings.notify_timeout_s
     made = 0
     while True:
         with unit_of_work(sessions) as session:
-            batch = claim_due(session, clock(), lease_s=lease_s)
+            batch = claim_due(session, clock(), timeout_s=settings.notify_timeout_s)
         for claimed in batch:
             outcome = attempt(settings, claimed, time.time())
             with unit_of_work(sessions) as session:

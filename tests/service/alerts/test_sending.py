@@ -110,12 +110,12 @@ def test_a_claimed_row_is_not_claimed_again_until_its_lease_is_over(runtime: Run
     rule_id = _queued(runtime, "http://127.0.0.1:9/never")
     now = utcnow()
     with unit_of_work(runtime.sessions) as session:
-        first = [c.id for c in claim_due(session, now, lease_s=30, limit=1000)]
+        first = [c.id for c in claim_due(session, now, timeout_s=10, limit=1000)]
     with unit_of_work(runtime.sessions) as session:
-        again = [c.id for c in claim_due(session, now, lease_s=30, limit=1000)]
+        again = [c.id for c in claim_due(session, now, timeout_s=10, limit=1000)]
     with unit_of_work(runtime.sessions) as session:
         after = [
-            c.id for c in claim_due(session, now + timedelta(seconds=31), lease_s=30, limit=1000)
+            c.id for c in claim_due(session, now + timedelta(seconds=31), timeout_s=10, limit=1000)
         ]
 
     [row] = outbox(runtime, rule_id)
