@@ -15,6 +15,7 @@ from service.alerts.sending import claim_due, prune_deliveries, send_due
 from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
+from service.platform.metrics import registry
 from service.platform.models import AlertRuleRow
 from service.platform.settings import Settings
 from tests.service.alerts.support import SECRET, outbox, rule
@@ -43,6 +44,8 @@ def _settings(rt: Runtime, **changes: object) -> Settings:
 def test_a_failed_attempt_is_sent_again_after_its_backoff_under_the_same_delivery_id(
     runtime: Runtime,
 ) -> None:
+    delivered = {"kind": "job_failed", "outcome": "delivered"}
+    before = registry().get_sample_value("flowbeat_alerts_total", delivered) or 0.0
     with WebhookServer([500, 200]) as hook:
         rule_id = _queued(runtime, hook.url)
         offset = [0.0]
@@ -58,6 +61,7 @@ def test_a_failed_attempt_is_sent_again_after_its_backoff_under_the_same_deliver
     [sent] = outbox(runtime, rule_id)
     assert (waiting.status, waiting.attempts, waiting.last_error) == ("pending", 1, "500")
     assert (sent.status, sent.attempts, sent.last_error) == ("delivered", 2, None)
+    assert registry().get_sample_value("flowbeat_alerts_total", delivered) == before + 1
     assert len(received) == 2
     assert {got.headers["X-Flowbeat-Delivery"] for got in received} == {f"alert-{sent.id}"}
     assert all(got.signed_with(SECRET) for got in received)
