@@ -23,13 +23,13 @@ from sqlalchemy.orm import Session
 
 from service.alerts.offers import Candidate, Offered, offer
 from service.alerts.rules import EVENT_KINDS
+from service.engine.deadlines import JOB_TIMEOUT
 from service.platform.models import AlertCursorRow, AlertRuleRow, JobEventRow, JobRow
 
 CURSOR_ID = 1
 EVENT_BATCH = 2000
 MAX_GAPS = 10_000
 """Beyond this many unread ids (a flood of rolled-back transactions), the oldest are let go."""
-JOB_TIMEOUT = "job_timeout"
 LOG_KINDS = ("job.failed", "approval.escalated", "step.retrying")
 
 
@@ -113,6 +113,17 @@ def _horizon(session: Session) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+def _advance(cursor: AlertCursorRow, found: set[int], xmin: int, xmax: int) -> None:
+    """Past the newest id read; an id skipped over is kept with ``xmax`` until ``xmin`` passes
+    it, and a gap read now or final by then is let go."""
+    last = cursor.last_event_id
+    newest = max((i for i in found if i > last), default=last)
+    kept = [gap for gap in cursor.gaps if gap[0] not in found and gap[1] > xmin]
+    skipped = islice(([i, xmax] for i in range(last + 1, newest) if i not in found), MAX_GAPS)
+    cursor.gaps = (kept + list(skipped))[-MAX_GAPS:]
+    cursor.last_event_id = newest
+
+
 def match_events(session: Session, now: datetime, *, limit: int = EVENT_BATCH) -> Offered:
     """One pass over the log past the cursor: every rule-matching event into the outbox."""
     offered = Offered()
@@ -123,16 +134,8 @@ def match_events(session: Session, now: datetime, *, limit: int = EVENT_BATCH) -
         cursor.last_event_id = max(cursor.last_event_id, latest or 0)
         cursor.gaps = []
         return offered
-    gaps = [gap[0] for gap in cursor.gaps]
-    events = _read(session, cursor.last_event_id, gaps, limit)
-    xmin, xmax = _horizon(session)
-    found = {event.id for event in events}
-    last = cursor.last_event_id
-    newest = max((i for i in found if i > last), default=last)
-    kept = [gap for gap in cursor.gaps if gap[0] not in found and gap[1] > xmin]
-    skipped = islice(([i, xmax] for i in range(last + 1, newest) if i not in found), MAX_GAPS)
-    cursor.gaps = (kept + list(skipped))[-MAX_GAPS:]
-    cursor.last_event_id = newest
+    events = _read(session, cursor.last_event_id, [gap[0] for gap in cursor.gaps], limit)
+    _advance(cursor, {event.id for event in events}, *_horizon(session))
     offered.more = len(events) >= limit
     for event in events:
         if event.kind in LOG_KINDS and event.owner is not None:
