@@ -17,6 +17,7 @@ from api.limits import BodySizeLimit
 from api.mcp import McpDeps
 from api.openapi import install_openapi
 from api.routes import (
+    alerts,
     approvals,
     audit,
     events,
@@ -59,6 +60,7 @@ ROUTES = (
     pipelines,
     schedules,
     hooks,
+    alerts,
     metrics,
     queues,
     overview,

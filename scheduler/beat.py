@@ -5,7 +5,8 @@ static entries of ``beat_schedule`` (the sweeper), fires due schedules from Post
 scheduled runs past their timeout, times out approvals and signal waits, fails jobs past their
 deadline, wakes wait steps whose time has come (``service.engine.waits``), starts and settles
 sub-pipelines (``service.engine.children``), lets in what waits
-for a slot or a turn, and prunes old runs. Schedules are read on every tick, and the leader
+for a slot or a turn, matches alert rules (``scheduler.alerting``), and prunes old runs.
+Schedules are read on every tick, and the leader
 spends the time between ticks listening for saved schedules (``scheduler.wakeups``), so a
 change through the API applies at once, without a restart. The lock only keeps standbys idle:
 exactly-once per fire comes from the ``schedule_fires`` fence in PostgreSQL.
@@ -23,6 +24,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from scheduler.alerting import AlertWatch
 from scheduler.lock import LeaderLock, make_token
 from scheduler.wakeups import ScheduleWakeups
 from service.catalogue.retention import RetentionPolicy, prune_runs
@@ -67,12 +69,17 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.tick_s = max(MIN_SLEEP_S, self.settings.beat_lock_ttl_s / 3)
         client = redis_client(self.settings.broker(), socket_timeout=self.tick_s)
         self.lock = LeaderLock(client, BEAT_LOCK_KEY, self.settings.beat_lock_ttl_s, make_token())
+        self.broker = client
         self.wakeups = ScheduleWakeups(self.settings.listen_url())
         super().__init__(*args, **kwargs)
 
     @cached_property
     def runtime(self) -> Runtime:
         return Runtime.start(self.settings, pool_size=2)
+
+    @cached_property
+    def alerts(self) -> AlertWatch:
+        return AlertWatch(self.settings, self.runtime, self.broker)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One tick; the leader then waits here for its next one or a saved schedule, whichever
@@ -136,6 +143,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.advance_children(now)
         self.fire_dependents()
         turns_waiting = self.let_in_waiting(now)
+        self.alerts.tick(now)
         with unit_of_work(sessions) as session:
             wake = next_wakeup(session, held=held.keys())
             deadline = next_deadline(session)

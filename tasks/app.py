@@ -107,7 +107,13 @@ def create_celery(settings: Settings) -> Celery:
             "flowbeat-sweep": {"task": TASK_SWEEP, "schedule": settings.sweep_interval_s},
         },
     )
-    app.conf.include = ["tasks.steps", "tasks.sweep", "tasks.notices", "tasks.approvals"]
+    app.conf.include = [
+        "tasks.steps",
+        "tasks.sweep",
+        "tasks.notices",
+        "tasks.approvals",
+        "tasks.alerts",
+    ]
     app.steps["worker"].add(CompactTimers)
     if transport_for(broker_url) is not None:
         app.steps["worker"].add(LivenessStep)

@@ -35,10 +35,12 @@ keys_cli = typer.Typer(no_args_is_help=True, help="API keys")
 jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs")
 pipelines_cli = typer.Typer(no_args_is_help=True, help="Saved pipelines")
 schedules_cli = typer.Typer(no_args_is_help=True, help="Schedules")
+alerts_cli = typer.Typer(no_args_is_help=True, help="Alert rules and their deliveries")
 cli.add_typer(keys_cli, name="keys")
 cli.add_typer(jobs_cli, name="jobs")
 cli.add_typer(pipelines_cli, name="pipelines")
 cli.add_typer(schedules_cli, name="schedules")
+cli.add_typer(alerts_cli, name="alerts")
 console = Console()
 
 JsonOption = Annotated[

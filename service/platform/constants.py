@@ -61,6 +61,7 @@ LIFECYCLE_LOCK_ID: Final = 0x666C6F78
 
 TASK_SEND_NOTICE: Final = "flowbeat.send_notice"
 TASK_SEND_ESCALATION: Final = "flowbeat.send_escalation"
+TASK_SEND_ALERTS: Final = "flowbeat.send_alerts"
 APPROVAL_LIST_MAX: Final = 500
 DIFF_PAGE_MAX_LIMIT: Final = 1000
 DIFF_PAGE_DEFAULT_LIMIT: Final = 100

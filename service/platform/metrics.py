@@ -100,6 +100,12 @@ NOTICE_DELIVERIES = Counter(
     "Outgoing notices and escalations by kind and outcome (delivered, retried, gave_up).",
     ["kind", "outcome"],
 )
+ALERTS = Counter(
+    "flowbeat_alerts_total",
+    "Alerts by rule kind and outcome: queued and suppressed (a dedupe window held it back) by "
+    "the beat leader; delivered, retried and gave_up by the worker sending them.",
+    ["kind", "outcome"],
+)
 WEBHOOK_DELIVERIES = Counter(
     "flowbeat_webhook_deliveries_total",
     "Incoming webhook deliveries by outcome (accepted, replayed, refused code).",

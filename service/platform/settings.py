@@ -41,6 +41,62 @@ class LlmProvider(BaseModel):
     )
 
 
+AlertKind = Literal[
+    "job_failed",
+    "deadline_passed",
+    "approval_escalated",
+    "step_retried",
+    "schedule_silent",
+    "queue_age",
+]
+
+
+class AlertRuleBody(BaseModel):
+    """An alert rule as an owner writes it, through the API or ``FLOWBEAT_ALERTS``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: AlertKind = Field(
+        description="job_failed, deadline_passed, approval_escalated, step_retried (more than "
+        "threshold retries), schedule_silent (no job threshold seconds past a due fire), "
+        "queue_age (the oldest message waiting more than threshold seconds)"
+    )
+    url: str = Field(min_length=1, max_length=2048, description="where the webhook is POSTed")
+    threshold: int | None = Field(
+        default=None,
+        ge=0,
+        description="retries (step_retried) or seconds (schedule_silent, "
+        "queue_age); none for the other kinds",
+    )
+    pipeline: str | None = Field(
+        default=None, min_length=1, max_length=200, description="only this pipeline's events"
+    )
+    secret: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description="the secret the body is signed with, by name, from the secrets source; "
+        "none: FLOWBEAT_WEBHOOK_SECRET",
+    )
+    format: Literal["flowbeat", "slack"] = Field(
+        default="flowbeat", description="slack: a body a Slack incoming webhook takes"
+    )
+    dedupe_s: int = Field(
+        default=300,
+        ge=0,
+        le=7 * 86_400,
+        description="after one alert, later ones of the same subject (a pipeline, a step, a "
+        "schedule, a queue) within this many seconds are counted, not sent",
+    )
+    enabled: bool = True
+
+
+class AlertRuleSetting(AlertRuleBody):
+    """A rule of ``FLOWBEAT_ALERTS``: named, for an owner."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    owner: str = Field(min_length=1, max_length=128)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLOWBEAT_", env_file=".env", extra="ignore")
 
@@ -156,6 +212,22 @@ class Settings(BaseSettings):
     """A source of secrets of your own (Vault, a cloud store), asked first: ``module:attr`` or
     a ``flowbeat.secrets`` entry point's name, called with the settings; only an operator's
     setting names one, never a profile."""
+    alerts: list[AlertRuleSetting] = Field(default_factory=list)
+    """Alert rules as JSON in ``FLOWBEAT_ALERTS`` (``[{"name": ..., "owner": ..., "kind": ...,
+    "url": ...}]``), written into PostgreSQL by the beat leader; the API shows them and refuses
+    to change them."""
+    alerts_interval_s: float = Field(default=5.0, gt=0)
+    """How often the beat leader reads new events, checks schedules and queues against the
+    rules, and hands due alerts to a worker."""
+    alerts_max_attempts: int = Field(default=8, ge=1)
+    """Attempts at one alert (5xx, 429, timeouts are retried) before it is given up."""
+    alerts_backoff_s: float = Field(default=5.0, gt=0)
+    """The wait after an alert's first failed attempt; it doubles after each, up to
+    ``alerts_backoff_max_s``."""
+    alerts_backoff_max_s: float = Field(default=600.0, gt=0)
+    """The longest wait between two attempts at one alert."""
+    alerts_kept_days: float = Field(default=30.0, gt=0)
+    """Delivered and given-up alerts older than this are deleted by the beat leader."""
     notify_max_attempts: int = 5
     notify_backoff_s: float = 2.0
     notify_timeout_s: float = 10.0

@@ -111,6 +111,11 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     ("get", "/v1/hooks/{name}"): {200, 400, 404} | KEYED,
     ("delete", "/v1/hooks/{name}"): {204, 400, 404} | KEYED,
     ("post", "/v1/hooks/{name}"): {200, 202, 400, 401, 404, 409, 429, 503} | BODY,
+    ("put", "/v1/alerts/{name}"): {200, 201, 400, 409} | PARSED_BODY | KEYED,
+    ("get", "/v1/alerts"): {200} | KEYED,
+    ("get", "/v1/alerts/{name}"): {200, 400, 404} | KEYED,
+    ("delete", "/v1/alerts/{name}"): {204, 400, 404, 409} | KEYED,
+    ("get", "/v1/alerts/{name}/deliveries"): {200, 400, 404} | KEYED,
 }
 """Every status each operation can answer, read from its route, the services it calls and
 what surrounds it (key, rate limit, body cap, parameter validation: a path or query parameter

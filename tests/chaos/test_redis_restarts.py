@@ -7,8 +7,6 @@ a step that was running meanwhile finishes under its lease. A POST that meets th
 refused with 503 and is not counted as accepted."""
 
 import random
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,50 +16,12 @@ import pytest
 from tests.chaos.executions import checkpoints, examine, executions
 from tests.chaos.load import Poster, await_settled, first_finish_after, lost_jobs, write_key
 from tests.chaos.results import record, scaled
-from tests.e2e.conftest import Client, Cluster, wait_for
+from tests.e2e.conftest import Client, Cluster
+from tests.support.redis_server import RedisServer
 
 RESTARTS = scaled(ci=3, full=20)
 RATE_PER_S = 8
 QUICK = {"sweep_interval_s": "1", "lease_s": "4", "dispatch_grace_s": "2", "stall_after_s": "15"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    def __init__(self, directory: Path) -> None:
-        self.port = _free_port()
-        self.directory = directory
-        self.proc = self._start()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no", "--dir", str(self.directory)]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self._answers, 10, "redis-server to answer")
-        return proc
-
-    def _answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def restart(self) -> float:
-        """Kill it and start it again, empty; returns when it answers again."""
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-        self.proc = self._start()
-        return time.time()
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -3,13 +3,13 @@
 The tests of one process share its database and its Redis DB. A test that starts a worker or a
 beat of its own starts them on a clean slate: no step messages nobody ran, no lock of a beat
 leader that was killed, no holdings of killed workers, and, where its beat sweeps, no open jobs
-of earlier tests for the sweeper to send again ahead of its own.
+of earlier tests for the sweeper to send again ahead of its own, nor their alert rules.
 """
 
 from typing import cast
 
 import redis
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.engine.jobs import cancel_job
@@ -22,7 +22,7 @@ from service.platform.constants import (
     WORKERS_KEY,
 )
 from service.platform.db import unit_of_work
-from service.platform.models import JobRow, ScheduleRow
+from service.platform.models import AlertRuleRow, JobRow, ScheduleRow
 from service.platform.states import JOB_FINAL
 from tasks.queues import step_lists
 
@@ -60,9 +60,12 @@ def forget_earlier_tests(broker: redis.Redis) -> None:
 
 
 def end_earlier_work(sessions: sessionmaker[Session]) -> None:
-    """Every job of the database that is not over cancelled, and every schedule disabled."""
+    """Every job of the database that is not over cancelled, every schedule disabled, and
+    every alert rule deleted with its outbox (a beat would match them and a worker send
+    them to receivers long gone)."""
     with unit_of_work(sessions) as session:
         open_ids = session.scalars(select(JobRow.id).where(JobRow.status.not_in(JOB_FINAL))).all()
         for job_id in open_ids:
             cancel_job(session, job_id, owner=None, now=utcnow())
         session.execute(update(ScheduleRow).where(ScheduleRow.enabled).values(enabled=False))
+        session.execute(delete(AlertRuleRow))

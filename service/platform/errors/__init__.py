@@ -437,3 +437,20 @@ class SecretNotFound(FlowbeatError):
     """A pipeline or job names a secret its owner has none of; ``details.secrets`` names them."""
 
     code = "secret_not_found"
+
+
+class AlertNotFound(FlowbeatError):
+    code = "alert_not_found"
+
+
+class AlertRuleInvalid(FlowbeatError):
+    """A rule that cannot work as written: a threshold its kind needs or does not take, a URL
+    the egress policy would refuse, a secret the owner has none of."""
+
+    code = "alert_rule_invalid"
+
+
+class AlertRuleManaged(FlowbeatError):
+    """The rule comes from ``FLOWBEAT_ALERTS``: only the settings change or remove it."""
+
+    code = "alert_rule_managed"

@@ -2,6 +2,7 @@
 here, and importing any of them loads them all, so the metadata that Alembic and the
 foreign keys read is always whole."""
 
+from service.platform.models.alerts import AlertCursorRow, AlertDeliveryRow, AlertRuleRow
 from service.platform.models.audit import AuditEventRow
 from service.platform.models.base import ApiKeyRow, Base
 from service.platform.models.catalogue import (
@@ -35,6 +36,9 @@ from service.platform.models.engine import (
 
 __all__ = [
     "OPEN_SHARD_PREDICATE",
+    "AlertCursorRow",
+    "AlertDeliveryRow",
+    "AlertRuleRow",
     "ApiKeyRow",
     "ApprovalRow",
     "AuditEventRow",

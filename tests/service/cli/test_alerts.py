@@ -1,0 +1,70 @@
+"""``flowbeat alerts``, run as a user runs it: a rule set, listed in full when piped, shown as
+JSON, refused with its code when it cannot work, and deleted; its deliveries listed."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
+
+ROOT = Path(__file__).resolve().parents[3]
+SECRET_NAME = "CLI_ALERT_KEY"
+
+
+def _run(stack: Stack, owner: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        **stack.env,
+        "PYTHONPATH": str(ROOT),
+        "COLUMNS": "80",
+        "FLOWBEAT_CLI_OWNER": owner,
+        f"FLOWBEAT_SECRET_{SECRET_NAME}": "cli-secret",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "alerts", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_rule_is_set_listed_shown_as_json_and_deleted(stack: Stack) -> None:
+    owner = f"cli-{uuid.uuid4().hex[:6]}"
+    url = "https://hooks.example.com/services/T000/B000/a-long-path-that-must-not-be-cut"
+    rule = ["--kind", "step_retried", "--threshold", "3", "--url", url, "--secret", SECRET_NAME]
+
+    saved = _run(stack, owner, "set", "retries", *rule, "--format", "slack")
+    listed = _run(stack, owner, "list")
+    as_json = _run(stack, owner, "list", "--json")
+    deliveries = _run(stack, owner, "deliveries", "retries", "--json")
+    deleted = _run(stack, owner, "delete", "retries")
+    gone = _run(stack, owner, "deliveries", "retries")
+
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert "retries" in listed.stdout and "step_retried > 3" in listed.stdout
+    [alert] = json.loads(as_json.stdout)["alerts"]
+    assert (alert["name"], alert["format"], alert["url"]) == ("retries", "slack", url)
+    assert json.loads(deliveries.stdout) == {"deliveries": []}
+    assert deleted.returncode == 0
+    assert gone.returncode == 2 and "alert_not_found" in gone.stdout
+
+
+def test_a_rule_that_cannot_work_is_refused_with_its_code(stack: Stack) -> None:
+    owner = f"cli-{uuid.uuid4().hex[:6]}"
+
+    refused = _run(stack, owner, "set", "x", "--kind", "queue_age", "--url", "https://a.example")
+    listed = _run(stack, owner, "list", "--json")
+
+    assert refused.returncode == 2
+    assert "alert_rule_invalid" in refused.stdout and "threshold" in refused.stdout
+    assert json.loads(listed.stdout) == {"alerts": []}
