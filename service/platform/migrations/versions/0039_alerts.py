@@ -9,7 +9,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0039"
-down_revision = "0036"
+down_revision = "0037"
 branch_labels = None
 depends_on = None
 
