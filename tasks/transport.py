@@ -82,6 +82,54 @@ class Channel(kombu_redis.Channel):
 
     QoS = QoS
 
+    def _basic_cancel(self, consumer_tag: str) -> Any:
+        """A worker stops consuming at the start of its warm shutdown, then waits for its pool
+        to finish what it runs; the ``BRPOP`` it sent before stays blocked on Redis and pops
+        the next message sent to its queues (a sweep, a step), which kombu reads only when it
+        closes the channel, after the pool has drained, and hands back only through another
+        channel still open ("Requeuing undeliverable message"): a message nobody runs, held
+        by a process that a rolling restart may kill at the end of its grace period. Once no
+        queue is left, the ``BRPOP`` is ended now and whatever it took goes back."""
+        cancelled = super()._basic_cancel(consumer_tag)  # type: ignore[no-untyped-call]
+        if not self.active_queues and self._in_poll:
+            self._give_back_brpop()
+        return cancelled
+
+    def _give_back_brpop(self) -> None:
+        """Its reply read at once where Redis can end it (``CLIENT UNBLOCK``, as if it timed
+        out), else within its own timeout (``brpop_timeout``); a message it popped is pushed
+        back onto the end of the list it came from, the end the next ``BRPOP`` takes from."""
+        connection: Any = self._in_poll
+        try:
+            self._unblock(connection)
+            reply = self.client.parse_response(connection, "BRPOP")
+        except self.connection_errors:
+            connection.disconnect()
+            return
+        finally:
+            self._in_poll = False
+        if reply:
+            key, item = reply
+            with self.conn_or_acquire() as client:
+                client.rpush(key, item)
+
+    def _unblock(self, connection: Any) -> None:
+        """The blocked connection is found by its address among Redis's clients; none is
+        unblocked where the address is not ours to match (a Unix socket, a proxy between) or
+        where ``CLIENT`` is not allowed."""
+        address = connection._sock.getsockname() if connection._sock is not None else None
+        if not isinstance(address, tuple):
+            return
+        host, port = address[0], address[1]
+        ours = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            with self.conn_or_acquire() as client:
+                for peer in client.client_list():
+                    if peer.get("addr") == ours:
+                        client.client_unblock(int(peer["id"]))
+        except self.ResponseError:
+            return
+
     priority_steps = BROKER_LEVELS
     default_priority = max_priority = DEFAULT_LEVEL
     """kombu reads a priority of 0 as none given (``priority or default_priority``), so
