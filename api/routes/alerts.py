@@ -83,7 +83,7 @@ class DeliveryPublic(BaseModel):
     def of(cls, row: AlertDeliveryRow) -> "DeliveryPublic":
         return cls(
             id=row.id,
-            delivery_id=f"alert-{row.id}",
+            delivery_id=row.delivery_id,
             event_key=row.event_key,
             subject=row.subject,
             status=row.status,

@@ -19,6 +19,7 @@ from api.openapi import errors
 from api.routes.jobs import visible_to
 from api.routes.queues import QueuePublic
 from api.schemas import ApprovalPublic, UtcDatetime
+from service.alerts.rules import recent_deliveries
 from service.engine import overview as figures
 from service.engine.approvals import count_waiting, list_approvals
 from service.platform.clock import utcnow
@@ -30,7 +31,7 @@ from tasks.broker import WorkerState, queue_states, worker_states
 router = APIRouter(tags=["overview"])
 
 LISTED = 5
-"""Approvals and schedule fires shown; the count of approvals is of all of them."""
+"""Approvals, schedule fires and alerts shown; the count of approvals is of all of them."""
 
 
 class BucketPublic(BaseModel):
@@ -106,6 +107,16 @@ class ScheduleFire(BaseModel):
     next_fire_at: UtcDatetime
 
 
+class AlertSent(BaseModel):
+    rule: str
+    delivery_id: str = Field(description="as in GET /v1/alerts/{rule}/deliveries")
+    subject: str
+    summary: str
+    status: str = Field(description="pending, delivered or failed (gave up)")
+    job_id: uuid.UUID | None = Field(description="the job it is about, if it is about one")
+    created_at: UtcDatetime
+
+
 class Overview(BaseModel):
     window: figures.Span
     at: UtcDatetime = Field(description="when the figures were read")
@@ -122,6 +133,7 @@ class Overview(BaseModel):
     broker_error: str | None = Field(description="why queues and workers are missing, if they are")
     approvals: ApprovalsWaiting
     schedules: list[ScheduleFire]
+    alerts: list[AlertSent] = Field(description="the last alerts of the rules the key sees")
 
 
 def _broker(
@@ -151,6 +163,21 @@ def _approvals(session: Session, owner: str | None) -> ApprovalsWaiting:
         waiting=count_waiting(session, visible_to=owner),
         oldest=[ApprovalPublic.of(approval, job.pipeline) for approval, job in oldest],
     )
+
+
+def _alerts(session: Session, owner: str | None) -> list[AlertSent]:
+    return [
+        AlertSent(
+            rule=rule,
+            delivery_id=row.delivery_id,
+            subject=row.subject,
+            summary=str(row.payload.get("summary", "")),
+            status=row.status,
+            job_id=row.payload.get("job_id"),
+            created_at=row.created_at,
+        )
+        for row, rule in recent_deliveries(session, owner=owner, limit=LISTED)
+    ]
 
 
 def _fires(session: Session, owner: str | None) -> list[ScheduleFire]:
@@ -202,4 +229,5 @@ def read_overview(
         broker_error=broker_error,
         approvals=_approvals(session, owner),
         schedules=_fires(session, owner),
+        alerts=_alerts(session, owner),
     )

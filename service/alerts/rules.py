@@ -169,3 +169,17 @@ def deliveries_of(
     if before is not None:
         query = query.where(AlertDeliveryRow.id < before)
     return list(session.scalars(query.order_by(AlertDeliveryRow.id.desc()).limit(limit)))
+
+
+def recent_deliveries(
+    session: Session, *, owner: str | None, limit: int
+) -> list[tuple[AlertDeliveryRow, str]]:
+    """The newest alerts of the rules ``owner`` may see (every owner's for ``None``, an
+    admin), each with its rule's name."""
+    query = select(AlertDeliveryRow, AlertRuleRow.name).join(
+        AlertRuleRow, AlertRuleRow.id == AlertDeliveryRow.rule_id
+    )
+    if owner is not None:
+        query = query.where(AlertRuleRow.owner == owner)
+    rows = session.execute(query.order_by(AlertDeliveryRow.id.desc()).limit(limit)).all()
+    return [(row, name) for row, name in rows]

@@ -88,7 +88,7 @@ def claim_due(
     for place, (row, rule) in enumerate(rows):
         row.attempts += 1
         row.next_attempt_at = now + timedelta(seconds=(place + LEASE_TIMEOUTS) * timeout_s)
-        delivery_id = f"alert-{row.id}"
+        delivery_id = row.delivery_id
         notice = Notice(url=rule.url, body=body_of(rule, row, delivery_id), delivery_id=delivery_id)
         claimed.append(Claimed(row.id, rule.kind, rule.owner, rule.secret, notice))
     session.flush()

@@ -46,7 +46,7 @@ def alert_document(row: AlertRuleRow) -> dict[str, Any]:
 def delivery_document(row: AlertDeliveryRow) -> dict[str, Any]:
     return {
         "id": row.id,
-        "delivery_id": f"alert-{row.id}",
+        "delivery_id": row.delivery_id,
         "event_key": row.event_key,
         "subject": row.subject,
         "status": row.status,

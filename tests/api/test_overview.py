@@ -7,11 +7,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import select, update
 
+from api.routes.overview import LISTED
+from service.alerts.offers import Candidate, Offered, offer
 from service.engine.runtime import Runtime
+from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
-from service.platform.models import JobRow
+from service.platform.models import AlertRuleRow, JobRow
 from tests.api.conftest import KeyFactory
 from tests.support.approvals import parked_job
 from tests.support.arrange import walk
@@ -44,6 +47,37 @@ def settle(runtime: Runtime, job_id: uuid.UUID, status: str, took_s: float) -> N
                 finished_at=JobRow.created_at + timedelta(seconds=took_s),
             )
         )
+
+
+def raise_alerts(
+    client: TestClient,
+    runtime: Runtime,
+    headers: Headers,
+    owner: str,
+    count: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> uuid.UUID:
+    """``count`` alerts of a rule named ``watch``, queued as the matcher queues them, each
+    about the same job; its id is returned."""
+    monkeypatch.setenv("FLOWBEAT_SECRET_WATCH_KEY", "s3cret")
+    rule = {
+        "kind": "job_failed",
+        "url": "https://hooks.example.com/a",
+        "secret": "WATCH_KEY",
+        "dedupe_s": 0,
+    }
+    assert client.put("/v1/alerts/watch", json=rule, headers=headers).status_code == 201
+    job_id = uuid.uuid4()
+    with unit_of_work(runtime.sessions) as session:
+        saved = session.scalar(
+            select(AlertRuleRow).where(AlertRuleRow.owner == owner, AlertRuleRow.name == "watch")
+        )
+        assert saved is not None
+        for n in range(count):
+            details = {"job_id": str(job_id)}
+            candidate = Candidate(saved, f"event:{n}", f"pipeline:p{n}", f"failure {n}", details)
+            offer(session, candidate, utcnow(), Offered())
+    return job_id
 
 
 def _listed(client: TestClient, headers: Headers, **query: Any) -> int:
@@ -132,6 +166,31 @@ def test_another_owners_jobs_are_not_counted(
 
     assert overview["totals"] == {"started": 0, "succeeded": 0, "failed": 0}
     assert overview["open"] == {"awaiting_approval": 0, "queued": 0, "running": 0}
+
+
+def test_the_last_alerts_are_the_newest_deliveries_of_the_keys_own_rules(
+    client: TestClient, make_key: KeyFactory, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    mine = {"Authorization": f"Bearer {make_key('read', 'write', owner=owner)}"}
+    job_id = raise_alerts(client, runtime, mine, owner, LISTED + 2, monkeypatch)
+    stranger = {"Authorization": f"Bearer {make_key('read')}"}
+
+    shown = client.get("/v1/overview", headers=mine).json()["alerts"]
+
+    listed = client.get(
+        "/v1/alerts/watch/deliveries", params={"limit": LISTED}, headers=mine
+    ).json()["deliveries"]
+    assert [a["delivery_id"] for a in shown] == [d["delivery_id"] for d in listed]
+    assert len(shown) == LISTED
+    newest = shown[0]
+    assert (newest["rule"], newest["summary"], newest["status"], newest["job_id"]) == (
+        "watch",
+        f"failure {LISTED + 1}",
+        "pending",
+        str(job_id),
+    )
+    assert client.get("/v1/overview", headers=stranger).json()["alerts"] == []
 
 
 def test_the_queues_are_listed_as_the_queue_list_shows_them(

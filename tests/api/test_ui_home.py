@@ -14,7 +14,7 @@ from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
 from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
-from tests.api.test_overview import settle, submit
+from tests.api.test_overview import raise_alerts, settle, submit
 from tests.support.apps import api_client
 
 
@@ -107,3 +107,17 @@ def test_a_key_sees_only_its_own_jobs_counted(
     started, _ = _figure(ui.get("/ui/home").text, "started")
 
     assert started == 0
+
+
+def test_the_last_alerts_open_the_job_they_are_about(
+    ui: TestClient, make_key: KeyFactory, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = f"o-{uuid.uuid4().hex[:8]}"
+    key = make_key("read", "write", owner=owner)
+    headers = {"Authorization": f"Bearer {key}"}
+    job_id = raise_alerts(ui, runtime, headers, owner, 1, monkeypatch)
+    _login(ui, key)
+
+    page = ui.get("/ui/home").text
+
+    assert f'<a href="/ui/jobs/{job_id}">failure 0</a>' in page

@@ -82,6 +82,11 @@ class AlertDeliveryRow(Base):
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     delivered_at: Mapped[datetime | None]
 
+    @property
+    def delivery_id(self) -> str:
+        """Every attempt carries it as ``X-Flowbeat-Delivery``, so a receiver can drop a repeat."""
+        return f"alert-{self.id}"
+
 
 class AlertCursorRow(Base):
     """How far the matcher has read the event log (``service.alerts.matching`` says why the ids
