@@ -17,6 +17,7 @@ from api.limits import BodySizeLimit
 from api.mcp import McpDeps
 from api.openapi import install_openapi
 from api.routes import (
+    actions,
     approvals,
     audit,
     events,
@@ -61,6 +62,7 @@ ROUTES = (
     metrics,
     queues,
     audit,
+    actions,
 )
 """The route modules, in the order their routes are matched."""
 

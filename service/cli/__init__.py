@@ -7,6 +7,7 @@ none of them imports it.
 """
 
 from service.cli import (
+    actions,
     audit,
     flower,
     follow,
@@ -21,6 +22,7 @@ from service.cli import (
 from service.cli.app import cli, main
 
 __all__ = [
+    "actions",
     "audit",
     "cli",
     "flower",

@@ -28,7 +28,7 @@ from service.cli.follow import (
     print_outcome,
     view_job,
 )
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.platform.audit import record_cancel, record_decision, record_rerun, record_signal
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError
@@ -165,9 +165,8 @@ def jobs_list(
         for job in rows
     ]
     headers = ["id", "pipeline", "status", "trigger", "created (UTC)"]
-    keep = ["created (UTC)", "status", "trigger", "pipeline"]
-    table = narrow_table(headers, cells, width=console.width, ids={"id"}, keep=keep)
-    console.print(table)
+    whole = {"id", "pipeline", "status"}
+    print_table(headers, cells, whole=whole, keep=["created (UTC)", "trigger"])
 
 
 @jobs_cli.command("show")

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.markup import escape
 
 from service.cli.app import (
     JsonOption,
@@ -21,7 +20,7 @@ from service.cli.app import (
     pipelines_cli,
     print_refusal,
 )
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.platform.audit import Actor, Target, record, saved_event
 from service.platform.db import unit_of_work
 from service.platform.errors import FlowbeatError
@@ -123,19 +122,16 @@ def pipelines_list(
     rows = [
         [
             view.name,
-            escape(view.owner),
+            view.owner,
             "-" if view.version is None else str(view.version),
-            escape(", ".join(view.tags)),
+            ", ".join(view.tags),
             str(view.run_count),
             "yes" if view.read_only else "",
         ]
         for view in views
     ]
     headers = ["name", "owner", "version", "tags", "runs", "read-only"]
-    table = narrow_table(
-        headers, rows, width=console.width, keep=["name", "version", "runs", "read-only"]
-    )
-    console.print(table)
+    print_table(headers, rows, whole={"name"}, keep=["version", "runs", "read-only"])
 
 
 @pipelines_cli.command("show")
