@@ -165,8 +165,8 @@ def jobs_list(
         for job in rows
     ]
     headers = ["id", "pipeline", "status", "trigger", "created (UTC)"]
-    whole = {"id", "pipeline", "status"}
-    print_table(headers, cells, whole=whole, keep=["created (UTC)", "trigger"])
+    whole = {"id", "pipeline", "status", "created (UTC)"}
+    print_table(headers, cells, whole=whole, keep=["trigger"])
 
 
 @jobs_cli.command("show")

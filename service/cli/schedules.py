@@ -88,8 +88,8 @@ def _print(documents: list[dict[str, Any]]) -> None:
             ]
         )
     headers = ["pipeline", "owner", "when", "state", "next fire (UTC)", "last", "runs"]
-    whole = {"pipeline", "state"}
-    print_table(headers, rows, whole=whole, keep=["runs", "next fire (UTC)", "last"])
+    keep = ["runs", "next fire (UTC)", "last"]
+    print_table(headers, rows, whole={"pipeline", "state"}, keep=keep)
 
 
 ScheduleOption = Annotated[

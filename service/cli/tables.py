@@ -35,14 +35,7 @@ GAP = 3
 EDGES = 0
 """The table has no left and right edges: two more columns for its values."""
 MIN_TEXT = 6
-WORD = 10
-"""A word up to this long (``2026-11-29``, ``succeeded``) stays on one line in any column."""
 _SEPARATORS = re.compile(r"[\t\r\n]")
-
-
-def _word(cell: str) -> int:
-    """Its longest word, up to ``WORD``: a date or a count is not broken, a long text may be."""
-    return min(max((cell_len(word) for word in cell.split()), default=0), WORD)
 
 
 def _widths(
@@ -52,10 +45,7 @@ def _widths(
     whole: Collection[str],
     keep: Sequence[str],
 ) -> list[int]:
-    words = [
-        max([len(word) for word in header.split()] + [_word(row[index]) for row in rows])
-        for index, header in enumerate(headers)
-    ]
+    words = [max(len(word) for word in header.split()) for header in headers]
     longest = [
         max([cell_len(row[index]) for row in rows] + [words[index]])
         for index in range(len(headers))
@@ -87,14 +77,17 @@ def print_table(
     keep: Sequence[str] = (),
 ) -> None:
     """Cells are plain text, never markup. ``whole`` columns are never folded nor cut: where
-    they alone are wider than the terminal, the table is drawn at the width they need, and the
-    terminal wraps its lines, rather than rich cropping an id."""
+    they do not fit the terminal side by side, each row is printed as a record, a line per
+    column, as psql's expanded display does, rather than rich cropping an id."""
     if not console.is_terminal:
         typer.echo(_tab_separated(headers))
         for row in rows:
             typer.echo(_tab_separated(row))
         return
     widths = _widths(headers, rows, console.width, whole, keep)
+    if sum(widths) + GAP * (len(headers) - 1) + EDGES > console.width:
+        _print_records(headers, rows)
+        return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for index, header in enumerate(headers):
         if header in whole:
@@ -103,13 +96,18 @@ def print_table(
             table.add_column(header, overflow="fold", width=widths[index])
     for row in rows:
         table.add_row(*(escape(cell) for cell in row))
-    needed = sum(widths) + GAP * (len(headers) - 1) + EDGES
-    fits = console.width
-    console.width = max(fits, needed)
-    try:
-        console.print(table)
-    finally:
-        console.width = fits
+    console.print(table)
+
+
+def _print_records(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A row as its column names and values, one a line, a blank line between rows; a value
+    wider than the terminal wraps onto the next line at its end."""
+    pad = max(len(header) for header in headers)
+    for index, row in enumerate(rows):
+        if index:
+            console.print()
+        for header, cell in zip(headers, row, strict=True):
+            console.print(f"{header:<{pad}}  {cell}", markup=False, highlight=False)
 
 
 def _tab_separated(values: Sequence[str]) -> str:
