@@ -5,6 +5,7 @@ a header, every value whole, so ``grep`` and ``awk`` find an id, a name, a statu
 they are. At an 80-column terminal a listing is a table that fits: text folds onto more lines,
 ids, names and statuses stay whole on one line, nothing is cut short."""
 
+import json
 import os
 import subprocess
 import sys
@@ -241,6 +242,26 @@ def test_actions_through_a_pipe_prints_each_action_and_its_inputs(piped: Piped) 
     assert kinds["wait"] == ["engine", "no", "no"]
     assert "pubmed.search: builtin (service.actions.pubmed)" in shown.stdout.splitlines()
     assert "term\tstring\tyes\t" in shown.stdout.splitlines()
+
+
+def test_commands_that_show_a_job_or_a_pipeline_answer_json(piped: Piped, wide: Wide) -> None:
+    shown = piped("pipelines", "show", wide.pipeline, "--owner", wide.owner, "--json")
+    rerun = piped("jobs", "rerun", wide.job_id, "--json")
+    new_id = json.loads(rerun.stdout)["job"]["id"]
+    cancelled = piped("jobs", "cancel", new_id, "--json")
+
+    pipeline = json.loads(shown.stdout)["pipeline"]
+    assert (pipeline["name"], pipeline["owner"], pipeline["version"]) == (
+        wide.pipeline,
+        wide.owner,
+        1,
+    )
+    assert pipeline["profile"]["steps"][0]["action"] == "noop"
+    assert json.loads(rerun.stdout)["job"]["pipeline"] == wide.pipeline
+    assert (
+        json.loads(cancelled.stdout)["job"] | {"id": new_id, "status": "cancelled"}
+        == (json.loads(cancelled.stdout)["job"])
+    )
 
 
 def _fits(printed: str, *whole: str, columns: str = "") -> None:
