@@ -1,6 +1,7 @@
 """``GET /v1/actions``: the action catalogue, so a person or an LLM client writing a profile
 finds every action this deployment runs, and how to call it, without reading the source."""
 
+import dataclasses
 from typing import Any, Literal
 
 from fastapi import APIRouter
@@ -34,16 +35,7 @@ class ActionPublic(BaseModel):
 
     @classmethod
     def of(cls, info: ActionInfo) -> "ActionPublic":
-        return cls(
-            name=info.name,
-            summary=info.summary,
-            doc=info.doc,
-            source=info.source,
-            module=info.module,
-            input_schema=info.input_schema,
-            cache=info.cache,
-            retry=info.retry,
-        )
+        return cls(**dataclasses.asdict(info))
 
 
 class ActionList(BaseModel):
