@@ -104,4 +104,3 @@ def test_a_person_finds_an_action_and_its_inputs_in_the_catalogue(
     action.locator("summary", has_text="JSON Schema").click()
     expect(action.locator("details pre")).to_contain_text('"required": [\n    "term"\n  ]')
     expect(page.locator("[id='drill.count']")).to_contain_text("tests.drill_actions")
-    _shot(page, "actions")
