@@ -262,6 +262,22 @@ def test_commands_that_show_a_job_or_a_pipeline_answer_json(piped: Piped, wide: 
     assert (job["id"], job["status"]) == (new_id, "cancelled")
 
 
+def test_an_unknown_action_is_refused_with_the_closest_names(
+    piped: Piped, wide: Wide, tmp_path: Path
+) -> None:
+    profile = tmp_path / "typo.yaml"
+    profile.write_text("name: typo\nsteps:\n  - {id: find, action: pubmed.serach}\n")
+
+    saved = piped("pipelines", "save", str(profile), "--owner", wide.owner)
+    asked = piped("actions", "pubmed.serach")
+
+    closest = "did you mean 'pubmed.search', 'pubmed.summary'?"
+    assert saved.returncode == 2 and "unknown action 'pubmed.serach'" in saved.stdout
+    assert closest in saved.stdout
+    assert asked.returncode == 2 and asked.stdout.startswith("unknown_action: ")
+    assert closest in asked.stdout
+
+
 def _fits(printed: str, *whole: str, columns: str = "") -> None:
     """No line is wider than the terminal, nothing is cut short (rich's ellipsis), no column
     is dropped, and each of ``whole`` is on one line."""
