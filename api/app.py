@@ -17,6 +17,7 @@ from api.limits import BodySizeLimit
 from api.mcp import McpDeps
 from api.openapi import install_openapi
 from api.routes import (
+    actions,
     alerts,
     approvals,
     audit,
@@ -65,6 +66,7 @@ ROUTES = (
     queues,
     overview,
     audit,
+    actions,
 )
 """The route modules, in the order their routes are matched."""
 

@@ -1,16 +1,20 @@
 """The dashboard's catalogue pages: the pipelines (each with its YAML as saved, its versions,
-its runs drawn as bars and its schedules), every schedule, and the deployment's queues."""
+its runs drawn as bars and its schedules), every schedule, the deployment's queues and the
+actions its steps may name."""
 
+import json
 from typing import Any
 
 import yaml
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse
 
-from api.deps import SessionDep, SettingsDep
+from api.deps import RuntimeDep, SessionDep, SettingsDep
 from api.routes import pipelines, runs, schedules
+from api.routes.actions import catalogue
 from api.routes.queues import QueuePublic, read_queues
 from api.ui import PAGE_SIZE, Viewer, page
+from service.actions.signature import input_rows
 from service.platform.clock import utcnow
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -64,6 +68,19 @@ def queue_list(request: Request, viewer: Viewer) -> Response:
     now = utcnow()
     states = read_queues(request.app.state.settings)
     return page(request, "queues.html", queues=[QueuePublic.of(state, now) for state in states])
+
+
+@router.get("/actions", response_class=HTMLResponse)
+def action_list(request: Request, viewer: Viewer, runtime: RuntimeDep) -> Response:
+    """The catalogue of ``GET /v1/actions``: a deployment's, the same for every key."""
+    found = catalogue(runtime.registry).actions
+    return page(
+        request,
+        "actions.html",
+        actions=found,
+        inputs={action.name: input_rows(action.input_schema) for action in found},
+        schemas={action.name: json.dumps(action.input_schema, indent=2) for action in found},
+    )
 
 
 CHART_W, CHART_H, BAR_GAP = 600, 120, 2

@@ -11,6 +11,7 @@ before the SDK saw the request); over stdio, ``flowbeat mcp`` holds one key for 
 
 from mcp.server.mcpserver import MCPServer
 
+from api.mcp.actions import action_tools
 from api.mcp.calls import McpDeps
 from api.mcp.jobs import job_tools
 from api.mcp.pipelines import pipeline_tools, resources
@@ -18,7 +19,8 @@ from api.mcp.pipelines import pipeline_tools, resources
 __all__ = ["McpDeps", "build_mcp"]
 
 INSTRUCTIONS = (
-    "flowbeat runs YAML pipelines on workers. save_pipeline stores one (a new version when it "
+    "flowbeat runs YAML pipelines on workers. list_actions shows the actions a step may "
+    "name, with their inputs; save_pipeline stores a pipeline (a new version when it "
     "changes), run_pipeline starts a job, get_job follows it, get_diff shows what a run found "
     "that the run before it did not, schedule_pipeline runs it on a cron (several schedules per "
     "pipeline by name), list_schedules shows them, send_signal resumes a step that waits for a "
@@ -30,5 +32,6 @@ def build_mcp(deps: McpDeps) -> MCPServer:
     server: MCPServer = MCPServer("flowbeat", instructions=INSTRUCTIONS)
     pipeline_tools(server, deps)
     job_tools(server, deps)
+    action_tools(server, deps)
     resources(server, deps)
     return server

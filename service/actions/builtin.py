@@ -28,7 +28,7 @@ def noop(ctx: StepContext, **inputs: Any) -> dict[str, Any]:
     return inputs
 
 
-@action("sleep")
+@action("sleep", cache=False)
 def sleep(ctx: StepContext, seconds: float, result: Any = None) -> Any:
     """Stand in for slow work in tests and drills; wakes at once when the job is cancelled."""
     is_number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
@@ -42,7 +42,7 @@ def sleep(ctx: StepContext, seconds: float, result: Any = None) -> Any:
     return result if result is not None else {"slept": seconds}
 
 
-@action("fail")
+@action("fail", cache=False)
 def fail(
     ctx: StepContext,
     message: str = "failed",
@@ -61,6 +61,7 @@ def fail(
 
 @action("text.stats")
 def text_stats(ctx: StepContext, text: str | None) -> dict[str, int]:
+    """Characters and whitespace-separated words of ``text``; null counts as empty."""
     if text is None:
         text = ""
     if not isinstance(text, str):

@@ -174,6 +174,7 @@ def sort(ctx: StepContext, items: Any, field: str, descending: bool = False) -> 
 
 @action("data.count")
 def count(ctx: StepContext, items: Any) -> dict[str, int]:
+    """How many items a list holds, as ``{count}``."""
     return {"count": len(_as_list(items, "data.count"))}
 
 
@@ -223,7 +224,7 @@ def _parse(raw: bytes, fmt: str, path: str) -> list[Any]:
     return [dict(row) for row in csv.DictReader(io.StringIO(text, newline=""))]
 
 
-@action("data.load")
+@action("data.load", cache=False)
 def load(ctx: StepContext, path: str, format: str | None = None) -> list[Any]:
     """Read a JSON list, JSON lines or CSV (rows as string-valued objects) from the profiles dir."""
     fmt = format.lower() if isinstance(format, str) else None

@@ -69,7 +69,7 @@ def _download_to(
     return digest.hexdigest(), size
 
 
-@action("data.download")
+@action("data.download", cache=False)
 def download(
     ctx: StepContext, url: str, sha256: str | None = None, max_bytes: int | None = None
 ) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def _rows(text: io.TextIOBase, fmt: str, cap: int, empty_as_null: bool) -> list[
     return rows
 
 
-@action("data.parse")
+@action("data.parse", cache=False)
 def parse(
     ctx: StepContext,
     path: str,
@@ -251,7 +251,7 @@ def _statement(schema: str, table: str, columns: list[str], keys: list[str]) -> 
     )
 
 
-@action("data.upsert")
+@action("data.upsert", cache=False)
 def upsert(
     ctx: StepContext, table: str, rows: Any, keys: Any, columns: Any = None
 ) -> dict[str, int]:

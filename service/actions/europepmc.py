@@ -25,7 +25,7 @@ def _item(hit: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@action("europepmc.search")
+@action("europepmc.search", cache=False)
 def search(ctx: StepContext, query: str, limit: int = 100) -> list[Any]:
     """Up to ``limit`` hits in relevance order; items carry ``id`` and, when known, ``pmid``.
 

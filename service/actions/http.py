@@ -76,7 +76,7 @@ def _read_capped(
     return b"".join(chunks)
 
 
-@action("http.request")
+@action("http.request", cache=False)
 def request(
     ctx: StepContext,
     url: str,
@@ -90,7 +90,9 @@ def request(
     max_bytes: int | None = None,
     expect_json: bool | None = None,
 ) -> dict[str, Any]:
-    """Retryable: 5xx, 429, timeouts and transport errors. Anything else the caller must fix.
+    """Send one HTTP request through the egress policy and return its status, headers and body.
+
+    Retryable: 5xx, 429, timeouts and transport errors. Anything else the caller must fix.
 
     ``max_bytes`` may lower the operator's response cap, never raise it: a profile's author
     must not be able to make a worker hold more than the deployment allows."""

@@ -230,7 +230,7 @@ def _options(provider: LlmProvider, given: Mapping[str, Any] | None) -> dict[str
     return merged
 
 
-@action("llm.chat")
+@action("llm.chat", cache=False)
 def chat(
     ctx: StepContext,
     user: str,
@@ -308,7 +308,7 @@ def _usage(provider: str, model: str, answer: Mapping[str, Any]) -> dict[str, in
     return counts
 
 
-@action("llm.embed")
+@action("llm.embed", cache=False)
 def embed(
     ctx: StepContext,
     texts: list[str],

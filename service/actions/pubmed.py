@@ -47,7 +47,7 @@ def _eutil(ctx: StepContext, action_name: str, endpoint: str, params: dict[str, 
     return body
 
 
-@action("pubmed.search")
+@action("pubmed.search", cache=False)
 def search(
     ctx: StepContext,
     term: str,
@@ -105,7 +105,7 @@ def _item(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@action("pubmed.summary")
+@action("pubmed.summary", cache=False)
 def summary(ctx: StepContext, ids: list[str], batch_size: int = SUMMARY_BATCH) -> list[Any]:
     """One item per PMID, in the order given; ids PubMed does not know are left out.
 

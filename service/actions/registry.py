@@ -6,6 +6,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
@@ -75,16 +76,37 @@ class _Shape:
         return problems
 
 
+@dataclass(frozen=True)
+class Registration:
+    """An action as registered: its callable and what the engine may do with its steps.
+
+    ``cache``: its output depends only on its inputs, so a step cache may reuse an earlier
+    output for the same inputs; ``False`` for an action whose point is its side effect or the
+    moment it runs (a send, a fetch of what changes). ``retry``: a failed attempt may run again
+    under the step's ``retry`` policy; ``False`` makes every failure permanent, for an action
+    that is not safe to run twice (a payment, a message), whatever the policy says. Either way
+    an attempt the action itself fails with ``ActionError(retryable=False)``, or one called
+    with bad inputs, is never retried.
+    """
+
+    name: str
+    fn: ActionFn
+    cache: bool = True
+    retry: bool = True
+
+
 class ActionRegistry:
     """Name → callable. Thread-safe; registering the same function twice under a name is a no-op."""
 
     def __init__(self) -> None:
-        self._actions: dict[str, ActionFn] = {}
+        self._actions: dict[str, Registration] = {}
         self._shapes: dict[str, _Shape] = {}
         self._lock = threading.Lock()
         self._loaded_plugins: set[str] = set()
 
-    def register(self, name: str, fn: ActionFn) -> ActionFn:
+    def register(
+        self, name: str, fn: ActionFn, *, cache: bool = True, retry: bool = True
+    ) -> ActionFn:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise ValueError(f"invalid action name {name!r}: must match {NAME_PATTERN.pattern}")
         if name == WAIT_ACTION:
@@ -96,20 +118,27 @@ class ActionRegistry:
         shape = _Shape(fn)
         with self._lock:
             existing = self._actions.get(name)
-            if existing is not None and existing is not fn:
+            if existing is not None and existing.fn is not fn:
                 raise ValueError(
                     f"action {name!r} is already registered by "
-                    f"{_describe(existing)}; refusing {_describe(fn)}"
+                    f"{_describe(existing.fn)}; refusing {_describe(fn)}"
                 )
-            self._actions[name] = fn
+            self._actions[name] = Registration(name, fn, cache=cache, retry=retry)
             self._shapes[name] = shape
         return fn
 
     def get(self, name: str) -> ActionFn:
+        return self.registration(name).fn
+
+    def registration(self, name: str) -> Registration:
         try:
             return self._actions[name]
         except KeyError:
             raise ActionNotFound(f"unknown action {name!r}", {"action": name}) from None
+
+    def registrations(self) -> list[Registration]:
+        """Every action, by name."""
+        return [self._actions[name] for name in sorted(self._actions)]
 
     def names(self) -> frozenset[str]:
         return frozenset(self._actions)
@@ -157,11 +186,12 @@ def _describe(fn: ActionFn) -> str:
 REGISTRY = ActionRegistry()
 
 
-def action(name: str) -> Callable[[F], F]:
-    """Register the decorated function in the default registry under ``name``."""
+def action(name: str, *, cache: bool = True, retry: bool = True) -> Callable[[F], F]:
+    """Register the decorated function in the default registry under ``name``; ``cache`` and
+    ``retry`` are as ``Registration`` describes them, and the action catalogue shows both."""
 
     def decorate(fn: F) -> F:
-        REGISTRY.register(name, fn)
+        REGISTRY.register(name, fn, cache=cache, retry=retry)
         return fn
 
     return decorate
@@ -206,5 +236,5 @@ def load_plugins(
             obj(registry)
         registry._loaded_plugins.add(key)
     if registry is not REGISTRY:
-        for name in sorted(REGISTRY.names()):
-            registry.register(name, REGISTRY.get(name))
+        for held in REGISTRY.registrations():
+            registry.register(held.name, held.fn, cache=held.cache, retry=held.retry)

@@ -7,6 +7,7 @@ none of them imports it.
 """
 
 from service.cli import (
+    actions,
     alerts,
     audit,
     flower,
@@ -22,6 +23,7 @@ from service.cli import (
 from service.cli.app import cli, main
 
 __all__ = [
+    "actions",
     "alerts",
     "audit",
     "cli",

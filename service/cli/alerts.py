@@ -16,7 +16,7 @@ from service.cli.app import (
     emit_json,
     load_settings,
 )
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.platform.audit import Target, record
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.models import AlertDeliveryRow, AlertRuleRow
@@ -64,15 +64,15 @@ def _print_rules(documents: list[dict[str, Any]]) -> None:
         [
             doc["name"],
             doc["kind"] if doc["threshold"] is None else f"{doc['kind']} > {doc['threshold']}",
-            escape(doc["pipeline"] or "any"),
-            escape(doc["url"]),
+            doc["pipeline"] or "any",
+            doc["url"],
             "on" if doc["enabled"] else "off",
             doc["source"],
         ]
         for doc in documents
     ]
     headers = ["name", "kind", "pipeline", "url", "state", "from"]
-    console.print(narrow_table(headers, rows, width=console.width, ids={"name"}, keep=["kind"]))
+    print_table(headers, rows, whole={"name", "state"}, keep=["kind"])
 
 
 @alerts_cli.command("list")
@@ -190,10 +190,9 @@ def alerts_deliveries(
             doc["status"],
             str(doc["attempts"]),
             str(doc["suppressed"]),
-            escape(doc["summary"] or doc["subject"]),
+            doc["summary"] or doc["subject"],
         ]
         for doc in documents
     ]
     headers = ["delivery", "queued (UTC)", "status", "attempts", "held back", "what"]
-    keep = ["status", "attempts"]
-    console.print(narrow_table(headers, rows, width=console.width, ids={"delivery"}, keep=keep))
+    print_table(headers, rows, whole={"delivery", "status"}, keep=["attempts"])

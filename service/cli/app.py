@@ -42,6 +42,9 @@ cli.add_typer(pipelines_cli, name="pipelines")
 cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(alerts_cli, name="alerts")
 console = Console()
+console.soft_wrap = not console.is_terminal
+"""Without a terminal a line is printed whole, never broken at the 80 columns rich assumes
+for a pipe, so a grep of a message finds it; ``service.cli.tables`` does the same for tables."""
 
 JsonOption = Annotated[
     bool, typer.Option("--json", help="one JSON document on stdout, with stable keys, for scripts")

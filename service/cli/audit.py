@@ -5,10 +5,9 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from service.cli.app import JsonOption, cli, console, emit_json, load_settings
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.platform.constants import AUDIT_LIST_DEFAULT_LIMIT, AUDIT_LIST_MAX_LIMIT
 from service.platform.db import make_engine, make_session_factory, unit_of_work
 from service.platform.models import AuditEventRow
@@ -76,12 +75,11 @@ def _print(documents: list[dict[str, Any]]) -> None:
         [
             datetime.fromisoformat(doc["at"]).strftime("%m-%d %H:%M:%S"),
             doc["channel"],
-            escape(f"{doc['actor']} as {doc['owner']}"),
+            f"{doc['actor']} as {doc['owner']}",
             doc["action"],
-            escape(f"{doc['target_kind']}:{doc['target_id']}"),
+            f"{doc['target_kind']}:{doc['target_id']}",
         ]
         for doc in documents
     ]
     headers = ["time (UTC)", "via", "actor", "action", "target"]
-    keep = ["time (UTC)", "action", "actor"]
-    console.print(narrow_table(headers, cells, width=console.width, keep=keep))
+    print_table(headers, cells, whole={"action"}, keep=["time (UTC)", "target", "actor"])

@@ -28,7 +28,7 @@ from service.cli.follow import (
     print_outcome,
     view_job,
 )
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.platform.audit import record_cancel, record_decision, record_rerun, record_signal
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError
@@ -165,9 +165,8 @@ def jobs_list(
         for job in rows
     ]
     headers = ["id", "pipeline", "status", "trigger", "created (UTC)"]
-    keep = ["created (UTC)", "status", "trigger", "pipeline"]
-    table = narrow_table(headers, cells, width=console.width, ids={"id"}, keep=keep)
-    console.print(table)
+    whole = {"id", "pipeline", "status", "created (UTC)"}
+    print_table(headers, cells, whole=whole, keep=["trigger"])
 
 
 @jobs_cli.command("show")
@@ -251,8 +250,9 @@ def jobs_logs(
 
 
 @jobs_cli.command("cancel")
-def jobs_cancel(job: JobArgument) -> None:
-    """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does."""
+def jobs_cancel(job: JobArgument, as_json: JsonOption = False) -> None:
+    """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does; with ``--json``, the job as
+    ``jobs list --json`` prints it, and any note on stderr."""
     from kombu.exceptions import OperationalError
     from redis.exceptions import RedisError
 
@@ -268,13 +268,16 @@ def jobs_cancel(job: JobArgument) -> None:
         compensation = job_view(session, cancelled).compensation
     if compensation is not None and compensation["status"] == "running":
         command.publish(JobPlan(command.job_id, compensate=True))
-    console.print(f"job {command.job_id}: {cancelled.status}")
+    if as_json:
+        emit_json({"job": job_document(cancelled)})
+    else:
+        console.print(f"job {command.job_id}: {cancelled.status}")
     if running:
         try:
             command.app.control.revoke(running, terminate=True, signal="SIGUSR1")
         except (OperationalError, RedisError, OSError) as exc:
             message = f"running steps stop at their next checkpoint (no revoke: {exc})"
-            console.print(message, markup=False)
+            typer.echo(message, err=as_json)
 
 
 @jobs_cli.command("rerun")
@@ -293,23 +296,31 @@ def jobs_rerun(
     ] = None,
     wait: Annotated[bool, typer.Option(help="follow the new job until it ends")] = False,
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
+    as_json: JsonOption = False,
 ) -> None:
-    """Run a finished job again from a step, reusing what came before it; prints the new id."""
+    """Run a finished job again from a step, reusing what came before it; prints the new id,
+    or with ``--json`` the new job (then ``jobs watch`` follows it, not ``--wait``)."""
     from service.engine.reruns import RerunRequest, rerun_job
     from service.language.plan import load_plan
     from service.platform.clock import utcnow
     from tasks.dispatch import publish_new_job
 
+    if as_json and wait:
+        raise typer.BadParameter("--json prints the new job; follow it with jobs watch")
     request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items, priority)
     command = job_command(job)
     with unit_of_work(command.rt.sessions) as session:
         rerun = rerun_job(session, command.job_id, request, visible_to=None, now=utcnow())
         record_rerun(session, cli_actor(command.settings, "jobs rerun"), rerun, from_step)
         new_id, waiting = rerun.id, rerun.waiting_for is not None
+        document = job_document(rerun)
     with unit_of_work(command.rt.sessions) as session:
         plan = None if waiting else load_plan(session, new_id)
     if plan is not None:
         publish_new_job(command.app, command.rt, plan)
+    if as_json:
+        emit_json({"job": document})
+        return
     console.print(f"job [bold]{new_id}[/bold] queued (rerun of {command.job_id})")
     if wait:
         follow_to_the_end(command.settings, new_id, local_worker)

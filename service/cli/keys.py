@@ -4,7 +4,6 @@ process once its key cache forgets it (``FLOWBEAT_AUTH_CACHE_S``)."""
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from service.cli.app import (
     JsonOption,
@@ -16,7 +15,7 @@ from service.cli.app import (
     keys_cli,
     load_settings,
 )
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.platform.audit import record_key
 from service.platform.db import sessions_of, unit_of_work
 
@@ -77,7 +76,7 @@ def keys_list(
     cells = [
         [
             doc["prefix"],
-            escape(doc["owner"]),
+            doc["owner"],
             ",".join(doc["scopes"]),
             doc["created_at"][:16],
             (doc["revoked_at"] or "")[:16],
@@ -85,14 +84,7 @@ def keys_list(
         for doc in documents
     ]
     headers = ["prefix", "owner", "scopes", "created (UTC)", "revoked"]
-    table = narrow_table(
-        headers,
-        cells,
-        width=console.width,
-        ids={"prefix"},
-        keep=["created (UTC)", "revoked", "scopes"],
-    )
-    console.print(table)
+    print_table(headers, cells, whole={"prefix"}, keep=["created (UTC)", "revoked", "scopes"])
 
 
 @keys_cli.command("revoke")

@@ -4,11 +4,10 @@ a pipeline's last run against the run before it."""
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
-from rich.markup import escape
 
 from service.cli.app import (
     JsonOption,
@@ -21,11 +20,14 @@ from service.cli.app import (
     pipelines_cli,
     print_refusal,
 )
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.platform.audit import Actor, Target, record, saved_event
 from service.platform.db import unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.settings import Settings
+
+if TYPE_CHECKING:
+    from service.catalogue.pipelines import PipelineView
 
 
 @contextmanager
@@ -86,6 +88,20 @@ def pipelines_save(
     _print_saved(outcome)
 
 
+def pipeline_document(view: "PipelineView") -> dict[str, Any]:
+    """A pipeline as ``--json`` prints it in a listing; ``show`` adds its profile and text."""
+    return {
+        "name": view.name,
+        "owner": view.owner,
+        "description": view.description,
+        "tags": view.tags,
+        "version": view.version,
+        "content_hash": view.content_hash,
+        "read_only": view.read_only,
+        "run_count": view.run_count,
+    }
+
+
 @pipelines_cli.command("list")
 def pipelines_list(
     tag: str | None = None, owner: OwnerOption = None, as_json: JsonOption = False
@@ -102,47 +118,31 @@ def pipelines_list(
             tag=tag,
         )
     if as_json:
-        emit_json(
-            {
-                "pipelines": [
-                    {
-                        "name": view.name,
-                        "owner": view.owner,
-                        "description": view.description,
-                        "tags": view.tags,
-                        "version": view.version,
-                        "content_hash": view.content_hash,
-                        "read_only": view.read_only,
-                        "run_count": view.run_count,
-                    }
-                    for view in views
-                ]
-            }
-        )
+        emit_json({"pipelines": [pipeline_document(view) for view in views]})
         return
     rows = [
         [
             view.name,
-            escape(view.owner),
+            view.owner,
             "-" if view.version is None else str(view.version),
-            escape(", ".join(view.tags)),
+            ", ".join(view.tags),
             str(view.run_count),
             "yes" if view.read_only else "",
         ]
         for view in views
     ]
     headers = ["name", "owner", "version", "tags", "runs", "read-only"]
-    table = narrow_table(
-        headers, rows, width=console.width, keep=["name", "version", "runs", "read-only"]
-    )
-    console.print(table)
+    print_table(headers, rows, whole={"name"}, keep=["version", "runs", "read-only"])
 
 
 @pipelines_cli.command("show")
-def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = None) -> None:
+def pipelines_show(
+    name: str, version: int | None = None, owner: OwnerOption = None, as_json: JsonOption = False
+) -> None:
     """A pipeline's profile as it was saved (its YAML or JSON text, comments and all), its
     current version unless ``--version`` is given; re-serialised only for a version saved
-    before the text was kept, or a profile file shipped with the server."""
+    before the text was kept, or a profile file shipped with the server. With ``--json``,
+    its listing's keys with ``profile`` (as parsed) and ``source`` (the text, or null)."""
     from service.catalogue.pipelines import get_pipeline
 
     settings = load_settings()
@@ -154,6 +154,10 @@ def pipelines_show(name: str, version: int | None = None, owner: OwnerOption = N
             profiles_dir=settings.profiles_dir,
             version=version,
         )
+    if as_json:
+        profile = {"profile": view.profile.to_json(), "source": view.source}
+        emit_json({"pipeline": {**pipeline_document(view), **profile}})
+        return
     header = f"# {view.name} v{view.version or '-'} by {view.owner} ({view.content_hash})"
     console.print(header, markup=False)
     if view.source is not None:

@@ -3,8 +3,8 @@
 from datetime import UTC, datetime
 from typing import Any
 
-from service.cli.app import JsonOption, cli, console, emit_json, load_settings
-from service.cli.tables import narrow_table
+from service.cli.app import JsonOption, cli, emit_json, load_settings
+from service.cli.tables import print_table
 
 
 @cli.command("queues")
@@ -48,6 +48,4 @@ def queues(as_json: JsonOption = False) -> None:
         for doc in documents
     ]
     headers = ["queue", "depth", "by priority", "oldest", "workers"]
-    console.print(
-        narrow_table(headers, cells, width=console.width, ids={"queue"}, keep=["depth", "oldest"])
-    )
+    print_table(headers, cells, whole={"queue"}, keep=["depth", "oldest"])

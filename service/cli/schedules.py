@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 
 from service.cli.app import (
     JsonOption,
@@ -22,7 +21,7 @@ from service.cli.app import (
     schedules_cli,
 )
 from service.cli.follow import parse_params
-from service.cli.tables import narrow_table
+from service.cli.tables import print_table
 from service.language.cron import ScheduleSpec
 from service.platform.audit import record, record_schedule_state, schedule_event, schedule_saved
 from service.platform.constants import MAX_PRIORITY
@@ -80,8 +79,8 @@ def _print(documents: list[dict[str, Any]]) -> None:
         rows.append(
             [
                 doc["pipeline"],
-                escape(doc["owner"]),
-                escape(_timing(doc)),
+                doc["owner"],
+                _timing(doc),
                 "active" if doc["enabled"] else "paused",
                 (doc["next_fire_at"] or "-")[:16],
                 last or "-",
@@ -89,13 +88,8 @@ def _print(documents: list[dict[str, Any]]) -> None:
             ]
         )
     headers = ["pipeline", "owner", "when", "state", "next fire (UTC)", "last", "runs"]
-    table = narrow_table(
-        headers,
-        rows,
-        width=console.width,
-        keep=["pipeline", "runs", "next fire (UTC)", "state", "last"],
-    )
-    console.print(table)
+    keep = ["runs", "next fire (UTC)", "last"]
+    print_table(headers, rows, whole={"pipeline", "state"}, keep=keep)
 
 
 ScheduleOption = Annotated[

@@ -101,6 +101,8 @@ def _call_action(
         failure = Failure(error_of("exception", f"{kind}: {exc}", {"type": kind}), True)
     if ctx.cancel_event.is_set():
         raise StopChain("cancelled or taken over")
+    if not rt.registry.registration(claim.action).retry:
+        return Failure(failure.error, False)
     return failure
 
 

@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from service.language import dag
+from service.language.actionnames import closest_actions, did_you_mean
 from service.language.cron import normalize
 from service.language.expressions import Ref, parse_refs
 from service.language.params import resolve_params
@@ -91,29 +92,27 @@ def _step_structure_errors(
         undo = step.compensate
         if known_actions is not None and undo is not None and undo.action not in known_actions:
             errors.append(
-                _error(
-                    "unknown_action",
-                    f"unknown action {undo.action!r}",
-                    f"steps[{i}].compensate.action",
-                    step.id,
-                )
+                _unknown_action(undo.action, known_actions, f"steps[{i}].compensate.action", step)
             )
         runs_action = step.action not in (WAIT_ACTION, PIPELINE_RUN_ACTION)
         if known_actions is not None and runs_action and step.action not in known_actions:
-            errors.append(
-                _error(
-                    "unknown_action",
-                    f"unknown action {step.action!r}",
-                    f"steps[{i}].action",
-                    step.id,
-                )
-            )
+            errors.append(_unknown_action(step.action, known_actions, f"steps[{i}].action", step))
         errors.extend(
             _error("unknown_dependency", f"unknown step {dep!r}", f"steps[{i}].depends_on", step.id)
             for dep in step.depends_on
             if dep not in ids
         )
     return errors
+
+
+def _unknown_action(
+    name: str, known_actions: Collection[str], field: str, step: StepSpec
+) -> ErrorEntry:
+    """Named with the closest known names, in the message and as ``closest``, so the writer
+    (or an LLM client) fixes the typo without looking the catalogue up."""
+    closest = closest_actions(name, known_actions)
+    message = f"unknown action {name!r}{did_you_mean(closest)}"
+    return {**_error("unknown_action", message, field, step.id), "closest": closest}
 
 
 def _wait_errors(profile: Profile) -> list[ErrorEntry]:

@@ -68,6 +68,7 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     ("get", "/metrics"): {200} | KEYED,
     ("get", "/v1/queues"): {200} | KEYED,
     ("get", "/v1/overview"): {200, 400} | KEYED,
+    ("get", "/v1/actions"): {200} | KEYED,
     ("get", "/v1/audit"): {200, 400} | KEYED,
     ("post", "/v1/jobs"): {200, 202, 404, 409} | PARSED_BODY | KEYED,
     ("get", "/v1/jobs"): {200, 400} | KEYED,

@@ -455,3 +455,16 @@ def test_the_queues_page_shows_what_waits_in_each_queue_and_a_job_its_priority(
     row = page.text.split(f"<code>{queue}</code>", 1)[1].split("</tr>", 1)[0]
     assert "<td>1</td>" in row and "none" in row, "one message, no worker of its pool"
     assert "priority 7" in panel.text
+
+
+def test_the_actions_page_lists_each_action_with_its_inputs(
+    ui: TestClient, make_key: KeyFactory
+) -> None:
+    _login(ui, make_key("read"))
+
+    page = ui.get("/ui/actions")
+
+    assert page.status_code == 200
+    assert 'id="pubmed.search"' in page.text and 'id="drill.count"' in page.text
+    assert "<code>term</code></td><td>string</td><td>yes</td>" in page.text
+    assert 'href="/ui/actions"' in page.text

@@ -36,6 +36,7 @@ TOOLS = {
     "get_diff",
     "get_logs",
     "send_signal",
+    "list_actions",
 }
 PROFILE = """\
 name: {name}
@@ -194,6 +195,23 @@ def test_a_read_key_cannot_write_and_an_import_of_a_private_address_is_refused(
                 mcp, "load_pipeline", source="https://169.254.169.254/latest/profile.yaml"
             )
             assert "import_address_refused" in fetched
+
+    _run(session)
+
+
+def test_a_read_key_lists_the_actions_a_step_may_name_with_their_inputs(
+    api: str, client: StackClient
+) -> None:
+    key = _key(client, "read")
+
+    async def session() -> None:
+        async with _over_http(api, key) as mcp:
+            listed = {a["name"]: a for a in (await _call(mcp, "list_actions"))["actions"]}
+            search = listed["pubmed.search"]
+            assert search["input_schema"]["required"] == ["term"]
+            assert (search["source"], search["cache"], search["retry"]) == ("builtin", False, True)
+            assert listed["drill.count"]["module"] == "tests.drill_actions"
+            assert listed["wait"]["source"] == "engine"
 
     _run(session)
 

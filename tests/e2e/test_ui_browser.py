@@ -147,3 +147,24 @@ def test_the_home_page_shows_what_the_api_lists_and_follows_new_jobs(
     expect(page.locator("table.jobs tbody tr")).to_have_count(2)
     expect(page.locator("table.jobs .status.failed")).to_have_count(2)
     client.cancel(busy)
+
+
+@pytest.mark.timeout(120)
+def test_a_person_finds_an_action_and_its_inputs_in_the_catalogue(
+    client: Client, cluster: Cluster, browser: Browser
+) -> None:
+    base = cluster.api()
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(f"{base}/ui/jobs")
+    page.fill("input[name=key]", _write_key(client))
+    page.click("button[type=submit]")
+
+    page.click("nav >> text=Actions")
+    page.click("a[href='#pubmed.search']")
+
+    action = page.locator("[id='pubmed.search']")
+    expect(action).to_be_in_viewport()
+    expect(action.locator("table.inputs tr", has_text="term")).to_contain_text("string")
+    action.locator("summary", has_text="JSON Schema").click()
+    expect(action.locator("details pre")).to_contain_text('"required": [\n    "term"\n  ]')
+    expect(page.locator("[id='drill.count']")).to_contain_text("tests.drill_actions")

@@ -52,6 +52,7 @@ def test_a_rule_is_set_listed_shown_as_json_and_deleted(stack: Stack) -> None:
 
     assert saved.returncode == 0, saved.stdout + saved.stderr
     assert "retries" in listed.stdout and "step_retried > 3" in listed.stdout
+    assert f"\t{url}\t" in listed.stdout
     [alert] = json.loads(as_json.stdout)["alerts"]
     assert (alert["name"], alert["format"], alert["url"]) == ("retries", "slack", url)
     assert json.loads(deliveries.stdout) == {"deliveries": []}

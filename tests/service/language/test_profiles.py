@@ -495,6 +495,31 @@ def test_unknown_action_only_checked_when_actions_given() -> None:
     validate_profile(data, source="s")
 
 
+@pytest.mark.parametrize(
+    ("field", "typo", "closest"),
+    [
+        ("action", "serach", ["search"]),
+        ("action", "wiat", ["wait"]),
+        ("compensate", "merg", ["merge"]),
+        ("action", "rm -rf", []),
+    ],
+)
+def test_an_unknown_action_names_the_closest_known_ones(
+    field: str, typo: str, closest: list[str]
+) -> None:
+    data = valid()
+    if field == "compensate":
+        data["steps"][0]["compensate"] = {"action": typo}
+    else:
+        data["steps"][0]["action"] = typo
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="s", known_actions=ACTIONS)
+    [error] = info.value.details["errors"]
+    assert error["code"] == "unknown_action" and error["closest"] == closest
+    suggested = f"; did you mean {', '.join(repr(name) for name in closest)}?"
+    assert info.value.message.endswith(f"unknown action {typo!r}{suggested if closest else ''}")
+
+
 def test_all_semantic_errors_are_collected_and_message_names_the_first() -> None:
     data = valid()
     data["steps"][1]["depends_on"] = ["search", "zz"]
