@@ -1,11 +1,10 @@
-"""The lifecycle table, written into PostgreSQL as the allowed moves that the statement
-triggers of every status column check (migration 0041), so that no statement can write a
-status the table does not allow, whoever wrote the statement.
+"""The lifecycle table, written into PostgreSQL as the body of the trigger that every status
+column passes (migration 0020), so that no statement can write a status the table does not
+allow, whoever wrote the statement.
 
-The function is rewritten from ``service.platform.states`` at every migration to head; the
-table stays the one source. It is an immutable SQL function returning a constant array, which
-the planner folds into each trigger's plan, so a check costs an array lookup per changed row
-inside the statement that logs the change, not a query of its own. A write refused is an
+The body is rewritten from ``service.platform.states`` at every migration to head; the
+table stays the one source. Allowed moves are a constant array in the function, so a check
+costs an array lookup, not a query, on the claim and checkpoint path. A write refused is an
 error with SQLSTATE ``23514`` (check_violation) naming the move."""
 
 from sqlalchemy import Connection, text
@@ -21,7 +20,7 @@ from service.platform.states import (
     Transition,
 )
 
-FUNCTION = "flowbeat_status_moves"
+FUNCTION = "flowbeat_check_status"
 _TABLES: dict[str, tuple[frozenset[str], tuple[Transition, ...]]] = {
     "job": (frozenset(JOB_INITIAL), JOB_TRANSITIONS),
     "step": (frozenset(STEP_INITIAL), STEP_TRANSITIONS),
@@ -40,11 +39,27 @@ def allowed_moves() -> list[str]:
 
 def function_body() -> str:
     array = "{" + ",".join(allowed_moves()) + "}"
-    return f" SELECT '{array}'::text[] "
+    return f"""
+DECLARE
+    move text;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        move := TG_ARGV[0] || ':>' || NEW.status;
+    ELSE
+        move := TG_ARGV[0] || ':' || OLD.status || '>' || NEW.status;
+    END IF;
+    IF move = ANY ('{array}'::text[]) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION USING
+        MESSAGE = 'status move ' || move || ' is not in the lifecycle table',
+        ERRCODE = 'check_violation';
+END
+"""
 
 
 def sync(connection: Connection) -> bool:
-    """Write the table into its function unless it is there already; returns whether
+    """Write the table into the trigger's function unless it is there already; returns whether
     it was rewritten. Processes starting together take turns, and each finds the last one's
     body before writing its own."""
     body = function_body()
@@ -55,7 +70,7 @@ def sync(connection: Connection) -> bool:
     if connection.scalar(current, {"name": FUNCTION}) == body:
         return False
     connection.exec_driver_sql(
-        f"CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS text[] LANGUAGE sql IMMUTABLE "
-        f"PARALLEL SAFE AS $lifecycle${body}$lifecycle$"
+        f"CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
+        f"AS $lifecycle${body}$lifecycle$"
     )
     return True

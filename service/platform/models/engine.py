@@ -268,10 +268,10 @@ class ResultItemRow(Base):
 class JobEventRow(Base):
     """One entry of a job's event log: a state change, fan-out progress, new items, a notice.
 
-    State changes are written by the statement triggers of migration 0041, which number every
-    event (``seq``, per job, in commit order) when its transaction commits; code that appends an
-    event itself leaves ``seq`` empty for migration 0011's trigger to number. No foreign key:
-    migration 0011 says why, and a trigger deletes a job's log with the job.
+    State changes are written by the triggers of migration 0011 (each a single statement since
+    0041), which also number every event (``seq``, per job, in commit order) when its
+    transaction commits; code that appends an event itself leaves ``seq`` empty for them. No
+    foreign key: the migration says why, and a trigger deletes a job's log with the job.
     """
 
     __tablename__ = "job_events"
@@ -293,18 +293,6 @@ class JobEventSeqRow(Base):
 
     job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer)
-
-
-class JobEventBatchRow(Base):
-    """The events a transaction's statements logged, waiting for its commit to number them
-    (migration 0041). Inserted by the transaction's first logging statement and deleted at its
-    commit, it never outlives the transaction, so the table is unlogged: it writes no WAL."""
-
-    __tablename__ = "job_event_batches"
-    __table_args__ = {"prefixes": ["UNLOGGED"]}
-
-    tx: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    events: Mapped[list[Any]] = mapped_column(JSONB)
 
 
 class StepRoundRow(Base):
