@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -32,8 +33,10 @@ from redis import Redis as OwnRedisClient
 
 from bench.capacity import STATS_FLUSH_S, TRIGGER_ROW, _control, _statements, _stop
 from bench.cpu import CpuMeter
-from bench.fanout import PIPELINE as FANOUT, profile_yaml
-from bench.harness import PIPELINE as CHAIN, PROFILE_YAML, STEPS_PER_JOB, log, on_sigterm
+from bench.fanout import PIPELINE as FANOUT
+from bench.fanout import profile_yaml
+from bench.harness import PIPELINE as CHAIN
+from bench.harness import PROFILE_YAML, STEPS_PER_JOB, log, on_sigterm
 from bench.servers import MONITOR_ROLE, OwnPostgres, own_postgres, own_redis
 from bench.stack import FlowbeatStack, post_jobs, start_flowbeat, wait_final
 
@@ -259,8 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=1000, help="items of the fan-out job")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    import signal
-
     signal.signal(signal.SIGTERM, on_sigterm)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flowbeat-stepcost-")))

@@ -111,6 +111,7 @@ END $$;
 DROP FUNCTION flowbeat_append_event(uuid, text, text, jsonb);
 """
 
+
 def upgrade() -> None:
     op.execute(_FUNCTIONS)
 
