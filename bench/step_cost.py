@@ -66,6 +66,8 @@ class Profile:
     wal: dict[str, float]
     rows: dict[str, dict[str, int]]
     index_entries: dict[str, int]
+    wal_records: dict[str, float]
+    """WAL bytes by record type (resource manager/record type), full-page images included."""
     postgres_cpu_s: float
     top: list[dict[str, Any]] = field(default_factory=list)
 
@@ -111,6 +113,15 @@ def _wal(admin: psycopg.Connection[Any], start: str, end: str) -> dict[str, floa
     ).fetchone()
     assert row is not None
     return {"bytes": float(row[0]), "fpi_bytes": float(row[1]), "commit_records": float(row[2])}
+
+
+def _wal_records(admin: psycopg.Connection[Any], start: str, end: str) -> dict[str, float]:
+    rows = admin.execute(
+        'SELECT "resource_manager/record_type", record_size + fpi_size '
+        "FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn, true) WHERE count > 0 ORDER BY 2 DESC",
+        (start, end),
+    ).fetchall()
+    return {str(kind): float(size) for kind, size in rows}
 
 
 def _index_entries(
@@ -208,6 +219,7 @@ def measure(pg: OwnPostgres, redis_url: str, tmp: Path, name: str, size: int) ->
             wal=_wal(admin, start, end),
             rows=_row_deltas(rows_before, _table_rows(tables)),
             index_entries=entries,
+            wal_records=_wal_records(admin, start, end),
             postgres_cpu_s=cpu,
             top=[s for s in statements if not s["monitor"]][:10],
         )
@@ -242,6 +254,9 @@ def report(profile: Profile) -> list[str]:
     lines.append("  index entries a step, by index:")
     for index, count in sorted(profile.index_entries.items(), key=lambda kv: -kv[1]):
         lines.append(f"    {index:<48} {count / steps:6.2f}")
+    lines.append("  WAL bytes a step, by record type:")
+    for kind, size in list(profile.wal_records.items())[:8]:
+        lines.append(f"    {kind:<48} {size / steps:8.0f}")
     lines.append("  statements by calls a step (ms a step):")
     for s in sorted(profile.top, key=lambda s: -int(s["calls"]))[:10]:
         query = " ".join(s["query"].split())
