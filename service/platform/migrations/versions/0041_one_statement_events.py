@@ -5,9 +5,9 @@ numbering each job's events in commit order); what each runs shrinks. Before, a 
 the event's body and called ``flowbeat_append_event``, which checked that the job still
 existed, upserted the job's counter, inserted the event and notified: five statements an event
 (the call, the check, two writes, the notification), fifteen a step of a chain. Now the
-trigger's function runs one statement that does all four: the check is a condition of the
-counter's upsert, the event is inserted from what the upsert returns, and the notification is
-sent for the row inserted.
+trigger's function runs one statement that does all four: the counter is bumped in place (or,
+for a job's first event, inserted if the job exists), the event is inserted with the number
+that returns, and the notification is sent for the row inserted.
 
 Statement-level triggers over transition tables, which Hatchet's v1 engine uses, were measured
 and set aside: flowbeat's statements change one or two rows each, and a statement trigger's
@@ -31,13 +31,21 @@ depends_on = None
 
 def _append(job: str, kind: str, step: str, body: str) -> str:
     """The one statement that appends an event: nothing when the job is gone (deleted in the
-    same transaction), and the job's listeners notified once the transaction commits."""
+    same transaction, which deletes its counter too), and the job's listeners notified once
+    the transaction commits. The counter is updated in place when it exists, as it does from
+    a job's first event on: an upsert would lock its row first, a WAL record of its own."""
     return f"""
-    WITH counter AS (
+    WITH bumped AS (
+        UPDATE job_event_seqs SET seq = seq + 1 WHERE job_id = {job} RETURNING seq
+    ), started AS (
         INSERT INTO job_event_seqs AS c (job_id, seq)
-        SELECT {job}, 1 WHERE EXISTS (SELECT 1 FROM jobs WHERE id = {job})
+        SELECT {job}, 1
+         WHERE NOT EXISTS (SELECT 1 FROM bumped)
+           AND EXISTS (SELECT 1 FROM jobs WHERE id = {job})
         ON CONFLICT (job_id) DO UPDATE SET seq = c.seq + 1
         RETURNING seq
+    ), counter AS (
+        SELECT seq FROM bumped UNION ALL SELECT seq FROM started
     ), logged AS (
         INSERT INTO job_events (job_id, seq, kind, step_id, data, created_at)
         SELECT {job}, seq, {kind}, {step}, {body}, clock_timestamp() FROM counter
