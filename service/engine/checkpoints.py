@@ -19,8 +19,8 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.engine.leases import TAKE_LEASE
-from service.engine.steps import Completion, Follow, Lease, StepKey, Taken
+from service.engine.leases import TAKE_LEASE, take_next_shard
+from service.engine.steps import Completion, Follow, Lease, ShardClaim, StepKey, Taken
 from service.language.plan import steps_plan
 from service.language.profiles import Profile
 from service.language.snapshots import step_facts
@@ -136,6 +136,18 @@ _COMPLETE_AND_SUCCEED_JOB = (
 )
 
 
+_COMPLETE_SHARD_AND_TAKE = (
+    _COMPLETED
+    + f""", {take_next_shard("%(taken_token)s", " AND EXISTS (SELECT 1 FROM done)")}
+    SELECT EXISTS (SELECT 1 FROM saved), c.shard, c.attempts, c.item,
+           {INPUT_OUTPUTS}
+      FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true"""
+)
+"""A shard's checkpoint and the claim of the lane's next shard in one statement and one
+commit: what the lane's next claim statement would have done, under the same conditions,
+once this checkpoint is written."""
+
+
 def complete_step(
     conn: psycopg.Connection[Any],
     key: StepKey,
@@ -196,6 +208,42 @@ def _complete_and_take(
     written, ready, _, attempts, outputs = row
     taken = None if attempts is None else Taken(child, Lease(token, attempts), outputs)
     return Completion(written, steps_plan(profile, key.job_id, ready), None, taken)
+
+
+def complete_shard_and_take(
+    conn: psycopg.Connection[Any],
+    key: StepKey,
+    lease: Lease,
+    output: Any,
+    now: datetime,
+    *,
+    profile: Profile,
+    task_id: str,
+    lease_s: float,
+) -> Completion:
+    """Checkpoint a shard as ``complete_step`` does, and take the lane's next open shard in
+    the same statement; ``next_shard`` is ``None`` when none is left to this lane."""
+    token = uuid.uuid4().hex
+    params = {
+        "now": now,
+        "job_id": key.job_id,
+        "step_id": key.step_id,
+        "shard": key.shard,
+        "token": lease.token,
+        "attempt": lease.attempt,
+        "output": Jsonb(output),
+        "taken_token": token,
+        "until": now + timedelta(seconds=lease_s),
+        "task_id": task_id,
+    }
+    row = conn.execute(_COMPLETE_SHARD_AND_TAKE, params).fetchone()
+    assert row is not None
+    written, shard, attempts, item, outputs = row
+    taken = None
+    if shard is not None:
+        shard_key = StepKey(key.job_id, key.step_id, shard)
+        taken = ShardClaim(shard_key, Lease(token, attempts), profile, item, outputs)
+    return Completion(written, steps_plan(profile, key.job_id, []), None, next_shard=taken)
 
 
 _WRITE = _insert(f"SELECT %(job_id)s, {_OF_THE_ATTEMPT}")

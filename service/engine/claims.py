@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from service.engine.checkpoints import INPUT_OUTPUTS
 from service.engine.completion import skip_step
 from service.engine.inputs import Held, resolve_held
-from service.engine.leases import TAKE_LEASE, live_job, lock_step
+from service.engine.leases import TAKE_LEASE, live_job, lock_step, take_next_shard
 from service.engine.parking import Goes, NotHeld, Parked, park
 from service.engine.steps import (
     Claimed,
@@ -37,7 +37,7 @@ from service.language.specs import StepSpec
 from service.platform.constants import SHARD_NONE, WAIT_FOR_PEER_MAX_S
 from service.platform.db import driver
 from service.platform.errors import RetryLater, StopChain
-from service.platform.models import OPEN_SHARD_PREDICATE, StepRunRow
+from service.platform.models import StepRunRow
 from service.platform.states import (
     JOB_OPEN_SQL,
     STEP_DUE_SQL,
@@ -218,21 +218,7 @@ def taken_by(conn: psycopg.Connection[Any], job_id: uuid.UUID, task_id: str) -> 
 
 
 _FAST_SHARD_CLAIM = f"""
-    WITH next AS (
-        SELECT id FROM step_runs
-         WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND {OPEN_SHARD_PREDICATE}
-           AND (status IN {STEP_DUE_SQL} OR lease_until < %(now)s)
-         ORDER BY shard
-         LIMIT 1
-         FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE step_runs AS s
-           SET {TAKE_LEASE}
-          FROM next, jobs AS j
-         WHERE s.id = next.id AND j.id = s.job_id
-           AND j.status IN {sql_in((JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))}
-        RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
-    )
+    WITH {take_next_shard("%(token)s")}
     SELECT c.shard, c.attempts, c.item, c.profile_hash,
            {INPUT_OUTPUTS} AS outputs
       FROM claimed AS c

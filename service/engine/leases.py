@@ -19,14 +19,44 @@ from sqlalchemy.orm import Session
 
 from service.engine.steps import Lease, StepKey
 from service.platform.errors import StopChain
-from service.platform.models import CompensationRow, JobRow, StepRunRow
-from service.platform.states import JOB_FINAL, CompensationStatus, StepStatus
+from service.platform.models import OPEN_SHARD_PREDICATE, CompensationRow, JobRow, StepRunRow
+from service.platform.states import (
+    JOB_FINAL,
+    STEP_DUE_SQL,
+    CompensationStatus,
+    JobStatus,
+    StepStatus,
+    sql_in,
+)
 
 TAKE_LEASE = f"""status = '{StepStatus.RUNNING}', attempts = s.attempts + 1,
                lease_token = %(token)s,
                lease_until = %(until)s, task_id = %(task_id)s, started_at = %(now)s,
                error = NULL"""
 """What a claim statement sets on the step row ``s`` it takes."""
+
+
+def take_next_shard(token: str, gate: str = "") -> str:
+    """The CTEs ``next`` and ``claimed`` of a statement that takes the lowest open shard of
+    ``%(step_id)s`` nobody holds, under the lease whose token the parameter ``token`` names,
+    when ``gate`` (a condition starting with ``AND``) holds; ``claimed`` returns what the
+    shard's work needs. A lane's claim is this statement alone; a shard's checkpoint takes the
+    next shard with it."""
+    return f"""next AS (
+        SELECT id FROM step_runs
+         WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND {OPEN_SHARD_PREDICATE}
+           AND (status IN {STEP_DUE_SQL} OR lease_until < %(now)s){gate}
+         ORDER BY shard
+         LIMIT 1
+         FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE step_runs AS s
+           SET {TAKE_LEASE.replace("%(token)s", token)}
+          FROM next, jobs AS j
+         WHERE s.id = next.id AND j.id = s.job_id
+           AND j.status IN {sql_in((JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))}
+        RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
+    )"""
 
 
 def _step_row(key: StepKey, *conditions: ColumnElement[bool]) -> Select[StepRunRow]:

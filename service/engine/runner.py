@@ -18,7 +18,7 @@ import psycopg
 from sqlalchemy.orm import Session
 
 from service.engine.attempt import Failure, retry_in_s, run_attempt
-from service.engine.checkpoints import complete_step
+from service.engine.checkpoints import complete_shard_and_take, complete_step
 from service.engine.claims import (
     claim_step,
     fast_claim,
@@ -84,7 +84,22 @@ class Inline:
     send: Callable[[JobPlan], None]
 
 
-_Next = tuple[StepKey, FastClaim]
+@dataclass(frozen=True)
+class _Lane:
+    """A lane's message: its task id, and the end of its slice, before which a shard's
+    checkpoint takes the lane's next shard in its own statement."""
+
+    task_id: str
+    until: float
+
+    def open(self) -> bool:
+        return time.monotonic() < self.until
+
+
+_Follows = tuple[StepKey, FastClaim]
+_Next = _Follows | ShardClaim
+"""What a checkpoint took for the same worker to run next: a chain's child, or a lane's
+next shard."""
 
 
 @contextlib.contextmanager
@@ -152,7 +167,7 @@ def run_step(
             return claim
         plan, follow = _run_claim(rt, key, claim, timeout_errors, inline, task_id)
     while follow is not None:
-        assert inline is not None
+        assert inline is not None and not isinstance(follow, ShardClaim)
         plan, follow = _run_next(rt, plan, follow, timeout_errors, inline, task_id)
     return plan
 
@@ -172,7 +187,7 @@ def _fast_work(
 def _run_next(
     rt: Runtime,
     ready: JobPlan,
-    follow: _Next,
+    follow: _Follows,
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline,
     task_id: str,
@@ -214,14 +229,16 @@ def run_lane(
     thousands does not pay a message, an ack and a task replacement for every item.
     """
     with logs.bound(job_id=str(parent.job_id), step_id=parent.step_id):
-        started = time.monotonic()
+        lane = _Lane(task_id, time.monotonic() + slice_s)
         params: dict[str, Any] | None = None
+        fast: ShardClaim | None = None
         while True:
             now = utcnow()
-            with rt.claims.connect() as conn:
-                fast = fast_shard_claim(
-                    conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
-                )
+            if fast is None:
+                with rt.claims.connect() as conn:
+                    fast = fast_shard_claim(
+                        conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
+                    )
             claim: Claimed | Unresolvable | None
             if fast is None:
                 with unit_of_work(rt.sessions) as session:
@@ -235,8 +252,9 @@ def run_lane(
                     claim = _shard_work(rt, fast, params, now)
             if claim is None:
                 return False
-            _run_claim(rt, parent, claim, timeout_errors)
-            if time.monotonic() - started >= slice_s:
+            _, taken = _run_claim(rt, parent, claim, timeout_errors, lane=lane)
+            fast = taken if isinstance(taken, ShardClaim) else None
+            if fast is None and not lane.open():
                 return True
 
 
@@ -258,6 +276,7 @@ def _run_claim(
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None = None,
     task_id: str = "",
+    lane: _Lane | None = None,
 ) -> tuple[JobPlan, _Next | None]:
     if claim is None:
         return JobPlan(asked.job_id), None
@@ -273,7 +292,7 @@ def _run_claim(
             attempt=claim.lease.attempt,
         ),
     ):
-        return _settled(rt, claim, timeout_errors, inline, task_id)
+        return _settled(rt, claim, timeout_errors, inline, task_id, lane)
 
 
 def _settled(
@@ -282,9 +301,10 @@ def _settled(
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None,
     task_id: str,
+    lane: _Lane | None = None,
 ) -> tuple[JobPlan, _Next | None]:
     """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round;
-    and the step that follows, when the checkpoint claimed it."""
+    and the step that follows, or the lane's next shard, when the checkpoint claimed it."""
     key = claim.key
     with _released_if_cut_short(rt, key, claim.lease):
         outcome = run_attempt(rt, claim, timeout_errors, None if inline is None else inline.timed)
@@ -296,17 +316,9 @@ def _settled(
                 plan = complete_round(session, key, claim.lease, outcome, claim.profile, now)
                 return plan, None
         succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
-        with rt.checkpoints.connect() as conn:
-            done = complete_step(
-                conn,
-                key,
-                claim.lease,
-                outcome,
-                now,
-                profile=claim.profile,
-                succeeds_job=succeeds_job,
-                follow=_follow(rt, claim, inline, task_id),
-            )
+        done = _checkpoint(
+            rt, claim, outcome, now, succeeds_job, _follow(rt, claim, inline, task_id), lane
+        )
     if done.written and key.shard != SHARD_NONE:
         metrics.FANOUT_ITEMS.labels(claim.action).inc()
     if done.succeeded_trigger is not None:
@@ -314,11 +326,49 @@ def _settled(
     if done.written and claim.sink and not succeeds_job:
         with unit_of_work(rt.sessions) as session:
             settle_job(session, key.job_id, now)
+    if done.next_shard is not None:
+        return done.ready, done.next_shard
     if done.taken is None:
         return done.ready, None
     taken = done.taken
     fast = FastClaim(taken.lease, claim.profile, claim.params, taken.outputs)
     return done.ready, (taken.key, fast)
+
+
+def _checkpoint(
+    rt: Runtime,
+    claim: Claimed,
+    output: Any,
+    now: datetime,
+    succeeds_job: bool,
+    follow: Follow | None,
+    lane: _Lane | None,
+) -> Completion:
+    """The checkpoint's one statement: a shard's takes the lane's next shard while the lane's
+    slice lasts, a step's may claim the child that ``follow`` names or succeed its job."""
+    key, lease, profile = claim.key, claim.lease, claim.profile
+    with rt.checkpoints.connect() as conn:
+        if lane is not None and lane.open():
+            return complete_shard_and_take(
+                conn,
+                key,
+                lease,
+                output,
+                now,
+                profile=profile,
+                task_id=lane.task_id,
+                lease_s=rt.settings.lease_s,
+            )
+        return complete_step(
+            conn,
+            key,
+            lease,
+            output,
+            now,
+            profile=profile,
+            succeeds_job=succeeds_job,
+            follow=follow,
+        )
 
 
 def _follow(rt: Runtime, claim: Claimed, inline: Inline | None, task_id: str) -> Follow | None:

@@ -103,6 +103,8 @@ class Completion:
     ready: JobPlan
     succeeded_trigger: str | None = None
     taken: "Taken | None" = None
+    next_shard: ShardClaim | None = None
+    """For a shard's checkpoint, the lane's next shard that the same statement took."""
 
 
 @dataclass(frozen=True)

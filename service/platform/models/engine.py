@@ -25,7 +25,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.platform.models.base import Base
-from service.platform.states import JOB_OPEN_SQL, StepStatus, sql_in
+from service.platform.states import JOB_OPEN_SQL, STEP_FINAL, StepStatus, sql_in
 
 OPEN_DEADLINE = f"deadline_at IS NOT NULL AND status IN {JOB_OPEN_SQL}"
 """The jobs a deadline may still end: ``ix_jobs_open_deadline`` holds only these, so the
@@ -92,6 +92,9 @@ class JobRow(Base):
             postgresql_where=text("waiting_for = 'concurrency' AND status = 'queued'"),
         ),
         Index("ix_jobs_open_deadline", "deadline_at", postgresql_where=text(OPEN_DEADLINE)),
+        Index(
+            "ix_jobs_schedule_id", "schedule_id", postgresql_where=text("schedule_id IS NOT NULL")
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
@@ -135,7 +138,7 @@ class JobRow(Base):
     )
     pipeline_version: Mapped[int | None] = mapped_column(Integer)
     schedule_id: Mapped[uuid.UUID | None] = mapped_column(
-        UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="SET NULL"), index=True
+        UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="SET NULL")
     )
     scheduled_for: Mapped[datetime | None]
     trigger_data: Mapped[dict[str, Any] | None]
@@ -164,6 +167,9 @@ class PrunedJobRow(Base):
 _OPEN_SHARD = sql_in((StepStatus.PENDING, StepStatus.RETRYING, StepStatus.RUNNING))
 OPEN_SHARD_PREDICATE = f"shard >= 0 AND status IN {_OPEN_SHARD}"
 SLEEPING_PREDICATE = f"status = '{StepStatus.SLEEPING}'"
+OPEN_STEP_SQL = sql_in(tuple(s for s in StepStatus if s not in STEP_FINAL))
+"""``ix_step_runs_status_lease_until`` holds open steps only: what the sweeper and the metrics
+read by status, and not a settled step's last write."""
 
 
 class StepRunRow(Base):
@@ -180,7 +186,12 @@ class StepRunRow(Base):
     __tablename__ = "step_runs"
     __table_args__ = (
         UniqueConstraint("job_id", "step_id", "shard"),
-        Index(None, "status", "lease_until"),
+        Index(
+            "ix_step_runs_status_lease_until",
+            "status",
+            "lease_until",
+            postgresql_where=text(f"status IN {OPEN_STEP_SQL}"),
+        ),
         Index(
             "ix_step_runs_open_shards",
             "job_id",
@@ -230,13 +241,15 @@ class StepRunRow(Base):
 
 
 class CheckpointRow(Base):
-    """A step's output, written once: the primary key refuses a second copy."""
+    """A step's output, written once: the primary key refuses a second copy.
+
+    No foreign key to ``jobs``: its check locked the job's row for every checkpoint, and a
+    checkpoint is written only with its step's row, which has one. A trigger deletes a deleted
+    job's checkpoints (migration 0042)."""
 
     __tablename__ = "step_checkpoints"
 
-    job_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
     step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     shard: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
@@ -259,10 +272,10 @@ class ResultItemRow(Base):
 class JobEventRow(Base):
     """One entry of a job's event log: a state change, fan-out progress, new items, a notice.
 
-    State changes are written by the triggers of migration 0011, which also number every event
-    (``seq``, per job, in commit order) when its transaction commits; code that appends an event
-    itself leaves ``seq`` empty for them. No foreign key: the migration says why, and a trigger
-    deletes a job's log with the job.
+    State changes are written by the triggers of migration 0011 (each a single statement since
+    0041), which also number every event (``seq``, per job, in commit order) when its
+    transaction commits; code that appends an event itself leaves ``seq`` empty for them. No
+    foreign key: the migration says why, and a trigger deletes a job's log with the job.
     """
 
     __tablename__ = "job_events"

@@ -55,6 +55,15 @@ def test_a_used_up_slice_hands_the_lane_on_after_one_shard(
 
     assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=0) is True
     assert shards_done(runtime, key) == 1
+    with runtime.sessions() as session:
+        held = session.scalar(
+            select(func.count()).where(
+                StepRunRow.job_id == key.job_id,
+                StepRunRow.shard >= 0,
+                StepRunRow.lease_token.is_not(None),
+            )
+        )
+    assert held == 0, "the lane handed on takes no shard it will not run"
 
 
 def test_a_lane_runs_short_shards_in_one_message_until_none_is_left(

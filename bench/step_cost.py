@@ -1,0 +1,303 @@
+"""What PostgreSQL does for one persisted step, counted by statement, row, index entry and WAL
+byte: the counts that do not drift with the machine's speed.
+
+    python -m bench.step_cost [--jobs 300] [--items 1000] [--json]
+
+A lighter companion of ``bench.capacity``: one cluster of its own (``bench.servers``, with
+``pg_stat_statements.track = all`` so statements run inside triggers and functions are counted
+too), the real stack (``flowbeat api`` and one worker), and two profiles measured one after the
+other on fresh databases: the chain bench's job (three no-op steps) posted ``--jobs`` times,
+and one job fanning out over ``--items`` items. Around each it reads ``pg_stat_statements``,
+``pg_stat_database``'s commits, ``pg_stat_user_tables``' rows, the WAL between the two
+positions (``pg_walinspect``: bytes, full-page images, and the B-tree insertions by index, which
+are the index entries written) and the CPU of the database's backends. The API and the worker
+are stopped before the counters are read, since a backend reports its last counters as it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from redis import Redis as OwnRedisClient
+
+from bench.capacity import STATS_FLUSH_S, TRIGGER_ROW, _control, _statements, _stop
+from bench.cpu import CpuMeter
+from bench.fanout import PIPELINE as FANOUT
+from bench.fanout import profile_yaml
+from bench.harness import PIPELINE as CHAIN
+from bench.harness import PROFILE_YAML, STEPS_PER_JOB, log, on_sigterm
+from bench.servers import MONITOR_ROLE, OwnPostgres, own_postgres, own_redis
+from bench.stack import FlowbeatStack, post_jobs, start_flowbeat, wait_final
+
+WARMUP_JOBS = 20
+FANOUT_LANES = 50
+CLIENTS = 4
+INDEX_INSERTS = """
+SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid, count(*)
+  FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
+ WHERE resource_manager = 'Btree' AND record_type LIKE 'INSERT%%'
+ GROUP BY 1
+"""
+"""A B-tree insertion is one WAL record on the leaf (or, on a split, the upper page) it lands
+on: counting them by relation counts the index entries each index was given."""
+TABLE_ROWS = (
+    "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
+)
+
+
+@dataclass
+class Profile:
+    name: str
+    jobs: int
+    steps: int
+    statements: dict[str, int]
+    commits: int
+    wal: dict[str, float]
+    rows: dict[str, dict[str, int]]
+    index_entries: dict[str, int]
+    wal_records: dict[str, float]
+    """WAL bytes by record type (resource manager/record type), full-page images included."""
+    postgres_cpu_s: float
+    top: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _table_rows(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, ...]]:
+    return {row[0]: tuple(row[1:]) for row in conn.execute(TABLE_ROWS).fetchall()}
+
+
+def _row_deltas(
+    before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]
+) -> dict[str, dict[str, int]]:
+    keys = ("inserted", "updated", "hot", "deleted")
+    deltas = {}
+    for table, counts in after.items():
+        old = before.get(table, (0, 0, 0, 0))
+        change = {k: new - was for k, new, was in zip(keys, counts, old, strict=True)}
+        if any(change.values()):
+            deltas[table] = change
+    return deltas
+
+
+def _commits(admin: psycopg.Connection[Any], database: str) -> int:
+    row = admin.execute(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _lsn(admin: psycopg.Connection[Any]) -> str:
+    row = admin.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _wal(admin: psycopg.Connection[Any], start: str, end: str) -> dict[str, float]:
+    row = admin.execute(
+        "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn), "
+        "(SELECT coalesce(sum(fpi_size), 0) FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn)), "
+        "(SELECT coalesce(sum(count), 0) FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn) "
+        "  WHERE \"resource_manager/record_type\" LIKE 'Transaction/COMMIT%%')",
+        (end, start, start, end, start, end),
+    ).fetchone()
+    assert row is not None
+    return {"bytes": float(row[0]), "fpi_bytes": float(row[1]), "commit_records": float(row[2])}
+
+
+def _wal_records(admin: psycopg.Connection[Any], start: str, end: str) -> dict[str, float]:
+    rows = admin.execute(
+        'SELECT "resource_manager/record_type", record_size + fpi_size '
+        "FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn, true) WHERE count > 0 ORDER BY 2 DESC",
+        (start, end),
+    ).fetchall()
+    return {str(kind): float(size) for kind, size in rows}
+
+
+def _index_entries(
+    admin: psycopg.Connection[Any], tables: psycopg.Connection[Any], start: str, end: str
+) -> dict[str, int]:
+    """The WAL is read in the cluster's own database, the relations' names in the run's."""
+    counts = dict(admin.execute(INDEX_INSERTS, (start, end)).fetchall())
+    names = dict(
+        tables.execute(
+            "SELECT relfilenode, relname FROM pg_class WHERE relfilenode = ANY(%s)", (list(counts),)
+        ).fetchall()
+    )
+    return {names.get(node, str(node)): int(n) for node, n in sorted(counts.items())}
+
+
+def _tally(statements: list[dict[str, Any]]) -> dict[str, int]:
+    """Sent by flowbeat (transaction control apart), run by triggers (nested, or a deferred
+    trigger's own statements, known by the row they read), and the bench's own polling."""
+    counts = dict.fromkeys(("sent", "control", "by_triggers", "monitor"), 0)
+    for s in statements:
+        if s["monitor"]:
+            kind = "monitor"
+        elif not s["toplevel"] or TRIGGER_ROW.search(s["query"]):
+            kind = "by_triggers"
+        else:
+            kind = "control" if _control(s["query"]) else "sent"
+        counts[kind] += int(s["calls"])
+    return counts
+
+
+def _fan_out(fb: FlowbeatStack, items: int, deadline: float) -> None:
+    headers = {"Authorization": f"Bearer {fb.key}"}
+    with httpx.Client(base_url=fb.base_url, headers=headers, timeout=60) as client:
+        body = {"pipeline": FANOUT, "params": {"items": list(range(items))}}
+        response = client.post("/v1/jobs", json=body)
+        if response.status_code != 202:
+            raise RuntimeError(f"POST /v1/jobs: {response.status_code} {response.text[:300]}")
+    wait_final(fb.conn, 1 + _done(fb.conn), deadline, fb.dead)
+
+
+def _done(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM jobs WHERE status IN ('succeeded', 'failed', 'cancelled')"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def measure(pg: OwnPostgres, redis_url: str, tmp: Path, name: str, size: int) -> Profile:
+    """One profile on a fresh database: warmed up, counters reset, the timed work, the
+    stack stopped, the counters read."""
+    with ExitStack() as stack:
+        OwnRedisClient.from_url(redis_url).flushdb()
+        profiles = {CHAIN: PROFILE_YAML, FANOUT: profile_yaml(FANOUT_LANES)}
+        fb = start_flowbeat(stack, profiles, redis_url, pg.admin_url, tmp)
+        database = fb.env["FLOWBEAT_DATABASE_URL"].rsplit("/", 1)[1]
+        post_jobs(fb.base_url, fb.key, WARMUP_JOBS, CLIENTS, [], [])
+        wait_final(fb.conn, WARMUP_JOBS, time.monotonic() + 120, fb.dead)
+        admin = stack.enter_context(psycopg.connect(pg.conninfo(), autocommit=True))
+        tables = stack.enter_context(
+            psycopg.connect(pg.conninfo(database, MONITOR_ROLE), autocommit=True)
+        )
+        monitor = stack.enter_context(
+            psycopg.connect(pg.conninfo(database, MONITOR_ROLE), autocommit=True)
+        )
+        time.sleep(STATS_FLUSH_S)
+        admin.execute("CHECKPOINT")
+        admin.execute("SELECT pg_stat_statements_reset()")
+        rows_before, commits_before = _table_rows(tables), _commits(admin, database)
+        start = _lsn(admin)
+        meter = CpuMeter({}, monitor)
+        meter.start()
+        deadline = time.monotonic() + 900
+        if name == "chain":
+            errors: list[str] = []
+            post_jobs(fb.base_url, fb.key, size, CLIENTS, [], errors)
+            if errors:
+                raise RuntimeError(f"{len(errors)} POSTs failed, e.g. {errors[0]}")
+            wait_final(monitor, WARMUP_JOBS + size, deadline, fb.dead)
+        else:
+            _fan_out(fb, size, deadline)
+        end = _lsn(admin)
+        cpu = meter.stop()["postgres"]
+        _stop([fb.api, *fb.workers], monitor)
+        monitor.close()
+        statements = _statements(admin, database)
+        counts = _tally(statements)
+        entries = _index_entries(admin, tables, start, end)
+        return Profile(
+            name=name,
+            jobs=size if name == "chain" else 1,
+            steps=size * STEPS_PER_JOB if name == "chain" else size,
+            statements=counts,
+            commits=_commits(admin, database) - commits_before - counts["monitor"],
+            wal=_wal(admin, start, end),
+            rows=_row_deltas(rows_before, _table_rows(tables)),
+            index_entries=entries,
+            wal_records=_wal_records(admin, start, end),
+            postgres_cpu_s=cpu,
+            top=[s for s in statements if not s["monitor"]][:10],
+        )
+
+
+def report(profile: Profile) -> list[str]:
+    steps, jobs = profile.steps, profile.jobs
+
+    def line(label: str, value: float) -> str:
+        return f"  {label:<34} {value / steps:10.2f} {value / jobs:12.1f}"
+
+    counts = profile.statements
+    lines = [
+        "",
+        f"{profile.name}: {jobs} job(s), {steps} persisted steps",
+        f"  {'':<34} {'a step':>10} {'a job':>12}",
+        line("statements sent", counts["sent"]),
+        line("  + BEGIN/COMMIT sent", counts["control"]),
+        line("statements run by triggers", counts["by_triggers"]),
+        line("commits", profile.commits),
+        line("WAL bytes", profile.wal["bytes"]),
+        line("  of which full-page images", profile.wal["fpi_bytes"]),
+        line("index entries written", sum(profile.index_entries.values())),
+        line("PostgreSQL CPU (ms)", 1000 * profile.postgres_cpu_s),
+        "  rows (inserted/updated [HOT]/deleted) a step:",
+    ]
+    for table, r in sorted(profile.rows.items()):
+        lines.append(
+            f"    {table:<24} {r['inserted'] / steps:6.2f} / {r['updated'] / steps:5.2f} "
+            f"[{r['hot'] / steps:5.2f}] / {r['deleted'] / steps:5.2f}"
+        )
+    lines.append("  index entries a step, by index:")
+    for index, count in sorted(profile.index_entries.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {index:<48} {count / steps:6.2f}")
+    lines.append("  WAL bytes a step, by record type:")
+    for kind, size in list(profile.wal_records.items())[:8]:
+        lines.append(f"    {kind:<48} {size / steps:8.0f}")
+    lines.append("  statements by calls a step (ms a step):")
+    for s in sorted(profile.top, key=lambda s: -int(s["calls"]))[:10]:
+        query = " ".join(s["query"].split())
+        nested = "" if s["toplevel"] and not TRIGGER_ROW.search(query) else "(trigger) "
+        lines.append(
+            f"    {s['calls'] / steps:5.2f} ({s['total_ms'] / steps:6.3f})  {nested}{query[:90]}"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.step_cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--jobs", type=int, default=300, help="chain jobs measured")
+    parser.add_argument("--items", type=int, default=1000, help="items of the fan-out job")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flowbeat-stepcost-")))
+        pg = stack.enter_context(own_postgres())
+        with psycopg.connect(pg.conninfo(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
+            conn.execute("SELECT pg_reload_conf()")
+        server = stack.enter_context(own_redis(tmp))
+        profiles = []
+        for name, size in (("chain", args.jobs), ("fan-out", args.items)):
+            (tmp / name).mkdir()
+            profiles.append(measure(pg, server.url, tmp / name, name, size))
+            log(f"{name} measured")
+    if args.json:
+        print(json.dumps([asdict(p) for p in profiles], indent=2, default=str))
+        return 0
+    for profile in profiles:
+        print("\n".join(report(profile)))
+    print("\n(the CPU figure depends on the machine's load; the counts do not)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
