@@ -19,6 +19,7 @@ from api.openapi import install_openapi
 from api.routes import (
     approvals,
     audit,
+    bulk,
     events,
     health,
     hooks,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 ROUTES = (
     health,
+    bulk,
     jobs,
     events,
     steplogs,

@@ -341,12 +341,12 @@ def rerun(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    settings: SettingsDep,
     via: UiVia,
     from_step: Annotated[str, Form()],
 ) -> Response:
-    created = jobs.rerun(
-        job_id, RerunCreate(from_step=from_step), actor, session, runtime, celery_app, via
-    )
+    body = RerunCreate(from_step=from_step)
+    created = jobs.rerun(job_id, body, actor, session, runtime, celery_app, settings, via)
     return _back(f"/ui/jobs/{created.job.id}")
 
 

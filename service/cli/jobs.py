@@ -4,6 +4,7 @@ service functions as the API's routes; each change is committed before its messa
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -54,6 +55,7 @@ def job_document(job: JobRow) -> dict[str, Any]:
         "waiting_for": job.waiting_for,
         "parent_job_id": str(job.parent_job_id) if job.parent_job_id else None,
         "params": job.params,
+        "labels": job.labels,
         "created_at": job.created_at.isoformat(),
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
@@ -116,12 +118,38 @@ def job_command(job: str) -> JobCommand:
 StatusOption = Annotated[
     JobStatus | None, typer.Option(case_sensitive=False, help="only jobs with this status")
 ]
+LabelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label", metavar="KEY=VALUE", help="only jobs with this label (repeat: every one)"
+    ),
+]
+ErrorCodeOption = Annotated[
+    str | None, typer.Option(help="only jobs whose error has this code, e.g. http_status")
+]
+SinceOption = Annotated[
+    datetime | None, typer.Option(help="only jobs created at or after this time (UTC if no zone)")
+]
+UntilOption = Annotated[
+    datetime | None, typer.Option(help="only jobs created before this time (UTC if no zone)")
+]
+
+
+def in_utc(moment: datetime | None) -> datetime | None:
+    """A time typed without a zone on the command line is read as UTC, as the tables show it."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
 
 
 @jobs_cli.command("list")
 def jobs_list(
     pipeline: str | None = None,
     status: StatusOption = None,
+    label: LabelOption = None,
+    error_code: ErrorCodeOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
     limit: int = 20,
     parent: Annotated[
         str | None,
@@ -132,8 +160,10 @@ def jobs_list(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """The newest jobs."""
+    """The newest jobs, with the filter of ``GET /v1/jobs``."""
+    from service.engine.filters import JobFilter
     from service.engine.jobs import list_jobs
+    from service.engine.labels import parse_labels
     from service.platform.states import JobStatus
 
     if status is not None and status not in set(JobStatus):
@@ -146,10 +176,16 @@ def jobs_list(
         rows, _ = list_jobs(
             session,
             owner=None,
-            pipeline=pipeline,
-            statuses=[status.value] if status else [],
+            match=JobFilter(
+                pipeline=pipeline,
+                statuses=(status.value,) if status else (),
+                labels=parse_labels(label or []),
+                error_code=error_code,
+                since=in_utc(since),
+                until=in_utc(until),
+                parent=parent_id,
+            ),
             limit=limit,
-            parent=parent_id,
         )
         if as_json:
             emit_json({"jobs": [job_document(job) for job in rows]})
