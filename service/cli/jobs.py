@@ -4,7 +4,6 @@ service functions as the API's routes; each change is committed before its messa
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -21,6 +20,18 @@ from service.cli.app import (
     parse_json_option,
     print_refusal,
 )
+from service.cli.bulk import (
+    BulkIdOption,
+    ErrorCodeOption,
+    LabelOption,
+    PipelineOption,
+    SinceOption,
+    StatusOption,
+    UntilOption,
+    YesOption,
+    job_filter,
+    run_bulk,
+)
 from service.cli.follow import (
     follow_job,
     follow_to_the_end,
@@ -35,11 +46,11 @@ from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from service.platform.states import JobStatus
 
 if TYPE_CHECKING:
     from celery import Celery
 
+    from service.engine.filters import JobFilter
     from service.engine.runtime import Runtime
     from service.language.plan import JobPlan
 
@@ -72,6 +83,21 @@ JobArgument = Annotated[
         show_default=False,
     ),
 ]
+
+
+OptionalJob = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="[JOB]",
+        help="the job's id or its first 8 or more hex digits; without it, the filter's jobs",
+        show_default=False,
+    ),
+]
+
+
+def one_job_or_a_filter(match: "JobFilter") -> None:
+    if not match.is_empty():
+        raise typer.BadParameter("give a JOB or filter options, not both", param_hint="JOB")
 
 
 def resolve_job(settings: Settings, given: str) -> uuid.UUID:
@@ -115,36 +141,9 @@ def job_command(job: str) -> JobCommand:
     return JobCommand(settings, job_id, celery_app(settings), Runtime.start(settings))
 
 
-StatusOption = Annotated[
-    JobStatus | None, typer.Option(case_sensitive=False, help="only jobs with this status")
-]
-LabelOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--label", metavar="KEY=VALUE", help="only jobs with this label (repeat: every one)"
-    ),
-]
-ErrorCodeOption = Annotated[
-    str | None, typer.Option(help="only jobs whose error has this code, e.g. http_status")
-]
-SinceOption = Annotated[
-    datetime | None, typer.Option(help="only jobs created at or after this time (UTC if no zone)")
-]
-UntilOption = Annotated[
-    datetime | None, typer.Option(help="only jobs created before this time (UTC if no zone)")
-]
-
-
-def in_utc(moment: datetime | None) -> datetime | None:
-    """A time typed without a zone on the command line is read as UTC, as the tables show it."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
-
-
 @jobs_cli.command("list")
 def jobs_list(
-    pipeline: str | None = None,
+    pipeline: PipelineOption = None,
     status: StatusOption = None,
     label: LabelOption = None,
     error_code: ErrorCodeOption = None,
@@ -161,32 +160,14 @@ def jobs_list(
     as_json: JsonOption = False,
 ) -> None:
     """The newest jobs, with the filter of ``GET /v1/jobs``."""
-    from service.engine.filters import JobFilter
     from service.engine.jobs import list_jobs
-    from service.engine.labels import parse_labels
-    from service.platform.states import JobStatus
 
-    if status is not None and status not in set(JobStatus):
-        allowed = ", ".join(JobStatus)
-        raise typer.BadParameter(f"{status!r} is not a job status: {allowed}", param_hint="status")
     settings = load_settings()
     parent_id = None if parent is None else resolve_job(settings, parent)
+    match = job_filter(pipeline, status, label, error_code, since, until, parent_id)
     sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
-        rows, _ = list_jobs(
-            session,
-            owner=None,
-            match=JobFilter(
-                pipeline=pipeline,
-                statuses=(status.value,) if status else (),
-                labels=parse_labels(label or []),
-                error_code=error_code,
-                since=in_utc(since),
-                until=in_utc(until),
-                parent=parent_id,
-            ),
-            limit=limit,
-        )
+        rows, _ = list_jobs(session, owner=None, match=match, limit=limit)
         if as_json:
             emit_json({"jobs": [job_document(job) for job in rows]})
             return
@@ -287,8 +268,19 @@ def jobs_logs(
 
 
 @jobs_cli.command("cancel")
-def jobs_cancel(job: JobArgument) -> None:
-    """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does."""
+def jobs_cancel(
+    job: OptionalJob = None,
+    pipeline: PipelineOption = None,
+    status: StatusOption = None,
+    label: LabelOption = None,
+    error_code: ErrorCodeOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    yes: YesOption = False,
+    bulk_id: BulkIdOption = None,
+) -> None:
+    """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does; without JOB, every open job
+    the filter options match, as ``POST /v1/jobs/cancel`` does, once you confirm their count."""
     from kombu.exceptions import OperationalError
     from redis.exceptions import RedisError
 
@@ -296,6 +288,11 @@ def jobs_cancel(job: JobArgument) -> None:
     from service.language.plan import JobPlan
     from service.platform.clock import utcnow
 
+    match = job_filter(pipeline, status, label, error_code, since, until)
+    if job is None:
+        run_bulk("cancel", match, yes=yes, bulk_id=bulk_id)
+        return
+    one_job_or_a_filter(match)
     command = job_command(job)
     now = utcnow()
     with unit_of_work(command.rt.sessions) as session:
@@ -315,9 +312,14 @@ def jobs_cancel(job: JobArgument) -> None:
 
 @jobs_cli.command("rerun")
 def jobs_rerun(
-    job: JobArgument,
+    job: OptionalJob = None,
     from_step: Annotated[
-        str | None, typer.Option("--from", help="the step to run again; default: every step")
+        str | None,
+        typer.Option(
+            "--from",
+            help="the step to run again; default: every step (with a filter: each job's "
+            "failed step)",
+        ),
     ] = None,
     param: Annotated[list[str], typer.Option("-p", "--param", help="key=value")] = [],  # noqa: B006
     reuse: Annotated[bool, typer.Option(help="reuse the checkpoints upstream of --from")] = True,
@@ -329,12 +331,28 @@ def jobs_rerun(
     ] = None,
     wait: Annotated[bool, typer.Option(help="follow the new job until it ends")] = False,
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
+    pipeline: PipelineOption = None,
+    status: StatusOption = None,
+    label: LabelOption = None,
+    error_code: ErrorCodeOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    yes: YesOption = False,
+    bulk_id: BulkIdOption = None,
 ) -> None:
-    """Run a finished job again from a step, reusing what came before it; prints the new id."""
+    """Run a finished job again from a step, reusing what came before it; prints the new id.
+    Without JOB, every finished job the filter options match, once each, as
+    ``POST /v1/jobs/rerun`` does, once you confirm their count."""
     from service.engine.reruns import RerunRequest, rerun_job
     from service.language.plan import load_plan
     from service.platform.clock import utcnow
     from tasks.dispatch import publish_new_job
+
+    match = job_filter(pipeline, status, label, error_code, since, until)
+    if job is None:
+        run_bulk("rerun", match, yes=yes, bulk_id=bulk_id, from_step=from_step, priority=priority)
+        return
+    one_job_or_a_filter(match)
 
     request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items, priority)
     command = job_command(job)

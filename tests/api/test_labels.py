@@ -81,9 +81,7 @@ def test_the_list_filters_by_error_code_and_by_creation_time(
             if status == 403:
                 error["code"] = "egress_refused"
             session.execute(update(JobRow).where(JobRow.id == job_id).values(error=error))
-        session.execute(
-            update(JobRow).where(JobRow.id == old).values(created_at=an_hour_ago)
-        )
+        session.execute(update(JobRow).where(JobRow.id == old).values(created_at=an_hour_ago))
 
     assert _listed(client, writer, error_code="http_status") == [unavailable]
     recent = _listed(client, writer, since=(an_hour_ago + timedelta(minutes=1)).isoformat())

@@ -10,8 +10,8 @@ from sqlalchemy import text
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
-from tests.support.arrange import walk
 from tests.e2e.conftest import Client, Cluster
+from tests.support.arrange import walk
 
 JOBS = 10_000
 COPIES = """
