@@ -61,7 +61,7 @@ def job_filter(
     parent: uuid.UUID | None = None,
 ) -> "JobFilter":
     from service.engine.filters import JobFilter
-    from service.engine.labels import parse_labels
+    from service.language.labels import parse_labels
 
     return JobFilter(
         pipeline=pipeline,

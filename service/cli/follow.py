@@ -94,7 +94,7 @@ def run(
     ] = [],  # noqa: B006
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
-    from service.engine.labels import parse_labels
+    from service.language.labels import parse_labels
 
     embedded = get_settings().embedded()
     adopt_orphans()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from service.engine.compensations import compensation_of, record_compensations
@@ -170,12 +170,7 @@ def list_jobs(
 ) -> tuple[list[JobRow], str | None]:
     """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts;
     ``match`` says which jobs (``service.engine.filters``)."""
-    query = (
-        select(JobRow)
-        .where(*match.clauses(owner))
-        .order_by(JobRow.created_at.desc(), JobRow.id.desc())
-        .limit(limit + 1)
-    )
+    query = list_query(owner, match, limit + 1)
     if cursor:
         created, job_id = _decode_cursor(cursor)
         query = query.where(
@@ -187,6 +182,16 @@ def list_jobs(
     jobs = list(session.scalars(query))
     next_cursor = encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
+
+
+def list_query(owner: str | None, match: JobFilter, limit: int) -> Select[JobRow]:
+    """The first page of ``list_jobs``, as its statement: what ``bench.label_filter`` plans."""
+    return (
+        select(JobRow)
+        .where(*match.clauses(owner))
+        .order_by(JobRow.created_at.desc(), JobRow.id.desc())
+        .limit(limit)
+    )
 
 
 def cancel_job(

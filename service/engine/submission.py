@@ -25,8 +25,8 @@ from service.engine.concurrency import (
     slot_values,
     take_turns,
 )
-from service.engine.labels import check_labels
 from service.language.checks import validate_profile
+from service.language.labels import job_labels
 from service.language.params import resolve_params
 from service.language.profiles import Profile
 from service.language.snapshots import profile_secrets, step_facts
@@ -227,7 +227,7 @@ def job_values(
         **slot_values(profile, owner, params),
         "deadline_at": None if timeout_s is None else now + timedelta(seconds=timeout_s),
         "traceparent": tracing.traceparent(),
-        "labels": check_labels(request.labels),
+        "labels": job_labels(profile.labels, params, request.labels),
     }
 
 

@@ -89,3 +89,32 @@ def test_the_list_filters_by_error_code_and_by_creation_time(
     assert _listed(client, writer, until=(an_hour_ago + timedelta(minutes=1)).isoformat()) == [old]
     naive = client.get("/v1/jobs", params={"since": "2026-01-01T00:00:00"}, headers=writer)
     assert naive.json()["error"]["code"] == "job_filter_invalid"
+
+
+LABELLED = {
+    "name": "labelled",
+    "params": {"tenant": {"type": "string"}, "study": {"type": "integer", "default": 17}},
+    "labels": {"tenant": "${{ params.tenant }}", "study": "${{ params.study }}", "team": "lab"},
+    "steps": [{"id": "only", "action": "noop"}],
+}
+
+
+def test_a_profiles_labels_read_its_params_and_a_submissions_own_labels_win(
+    client: TestClient, writer: Headers
+) -> None:
+    body = {"pipeline": LABELLED, "params": {"tenant": "acme"}, "labels": {"team": "ops"}}
+    response = client.post("/v1/jobs", json=body, headers=writer)
+
+    assert response.status_code == 202, response.text
+    assert response.json()["job"]["labels"] == {"tenant": "acme", "study": "17", "team": "ops"}
+    assert _listed(client, writer, label="tenant:acme") == [response.json()["job"]["id"]]
+
+
+def test_a_profile_label_that_reads_anything_but_params_is_refused_at_validation(
+    client: TestClient, writer: Headers
+) -> None:
+    profile = {**LABELLED, "labels": {"step": "${{ steps.only.output }}"}}
+    response = client.post("/v1/jobs", json={"pipeline": profile}, headers=writer)
+
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "profile_invalid"

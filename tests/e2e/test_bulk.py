@@ -1,5 +1,10 @@
 """Bulk actions on real processes: a bulk cancel of 500 running jobs through a live API while a
-worker is SIGKILLed, and a bulk rerun whose API process is killed halfway and retried."""
+worker is SIGKILLed under the compensations it sends, and a bulk rerun whose API process is
+killed halfway and retried.
+
+The running jobs wait in a ``wait`` step, holding no worker, as most of a backfill's open jobs
+would; a step that follows another runs in the same message, so a held step would keep all but
+the first few jobs queued."""
 
 import uuid
 from collections import Counter
@@ -30,7 +35,7 @@ HOLDING = {
             "with": {"value": "reserve"},
             "compensate": {"action": "drill.work", "with": {"value": "unreserve"}},
         },
-        {"id": "hold", "action": "drill.work", "depends_on": ["reserve"], "with": {"hold_s": 300}},
+        {"id": "hold", "action": "wait", "depends_on": ["reserve"], "with": {"seconds": 3600}},
     ],
 }
 FAILING = {

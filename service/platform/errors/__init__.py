@@ -243,7 +243,7 @@ class OpenJobsLimit(FlowbeatError):
 
 
 class LabelsInvalid(FlowbeatError):
-    """A job's labels break their limits (``service.engine.labels``); details name the label."""
+    """A job's labels break their limits (``service.language.labels``); details name the label."""
 
     code = "labels_invalid"
 

@@ -6,10 +6,12 @@ letters, digits and ``_ . - /`` up to ``LABEL_KEY_MAX_CHARS``, a value of printa
 to ``LABEL_VALUE_MAX_CHARS``. A key never holds ``:`` or ``=``, so ``tenant:acme`` and
 ``tenant=acme`` always split at the first one."""
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from service.language.expressions import CONCURRENCY_ROOTS, ExprContext, parse_refs, resolve
 from service.platform.constants import LABEL_KEY_MAX_CHARS, LABEL_VALUE_MAX_CHARS, LABELS_MAX
 from service.platform.errors import JobFilterInvalid, LabelsInvalid
 
@@ -56,3 +58,27 @@ def parse_labels(pairs: Iterable[str], *, separators: str = ":=") -> dict[str, s
             )
         found[pair[:cut]] = pair[cut + 1 :]
     return check_labels(found)
+
+
+def check_label_templates(labels: Mapping[str, Any]) -> dict[str, str]:
+    """A profile's ``labels``: their limits, and values that read only ``params``
+    (``tenant: "${{ params.tenant }}"``), which every submission of the profile has."""
+    checked = check_labels(labels)
+    for value in checked.values():
+        parse_refs(value, roots=CONCURRENCY_ROOTS)
+    return checked
+
+
+def job_labels(
+    templates: Mapping[str, str], params: Mapping[str, Any], given: Mapping[str, Any]
+) -> dict[str, str]:
+    """A new job's labels: its profile's, resolved from its params (a value that is not text
+    as JSON: ``17``, ``true``), then those its submission gives, which win."""
+    resolved = resolve(
+        dict(templates), ExprContext(params=dict(params), outputs={}), CONCURRENCY_ROOTS
+    )
+    from_profile = {
+        key: value if isinstance(value, str) else json.dumps(value)
+        for key, value in resolved.items()
+    }
+    return check_labels({**from_profile, **given})
