@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from service.engine.family import Child, Parent
 from service.engine.filters import JobFilter
 from service.engine.jobs import JobView, StepView
-from service.language.labels import check_labels
 from service.engine.steplogs import LogLine
+from service.language.labels import check_labels
 from service.platform.constants import (
     LABEL_KEY_MAX_CHARS,
     LABEL_VALUE_MAX_CHARS,

@@ -20,9 +20,9 @@ from api.streams import listener_of, wait_until_final
 from api.submit import LoopIO, accept_job, accept_job_on_loop
 from service.engine.filters import JobFilter
 from service.engine.jobs import cancel_job, get_job, job_view, list_jobs
-from service.language.labels import parse_labels
 from service.engine.reruns import RerunRequest, rerun_job
 from service.engine.runtime import Runtime
+from service.language.labels import parse_labels
 from service.language.plan import JobPlan, load_plan
 from service.platform.audit import Actor, record_cancel, record_rerun
 from service.platform.auth import Principal

@@ -1,6 +1,7 @@
 """Labels on a job: given at submission, shown on the job, and found again by the list's
 filter, with the error code and the time range beside them."""
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,6 +11,9 @@ from sqlalchemy import update
 from service.engine.runtime import Runtime
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow
+from tests.api.conftest import KeyFactory
+from tests.api.test_audit import Caller
+from tests.api.test_mcp_audit import _tools
 from tests.support.arrange import walk
 
 Headers = dict[str, str]
@@ -118,3 +122,19 @@ def test_a_profile_label_that_reads_anything_but_params_is_refused_at_validation
 
     assert response.status_code == 422, response.text
     assert response.json()["error"]["code"] == "profile_invalid"
+
+
+def test_mcp_runs_a_job_with_labels_and_finds_it_by_them(
+    client: TestClient, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    call = _tools(client, runtime, Caller(make_key, "read", "write"))
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+
+    job = call("run_pipeline", pipeline="greet", params={"who": "ada"}, labels={"tenant": tenant})
+    call("run_pipeline", pipeline="greet", params={"who": "bob"}, labels={"tenant": "other"})
+    found = call("find_jobs", labels={"tenant": tenant}, status=["queued"])
+
+    assert job["job"]["labels"] == {"tenant": tenant}
+    assert [(j["id"], j["labels"]) for j in found["jobs"]] == [
+        (job["job"]["id"], {"tenant": tenant})
+    ]

@@ -119,7 +119,7 @@ def test_a_bulk_cancel_of_500_running_jobs_survives_a_worker_killed_under_it(
     )
     assert _per_job(client, ended) == Counter({str(job): 1 for job in jobs})
     undone = select(CompensationRow.job_id).where(
-        CompensationRow.job_id.in_(jobs), CompensationRow.status == "completed"
+        CompensationRow.job_id.in_(jobs), CompensationRow.status == "compensated"
     )
     assert _per_job(client, undone) == Counter({str(job): 1 for job in jobs})
 
