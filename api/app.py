@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
-from api import ui_audit, ui_catalogue, ui_inbox
+from api import ui_audit, ui_bulk, ui_catalogue, ui_inbox
 from api.deps import text_parameters
 from api.docs import install_docs
 from api.errors import install_error_handlers
@@ -121,6 +121,7 @@ def create_app(
     metrics.install_metrics(app, runtime)
     install_ui(app)
     app.include_router(ui_audit.router)
+    app.include_router(ui_bulk.router)
     app.include_router(ui_catalogue.router)
     app.include_router(ui_inbox.router)
     install_openapi(app)
