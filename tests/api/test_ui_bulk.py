@@ -40,6 +40,7 @@ def test_the_list_filters_by_label_and_offers_to_act_on_every_match(
 
     assert acme[:8] in page and other[:8] not in page
     assert "tenant=acme" in page
+    assert 'href="/ui/jobs?labels=study%3A17">study=17</a>' in ui.get(f"/ui/jobs/{acme}").text
     assert "/ui/bulk?action=cancel&" in page
 
 
