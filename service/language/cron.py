@@ -20,10 +20,18 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from service.language.labels import check_label_templates
 from service.language.specs import NAME_PATTERN
 from service.platform.constants import MAX_JOB_TIMEOUT_S, MAX_PRIORITY
-from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
+from service.platform.errors import (
+    CronInvalid,
+    ExpressionError,
+    IntervalInvalid,
+    LabelsInvalid,
+    TimezoneUnknown,
+)
 
 Overlap = Literal["skip", "allow", "buffer_one", "cancel_previous"]
 Catchup = Literal["none", "latest", "all"]
@@ -75,6 +83,21 @@ class ScheduleSpec(BaseModel):
         default=None, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p is None
     )
     """The priority of the jobs it starts; ``None`` takes the profile's default."""
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        exclude_if=lambda labels: not labels,
+        description="labels of the jobs it starts, beside the profile's; a value may read params",
+    )
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_within_limits(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        try:
+            return check_label_templates(value)
+        except (LabelsInvalid, ExpressionError) as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
 
     @field_validator("name")
     @classmethod
@@ -115,6 +138,7 @@ class NormalizedSchedule:
     notify_url: str | None
     timeout_s: int | None
     priority: int | None
+    labels: dict[str, str]
 
 
 def parse_duration(value: str | int, *, field: str) -> int:
@@ -176,6 +200,7 @@ def normalize(spec: ScheduleSpec) -> NormalizedSchedule:
         notify_url=spec.notify_url,
         timeout_s=spec.timeout_s,
         priority=spec.priority,
+        labels=spec.labels,
     )
 
 

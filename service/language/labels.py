@@ -13,7 +13,7 @@ from typing import Any
 
 from service.language.expressions import CONCURRENCY_ROOTS, ExprContext, parse_refs, resolve
 from service.platform.constants import LABEL_KEY_MAX_CHARS, LABEL_VALUE_MAX_CHARS, LABELS_MAX
-from service.platform.errors import JobFilterInvalid, LabelsInvalid
+from service.platform.errors import ExpressionError, JobFilterInvalid, LabelsInvalid
 
 _KEY = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_./-]{{0,{LABEL_KEY_MAX_CHARS - 1}}}")
 
@@ -72,13 +72,16 @@ def check_label_templates(labels: Mapping[str, Any]) -> dict[str, str]:
 def job_labels(
     templates: Mapping[str, str], params: Mapping[str, Any], given: Mapping[str, Any]
 ) -> dict[str, str]:
-    """A new job's labels: its profile's, resolved from its params (a value that is not text
-    as JSON: ``17``, ``true``), then those its submission gives, which win."""
-    resolved = resolve(
-        dict(templates), ExprContext(params=dict(params), outputs={}), CONCURRENCY_ROOTS
-    )
-    from_profile = {
+    """A new job's labels: its profile's, then those its submission gives (a schedule's, a
+    request's), which win, each resolved from its params (a value that is not text as JSON:
+    ``17``, ``true``)."""
+    merged = check_labels({**templates, **given})
+    try:
+        resolved = resolve(merged, ExprContext(params=dict(params), outputs={}), CONCURRENCY_ROOTS)
+    except ExpressionError as exc:
+        raise LabelsInvalid(f"a label does not resolve: {exc.message}", exc.details) from None
+    labels = {
         key: value if isinstance(value, str) else json.dumps(value)
         for key, value in resolved.items()
     }
-    return check_labels({**from_profile, **given})
+    return check_labels(labels)

@@ -1,4 +1,4 @@
-"""jobs.labels with a GIN index, an index of failed jobs by error code, and bulk_actions
+"""labels on jobs (GIN-indexed) and schedules, failed jobs by error code, and bulk_actions
 
 ``labels`` is added with a constant default, which PostgreSQL 11 and later store in the
 catalogue: no row of ``jobs`` is rewritten. The two indexes are built in the migration's
@@ -21,6 +21,15 @@ depends_on = None
 def upgrade() -> None:
     op.add_column(
         "jobs",
+        sa.Column(
+            "labels",
+            postgresql.JSONB(astext_type=sa.Text()),
+            server_default=sa.text("'{}'::jsonb"),
+            nullable=False,
+        ),
+    )
+    op.add_column(
+        "schedules",
         sa.Column(
             "labels",
             postgresql.JSONB(astext_type=sa.Text()),
@@ -73,3 +82,4 @@ def downgrade() -> None:
     op.drop_index("ix_jobs_error_code", "jobs")
     op.drop_index("ix_jobs_labels", "jobs")
     op.drop_column("jobs", "labels")
+    op.drop_column("schedules", "labels")
