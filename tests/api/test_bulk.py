@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from service.engine.runtime import Runtime
 from service.platform.db import unit_of_work
@@ -191,3 +191,25 @@ def test_a_bulk_rerun_stops_at_the_owners_open_jobs_cap_and_a_retry_goes_on_from
     assert done.status_code == 200, done.text
     assert done.json()["bulk"]["acted"] == 3
     assert _reruns_of(runtime, failed) == dict.fromkeys(failed, 1)
+
+
+def test_bulk_reruns_take_their_turn_under_fair_share_at_their_jobs_priority(
+    settings: Settings, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    headers = {"Authorization": f"Bearer {make_key('write')}"}
+    fair = settings.model_copy(update={"fair_share_ahead": 1})
+    with api_client(fair, runtime) as client:
+        failed = [_submit(client, headers, batch="fair") for _ in range(3)]
+        _failed_at_second(runtime, failed)
+        with unit_of_work(runtime.sessions) as session:
+            session.execute(update(JobRow).where(JobRow.id.in_(failed)).values(priority=7))
+        body = {"filter": {"labels": {"batch": "fair"}, "status": ["failed"]}}
+        done = client.post("/v1/jobs/rerun", json=body, headers=headers)
+
+    assert done.status_code == 200, done.text
+    with unit_of_work(runtime.sessions) as session:
+        reruns = session.execute(
+            select(JobRow.priority, JobRow.waiting_for).where(JobRow.parent_job_id.in_(failed))
+        ).all()
+    assert sorted(priority for priority, _ in reruns) == [7, 7, 7]
+    assert sum(waiting == "turn" for _, waiting in reruns) >= 2

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from service.platform.auth import create_api_key
@@ -74,6 +75,7 @@ def _per_job(client: Client, query: Any) -> Counter[str]:
         return Counter(str(value) for value in session.scalars(query))
 
 
+@pytest.mark.timeout(900)  # 500 jobs and their compensations on a shared machine
 def test_a_bulk_cancel_of_500_running_jobs_survives_a_worker_killed_under_it(
     cluster: Cluster, client: Client
 ) -> None:
@@ -102,7 +104,7 @@ def test_a_bulk_cancel_of_500_running_jobs_survives_a_worker_killed_under_it(
     assert response.status_code == 200, response.text
     assert response.json()["bulk"]["acted"] == 500
     assert survivor.popen.poll() is None
-    wait_for(lambda: client.settled_at(jobs), 300, "every job and compensation settled")
+    wait_for(lambda: client.settled_at(jobs), 600, "every job and compensation settled")
     assert _count(client, JobRow.id.in_(jobs), JobRow.status == "cancelled") == 500
     open_steps = select(StepRunRow.job_id).where(
         StepRunRow.job_id.in_(jobs), StepRunRow.status.in_(("running", "pending", "retrying"))
@@ -124,6 +126,7 @@ def test_a_bulk_cancel_of_500_running_jobs_survives_a_worker_killed_under_it(
     assert _per_job(client, undone) == Counter({str(job): 1 for job in jobs})
 
 
+@pytest.mark.timeout(900)  # 300 jobs failed, then rerun and run again
 def test_a_bulk_rerun_cut_short_by_an_api_restart_and_retried_reruns_each_job_once(
     cluster: Cluster, client: Client
 ) -> None:
