@@ -20,16 +20,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
 
-from service.language.labels import check_label_templates
+from service.language.labels import label_templates
 from service.language.specs import NAME_PATTERN
 from service.platform.constants import MAX_JOB_TIMEOUT_S, MAX_PRIORITY
 from service.platform.errors import (
     CronInvalid,
-    ExpressionError,
     IntervalInvalid,
-    LabelsInvalid,
     TimezoneUnknown,
 )
 
@@ -89,15 +86,7 @@ class ScheduleSpec(BaseModel):
         description="labels of the jobs it starts, beside the profile's; a value may read params",
     )
 
-    @field_validator("labels", mode="before")
-    @classmethod
-    def _labels_within_limits(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        try:
-            return check_label_templates(value)
-        except (LabelsInvalid, ExpressionError) as exc:
-            raise PydanticCustomError(exc.code, exc.message) from None
+    _labels_within_limits = field_validator("labels", mode="before")(label_templates)
 
     @field_validator("name")
     @classmethod

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pydantic_core import PydanticCustomError
+
 from service.language.expressions import CONCURRENCY_ROOTS, ExprContext, parse_refs, resolve
 from service.platform.constants import LABEL_KEY_MAX_CHARS, LABEL_VALUE_MAX_CHARS, LABELS_MAX
 from service.platform.errors import ExpressionError, JobFilterInvalid, LabelsInvalid
@@ -60,12 +62,18 @@ def parse_labels(pairs: Iterable[str], *, separators: str = ":=") -> dict[str, s
     return check_labels(found)
 
 
-def check_label_templates(labels: Mapping[str, Any]) -> dict[str, str]:
-    """A profile's ``labels``: their limits, and values that read only ``params``
-    (``tenant: "${{ params.tenant }}"``), which every submission of the profile has."""
-    checked = check_labels(labels)
-    for value in checked.values():
-        parse_refs(value, roots=CONCURRENCY_ROOTS)
+def label_templates(value: Any) -> Any:
+    """A profile's or a schedule's ``labels``, as their validator: within the limits, and with
+    values that read only ``params`` (``tenant: "${{ params.tenant }}"``), which every job of
+    theirs has; refused with the error's code."""
+    if not isinstance(value, Mapping):
+        return value
+    try:
+        checked = check_labels(value)
+        for text in checked.values():
+            parse_refs(text, roots=CONCURRENCY_ROOTS)
+    except (LabelsInvalid, ExpressionError) as exc:
+        raise PydanticCustomError(exc.code, exc.message) from None
     return checked
 
 

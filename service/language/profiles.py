@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 from service.language import dag
 from service.language.conditions import Condition, parse_condition
 from service.language.cron import ScheduleSpec
-from service.language.labels import check_label_templates
+from service.language.labels import label_templates
 from service.language.specs import (
     NAME_PATTERN,
     UNTIL_ROOTS,
@@ -45,7 +45,7 @@ from service.platform.constants import (
     TRIGGER_ON_NEW_ITEMS,
     TRIGGER_ON_SUCCEEDED,
 )
-from service.platform.errors import ExpressionError, LabelsInvalid
+from service.platform.errors import ExpressionError
 
 SCHEMA_PATH = SHIPPED_DIR / "profile.schema.json"
 
@@ -158,15 +158,7 @@ class Profile(BaseModel):
     """Enforced by the elected beat replica (``engine.deadlines``). Left out of the stored form
     when unset, so the hashes of the profiles saved before it stay what they were."""
 
-    @field_validator("labels", mode="before")
-    @classmethod
-    def _labels_within_limits(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        try:
-            return check_label_templates(value)
-        except (LabelsInvalid, ExpressionError) as exc:
-            raise PydanticCustomError(exc.code, exc.message) from None
+    _labels_within_limits = field_validator("labels", mode="before")(label_templates)
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:

@@ -19,24 +19,16 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column(
-        "jobs",
-        sa.Column(
-            "labels",
-            postgresql.JSONB(astext_type=sa.Text()),
-            server_default=sa.text("'{}'::jsonb"),
-            nullable=False,
-        ),
-    )
-    op.add_column(
-        "schedules",
-        sa.Column(
-            "labels",
-            postgresql.JSONB(astext_type=sa.Text()),
-            server_default=sa.text("'{}'::jsonb"),
-            nullable=False,
-        ),
-    )
+    for table in ("jobs", "schedules"):
+        op.add_column(
+            table,
+            sa.Column(
+                "labels",
+                postgresql.JSONB(astext_type=sa.Text()),
+                server_default=sa.text("'{}'::jsonb"),
+                nullable=False,
+            ),
+        )
     op.create_index(
         "ix_jobs_labels",
         "jobs",
