@@ -201,6 +201,9 @@ def jobs_show(job: JobArgument, as_json: JsonOption = False) -> None:
         print_outcome(view)
     else:
         console.print(f"job {job_id}: {view.job.status}")
+    if view.job.labels:
+        pairs = " ".join(f"{key}={value}" for key, value in view.job.labels.items())
+        console.print(f"  labels: {pairs}", markup=False)
     print_family(view)
 
 

@@ -140,6 +140,8 @@ class HookRow(Base):
     pipeline: Mapped[str] = mapped_column(String(200))
     params: Mapped[dict[str, Any]]
     secret: Mapped[str] = mapped_column(String(128))
+    labels: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+    """Labels of the jobs it starts, over the profile's; values may read the job's params."""
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -201,6 +201,7 @@ def test_jobs_cancel_with_a_label_asks_with_the_count_then_cancels_only_those_jo
     again = flowbeat("jobs", "list", "--label", f"tenant={tenant}", "--json")
 
     assert [job["labels"] for job in jobs] == [{"tenant": tenant}] * 2
+    assert f"labels: tenant={tenant}" in flowbeat("jobs", "show", jobs[0]["id"]).stdout
     assert "cancel 2 jobs?" in declined.stdout
     assert declined.returncode == 1, declined.stdout + declined.stderr
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr

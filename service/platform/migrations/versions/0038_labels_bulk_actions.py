@@ -1,4 +1,4 @@
-"""labels on jobs (GIN-indexed) and schedules, failed jobs by error code, and bulk_actions
+"""labels on jobs (GIN-indexed), schedules and hooks; failed jobs by error code; bulk_actions
 
 ``labels`` is added with a constant default, which PostgreSQL 11 and later store in the
 catalogue: no row of ``jobs`` is rewritten. The two indexes are built in the migration's
@@ -19,7 +19,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    for table in ("jobs", "schedules"):
+    for table in ("jobs", "schedules", "hooks"):
         op.add_column(
             table,
             sa.Column(
@@ -75,3 +75,4 @@ def downgrade() -> None:
     op.drop_index("ix_jobs_labels", "jobs")
     op.drop_column("jobs", "labels")
     op.drop_column("schedules", "labels")
+    op.drop_column("hooks", "labels")
