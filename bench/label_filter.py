@@ -1,17 +1,23 @@
-"""The job list filtered by labels over a million jobs: with ``ix_jobs_labels`` against the
-same statement planned without it, side by side in one run.
+"""The job list filtered by labels over a million jobs: as served, against the same statement
+planned without ``ix_jobs_labels`` and against one generic plan, side by side in one run.
 
     python -m bench.label_filter [--jobs 1000000] [--rounds 5] [--json]
 
 ``--jobs`` jobs are generated in a fresh database by one ``INSERT ... SELECT generate_series``
 (not timed): 20 owners, each job labelled ``tenant: t<n % 1000>`` and ``study: <n % 97>``, a
-third of them failed with ``http_status``. Each filter is the statement the list route sends
-(``service.engine.jobs.list_query``: the first page of 50, newest first, as an owner's key sees
-it), run in alternating rounds: A with every index, B with bitmap scans off, so the planner
-cannot use the GIN index (it walks ``created_at`` backwards, or scans the table, and filters).
-Each round times ``--repeat`` executions of each side; the ratio is B's median over A's. The
-buffers each side touches (``EXPLAIN (ANALYZE, BUFFERS)``) do not drift with the machine's load,
-and A's plan is printed. The database is dropped on the way out.
+third of them failed with ``http_status``. Each filter is the first page of 50, newest first, as
+``GET /v1/jobs`` asks for it (scoped to an owner as a non-admin key is, or not as an admin's),
+in alternating rounds of ``--repeat`` executions a side:
+
+A. served: ``service.engine.jobs.list_jobs`` on a session of the product's engine, which plans
+   a label filter for its labels (``custom_plans``) however often the connection ran it;
+B. no index: the same with bitmap scans off, so the planner cannot use the GIN index;
+C. generic: the same statement (``list_query``) prepared with one generic plan, which
+   PostgreSQL may settle on for a statement a connection has run five times.
+
+The ratio is each side's median over A's. The buffers A and B touch (``EXPLAIN (ANALYZE,
+BUFFERS)``) do not drift with the machine's load, and A's plan is printed. The database is
+dropped on the way out.
 """
 
 import argparse
@@ -19,16 +25,18 @@ import json
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.engine.filters import JobFilter
-from service.engine.jobs import list_query
+from service.engine.jobs import list_jobs, list_query
+from service.platform.db import make_engine, make_session_factory
 from service.platform.migrate import upgrade
 from tests.support.servers import admin_database_url, create_test_database, drop_test_database
 
@@ -85,59 +93,89 @@ def database(jobs: int) -> Iterator[str]:
         drop_test_database(admin, name)
 
 
-def timed(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any], repeat: int) -> float:
-    """The median of ``repeat`` executions, in ms, after one to warm the cache."""
-    conn.execute(sql, params).fetchall()
+def median_ms(run: Callable[[], object], repeat: int) -> float:
+    """The median of ``repeat`` runs, in ms, after one to warm the cache."""
+    run()
     runs = []
     for _ in range(repeat):
         started = time.perf_counter()
-        conn.execute(sql, params).fetchall()
+        run()
         runs.append((time.perf_counter() - started) * 1000)
     return statistics.median(runs)
 
 
-def explained(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> dict[str, Any]:
-    [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchall()
+def served(
+    sessions: sessionmaker[Session], owner: str | None, match: JobFilter, indexed: bool
+) -> Callable[[], object]:
+    def run() -> object:
+        with sessions() as session, session.begin():
+            if not indexed:
+                session.execute(text("SET LOCAL enable_bitmapscan = off"))
+            return list_jobs(session, owner=owner, match=match, limit=PAGE)
+
+    return run
+
+
+def generic(
+    conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]
+) -> Callable[[], object]:
+    def run() -> object:
+        return conn.execute(sql, params, prepare=True).fetchall()
+
+    return run
+
+
+def explained(
+    conn: psycopg.Connection[Any], sql: str, params: dict[str, Any], indexed: bool
+) -> dict[str, Any]:
+    """The statement planned for its parameters, as ``custom_plans`` has it planned."""
+    conn.execute("SET plan_cache_mode = force_custom_plan")
+    conn.execute(f"SET enable_bitmapscan = {'on' if indexed else 'off'}")
+    try:
+        [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchall()
+        lines = conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params).fetchall()
+    finally:
+        conn.execute("SET enable_bitmapscan = on")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
     top = plan[0]["Plan"]
-    text_plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params).fetchall()
     return {
         "buffers": top["Shared Hit Blocks"] + top["Shared Read Blocks"],
         "rows": top["Actual Rows"],
-        "plan": "\n".join(line for (line,) in text_plan),
+        "plan": "\n".join(line for (line,) in lines),
     }
-
-
-def side(conn: psycopg.Connection[Any], indexed: bool) -> None:
-    conn.execute(f"SET enable_bitmapscan = {'on' if indexed else 'off'}")
 
 
 def run(jobs: int, rounds: int, repeat: int) -> dict[str, Any]:
     report: dict[str, Any] = {"jobs": jobs, "rounds": rounds, "repeat": repeat, "cases": {}}
     with database(jobs) as url, psycopg.connect(url, autocommit=True) as conn:
+        engine = make_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+        sessions = make_session_factory(engine)
+        conn.execute("SET plan_cache_mode = force_generic_plan")
         for name, (owner, match) in CASES.items():
             sql, params = statement(owner, match)
-            ms: dict[str, list[float]] = {"A": [], "B": []}
+            sides = {
+                "A": served(sessions, owner, match, True),
+                "B": served(sessions, owner, match, False),
+                "C": generic(conn, sql, params),
+            }
+            ms: dict[str, list[float]] = {side: [] for side in sides}
             for number in range(rounds):
-                for label in "AB" if number % 2 == 0 else "BA":
-                    side(conn, label == "A")
-                    ms[label].append(timed(conn, sql, params, repeat))
-            side(conn, True)
-            a = explained(conn, sql, params)
-            side(conn, False)
-            b = explained(conn, sql, params)
-            side(conn, True)
+                for side in "ABC" if number % 2 == 0 else "CBA":
+                    ms[side].append(median_ms(sides[side], repeat))
+            a, b = explained(conn, sql, params, True), explained(conn, sql, params, False)
             assert a["rows"] == b["rows"]
+            median = {side: statistics.median(values) for side, values in ms.items()}
             report["cases"][name] = {
                 "rows": a["rows"],
-                "ms_with_index": [round(v, 2) for v in ms["A"]],
-                "ms_without": [round(v, 2) for v in ms["B"]],
-                "time_ratio_without_over_with": round(
-                    statistics.median(ms["B"]) / statistics.median(ms["A"]), 1
-                ),
-                "buffers_with_index": a["buffers"],
-                "buffers_without": b["buffers"],
-                "plan_with_index": a["plan"],
+                "ms": {side: [round(v, 2) for v in values] for side, values in ms.items()},
+                "median_ms": {side: round(v, 2) for side, v in median.items()},
+                "no_index_over_served": round(median["B"] / median["A"], 1),
+                "generic_over_served": round(median["C"] / median["A"], 1),
+                "buffers_served": a["buffers"],
+                "buffers_no_index": b["buffers"],
+                "plan_served": a["plan"],
             }
+        engine.dispose()
     return report
 
 
@@ -154,21 +192,18 @@ def main() -> None:
         return
     print(f"{args.jobs:,} jobs; {args.rounds} alternating rounds of {args.repeat} runs a side")
     for name, case in report["cases"].items():
+        median = case["median_ms"]
         print(f"\n{name}: {case['rows']} rows on the first page")
+        print(f"  A served:   median {median['A']} ms, {case['buffers_served']} buffers")
+        print(f"  B no index: median {median['B']} ms, {case['buffers_no_index']} buffers")
+        print(f"  C generic:  median {median['C']} ms")
         print(
-            f"  with ix_jobs_labels: median {statistics.median(case['ms_with_index']):.2f} ms, "
-            f"{case['buffers_with_index']} buffers"
+            f"  B / A: time x{case['no_index_over_served']}, buffers "
+            f"x{round(case['buffers_no_index'] / max(case['buffers_served'], 1), 1)}; "
+            f"C / A: time x{case['generic_over_served']}"
         )
-        print(
-            f"  without (bitmap scans off): median {statistics.median(case['ms_without']):.2f} ms, "
-            f"{case['buffers_without']} buffers"
-        )
-        print(
-            f"  without / with: time x{case['time_ratio_without_over_with']}, buffers "
-            f"x{round(case['buffers_without'] / max(case['buffers_with_index'], 1), 1)}"
-        )
-        print("  plan with the index:")
-        print("    " + case["plan_with_index"].replace("\n", "\n    "))
+        print("  plan served:")
+        print("    " + case["plan_served"].replace("\n", "\n    "))
 
 
 if __name__ == "__main__":

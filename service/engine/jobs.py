@@ -18,6 +18,7 @@ from service.language.profiles import Profile
 from service.language.snapshots import job_profile
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE
+from service.platform.db import custom_plans
 from service.platform.errors import (
     FlowbeatError,
     InvalidCursor,
@@ -171,6 +172,8 @@ def list_jobs(
     """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts;
     ``match`` says which jobs (``service.engine.filters``)."""
     query = list_query(owner, match, limit + 1)
+    if match.labels or match.error_code:
+        custom_plans(session)
     if cursor:
         created, job_id = _decode_cursor(cursor)
         query = query.where(
