@@ -25,6 +25,7 @@ from service.engine.reruns import RerunRequest, rerun_job
 from service.language.snapshots import job_profile
 from service.platform.audit import Actor, Target, record
 from service.platform.constants import BULK_PREVIEW_IDS
+from service.platform.db import custom_plans
 from service.platform.errors import (
     BulkActionConflict,
     BulkActionNotFound,
@@ -91,6 +92,7 @@ def preview(
 ) -> tuple[int, list[uuid.UUID]]:
     """A dry run: how many jobs the action would change now, and the first of them."""
     where = frozen_filter(request, now).clauses(scope)
+    custom_plans(session)
     count = session.scalar(select(func.count()).select_from(JobRow).where(*where)) or 0
     first = session.scalars(
         select(JobRow.id)
@@ -172,6 +174,7 @@ def next_batch(
     and the next try goes on from there."""
     bulk = session.get(BulkActionRow, bulk_id, with_for_update=True, populate_existing=True)
     assert bulk is not None
+    custom_plans(session)
     batch = Batch()
     if bulk.status == DONE:
         batch.done = True
