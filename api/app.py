@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
-from api import ui_audit, ui_catalogue, ui_home, ui_inbox
+from api import ui_audit, ui_bulk, ui_catalogue, ui_home, ui_inbox
 from api.deps import text_parameters
 from api.docs import install_docs
 from api.errors import install_error_handlers
@@ -21,6 +21,7 @@ from api.routes import (
     alerts,
     approvals,
     audit,
+    bulk,
     events,
     health,
     hooks,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 ROUTES = (
     health,
+    bulk,
     jobs,
     events,
     steplogs,
@@ -125,6 +127,7 @@ def create_app(
     metrics.install_metrics(app, runtime)
     install_ui(app)
     app.include_router(ui_audit.router)
+    app.include_router(ui_bulk.router)
     app.include_router(ui_catalogue.router)
     app.include_router(ui_inbox.router)
     app.include_router(ui_home.router)

@@ -7,10 +7,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
 from service.engine.family import Child, Parent
+from service.engine.filters import JobFilter
 from service.engine.jobs import JobView, StepView
 from service.engine.steplogs import LogLine
-from service.platform.constants import MAX_PRIORITY, SYNC_WAIT_DEFAULT_S, SYNC_WAIT_MAX_S
-from service.platform.models import ApprovalRow, JobSignalRow
+from service.language.labels import check_labels
+from service.platform.constants import (
+    LABEL_KEY_MAX_CHARS,
+    LABEL_VALUE_MAX_CHARS,
+    LABELS_MAX,
+    MAX_PRIORITY,
+    SYNC_WAIT_DEFAULT_S,
+    SYNC_WAIT_MAX_S,
+)
+from service.platform.models import ApprovalRow, BulkActionRow, JobSignalRow
 
 
 def _utc_iso(value: datetime) -> str:
@@ -33,6 +42,14 @@ class JobCreate(BaseModel):
     )
     params: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+    labels: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            f"string keys and values that say whom the job is for ({{tenant: acme}}); at most "
+            f"{LABELS_MAX}, keys of letters, digits and _ . - / up to {LABEL_KEY_MAX_CHARS} "
+            f"chars, values up to {LABEL_VALUE_MAX_CHARS}; GET /v1/jobs?label=key:value finds them"
+        ),
+    )
     diff_mode: bool = Field(
         default=False, description="mark runs without new result items; notify only on new ones"
     )
@@ -161,6 +178,7 @@ class JobPublic(BaseModel):
     pipeline: str
     status: str
     params: dict[str, Any]
+    labels: dict[str, str]
     trigger: str
     priority: int
     queue: str = Field(description="the queue of its first step, where fair share counts it")
@@ -216,6 +234,7 @@ class JobPublic(BaseModel):
             pipeline=job.pipeline,
             status=job.status,
             params=job.params,
+            labels=job.labels or {},
             trigger=job.trigger,
             priority=job.priority,
             queue=job.queue,
@@ -406,3 +425,89 @@ class LogPage(BaseModel):
             next_after=lines[-1].id if lines else after,
             more=len(lines) == limit,
         )
+
+
+class JobFilterBody(BaseModel):
+    """The filter of ``GET /v1/jobs``, as a bulk action's body gives it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: str | None = Field(default=None, max_length=64)
+    status: list[str] = Field(default_factory=list, description="any of these statuses")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="every one of these labels (key: value)"
+    )
+    error_code: str | None = Field(
+        default=None, max_length=64, description="jobs whose error has this code"
+    )
+    since: datetime | None = Field(default=None, description="created at or after (with a zone)")
+    until: datetime | None = Field(default=None, description="created before (with a zone)")
+
+    def match(self, statuses: list[str]) -> JobFilter:
+        """``statuses``: ``status`` as the list route checks it."""
+        return JobFilter(
+            pipeline=self.pipeline,
+            statuses=tuple(statuses),
+            labels=check_labels(self.labels),
+            error_code=self.error_code,
+            since=self.since,
+            until=self.until,
+        )
+
+
+class BulkCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    filter: JobFilterBody
+    id: uuid.UUID | None = Field(
+        default=None,
+        description=(
+            "the action's id: give your own to retry safely (a retry continues where the last "
+            "try stopped); without one, a new action with a new id"
+        ),
+    )
+    dry_run: bool = Field(
+        default=False, description="change nothing: answer the count and the first ids"
+    )
+
+
+class BulkRerunCreate(BulkCreate):
+    from_step: str | None = Field(
+        default=None,
+        description="the step each job reruns from; default: its failed step (its first step "
+        "that did not succeed)",
+    )
+    priority: int | None = Field(
+        default=None, ge=0, le=MAX_PRIORITY, description="default: each job's own"
+    )
+
+
+class BulkActionPublic(BaseModel):
+    id: uuid.UUID
+    kind: Literal["cancel", "rerun"]
+    status: Literal["running", "done"] = Field(
+        description="running: more batches to go (a retry of the same id goes on); done"
+    )
+    filter: dict[str, Any] = Field(
+        description="the filter acted on: the one asked, limited to the statuses the action "
+        "changes and to jobs created before it started"
+    )
+    matched: int = Field(description="jobs the filter matched when it started")
+    acted: int = Field(description="jobs cancelled, or rerun, so far")
+    skipped: int = Field(description="jobs that could not be changed when reached")
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+    finished_at: UtcDatetime | None
+
+    @classmethod
+    def of(cls, row: BulkActionRow) -> "BulkActionPublic":
+        return cls.model_validate(row, from_attributes=True)
+
+
+class BulkResult(BaseModel):
+    dry_run: bool
+    count: int | None = Field(default=None, description="a dry run's count of matching jobs")
+    job_ids: list[uuid.UUID] = Field(
+        default_factory=list, description="a dry run's first matching jobs, oldest first"
+    )
+    bulk: BulkActionPublic | None = Field(default=None, description="the action, when not dry")

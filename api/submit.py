@@ -88,6 +88,7 @@ def accept_job(
         diff_mode=body.diff_mode,
         priority=body.priority,
         notify_url=body.notify_url,
+        labels=body.labels,
     )
     if body.notify_url is not None:
         check_notify_url(settings, validate_notify_url(body.notify_url))
@@ -224,6 +225,7 @@ async def accept_job_on_loop(
         idempotency_key=body.idempotency_key,
         diff_mode=body.diff_mode,
         priority=body.priority,
+        labels=body.labels,
     )
     try:
         secrets_of(settings).require(profile_secrets(resolved.profile), principal.owner)

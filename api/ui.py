@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Form, Header, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -200,19 +200,25 @@ def job_list(
     session: SessionDep,
     status: str = "",
     pipeline: str = "",
+    labels: str = "",
+    error_code: str = "",
     cursor: str = "",
     parent: uuid.UUID | None = None,
 ) -> Response:
+    """``labels``: ``key:value`` pairs apart by spaces, each of which a job must have."""
     found = jobs.search_jobs(
         viewer,
         session,
         pipeline=pipeline or None,
         status=[status] if status else None,
+        label=labels.split() or None,
+        error_code=error_code or None,
         limit=PAGE_SIZE,
         cursor=cursor or None,
         parent=parent,
     )
-    query = f"status={quote(status)}&pipeline={quote(pipeline)}"
+    filters = {"status": status, "pipeline": pipeline, "labels": labels, "error_code": error_code}
+    query = urlencode(filters)
     if parent is not None:
         query += f"&parent={parent}"
     return _page(
@@ -220,11 +226,14 @@ def job_list(
         "jobs.html",
         jobs=found.jobs,
         next_cursor=found.next_cursor,
-        status=status,
-        pipeline=pipeline,
         parent=parent,
         statuses=JOB_STATUSES,
         query=query,
+        filtered=any(filters.values()) and parent is None,
+        status=status,
+        pipeline=pipeline,
+        labels=labels,
+        error_code=error_code,
     )
 
 
@@ -342,12 +351,12 @@ def rerun(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    settings: SettingsDep,
     via: UiVia,
     from_step: Annotated[str, Form()],
 ) -> Response:
-    created = jobs.rerun(
-        job_id, RerunCreate(from_step=from_step), actor, session, runtime, celery_app, via
-    )
+    body = RerunCreate(from_step=from_step)
+    created = jobs.rerun(job_id, body, actor, session, runtime, celery_app, settings, via)
     return _back(f"/ui/jobs/{created.job.id}")
 
 

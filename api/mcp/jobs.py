@@ -1,4 +1,5 @@
-"""The MCP tools about jobs: run one, follow it, signal it, read its diff and its logs."""
+"""The MCP tools about jobs: run one, find them by label, follow one, signal it, read its diff
+and its logs."""
 
 from typing import Any
 
@@ -6,17 +7,30 @@ from mcp.server.mcpserver import Context, MCPServer
 from sqlalchemy.orm import Session
 
 from api.mcp.calls import McpDeps, acting, call, job_id_of, visible_to
+from api.routes.jobs import job_statuses
 from api.routes.runs import DiffCountsPublic, DiffPublic
-from api.schemas import JobCreate, JobPublic, LogPage, SignalEnvelope, SignalPublic
+from api.schemas import (
+    JobCreate,
+    JobFilterBody,
+    JobPublic,
+    LogPage,
+    SignalEnvelope,
+    SignalPublic,
+)
 from api.submit import accept_job
 from service.catalogue.diffs import DiffKind, diff_counts, diff_page
-from service.engine.jobs import get_job, job_view
+from service.engine.jobs import get_job, job_view, list_jobs
 from service.engine.signals import send_signal
 from service.engine.steplogs import step_lines
 from service.platform.audit import record_signal
 from service.platform.auth import Principal
 from service.platform.clock import utcnow
-from service.platform.constants import DIFF_PAGE_MAX_LIMIT, STEP_LOG_PAGE_MAX_ROWS
+from service.platform.constants import (
+    DIFF_PAGE_MAX_LIMIT,
+    JOB_LIST_MAX_LIMIT,
+    STEP_LOG_PAGE_MAX_ROWS,
+)
+from service.platform.models import JobRow
 from tasks.dispatch import publish_or_defer
 
 
@@ -35,6 +49,17 @@ def _diff(
     ).model_dump(mode="json")
 
 
+def _summary(job: JobRow) -> dict[str, Any]:
+    return {
+        "id": str(job.id),
+        "pipeline": job.pipeline,
+        "status": job.status,
+        "labels": job.labels,
+        "created_at": job.created_at.isoformat(),
+        "error": job.error,
+    }
+
+
 def job_tools(server: MCPServer, deps: McpDeps) -> None:
     @server.tool()
     async def run_pipeline(
@@ -44,16 +69,19 @@ def job_tools(server: MCPServer, deps: McpDeps) -> None:
         idempotency_key: str | None = None,
         diff_mode: bool = False,
         priority: int | None = None,
+        labels: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Start a job of a saved pipeline (name or owner/name) or of inline YAML; the same
         ``idempotency_key`` twice gives back the first job. ``priority`` 0-9, higher is taken
-        first within a queue (default: the profile's)."""
+        first within a queue (default: the profile's); ``labels`` say whom it is for
+        ({"tenant": "acme"}), for ``find_jobs``."""
         body = JobCreate(
             pipeline=pipeline,
             params=params or {},
             idempotency_key=idempotency_key,
             diff_mode=diff_mode,
             priority=priority,
+            labels=labels or {},
         )
 
         def work(session: Session, principal: Principal) -> dict[str, Any]:
@@ -64,6 +92,31 @@ def job_tools(server: MCPServer, deps: McpDeps) -> None:
             return {"job": job.model_dump(mode="json")}
 
         return await call(deps, ctx, "write", work)
+
+    @server.tool()
+    async def find_jobs(
+        ctx: Context,
+        labels: dict[str, str] | None = None,
+        status: list[str] | None = None,
+        pipeline: str | None = None,
+        error_code: str | None = None,
+        limit: int = 20,
+    ) -> dict[str, Any]:
+        """The newest jobs with every label given ({"tenant": "acme"}), any of the statuses,
+        of the pipeline, failed with the error code: ids, statuses and labels, as
+        ``GET /v1/jobs`` filters them."""
+        match = JobFilterBody(pipeline=pipeline, labels=labels or {}, error_code=error_code)
+
+        def work(session: Session, principal: Principal) -> dict[str, Any]:
+            found, _ = list_jobs(
+                session,
+                owner=visible_to(principal),
+                match=match.match(job_statuses(status or [])),
+                limit=max(1, min(limit, JOB_LIST_MAX_LIMIT)),
+            )
+            return {"jobs": [_summary(job) for job in found]}
+
+        return await call(deps, ctx, "read", work)
 
     @server.tool(name="get_job")
     async def get_job_tool(job_id: str, ctx: Context) -> dict[str, Any]:

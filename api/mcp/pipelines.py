@@ -17,6 +17,7 @@ from service.catalogue.imports import fetch_url, import_policy, read_import_file
 from service.catalogue.pipelines import get_pipeline, list_pipelines
 from service.catalogue.saving import delete_pipeline
 from service.catalogue.saving import save_pipeline as save
+from service.engine.filters import JobFilter
 from service.engine.jobs import list_jobs
 from service.engine.submission import resolve_request
 from service.language.cron import ScheduleSpec
@@ -77,7 +78,9 @@ def _load_source(deps: McpDeps, session: Session, principal: Principal, source: 
 
 
 def _history(session: Session, principal: Principal, name: str, limit: int) -> dict[str, Any]:
-    jobs, _ = list_jobs(session, owner=visible_to(principal), pipeline=name, limit=limit)
+    jobs, _ = list_jobs(
+        session, owner=visible_to(principal), match=JobFilter(pipeline=name), limit=limit
+    )
     latest = next((job for job in jobs if job.status == JobStatus.SUCCEEDED), None)
     new_items: list[Any] = []
     if latest is not None and latest.item_count is not None:

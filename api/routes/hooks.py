@@ -9,7 +9,7 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, ViaDep, require
@@ -18,6 +18,7 @@ from api.openapi import RETRY_AFTER, errors, read_by_route
 from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
 from api.throttle import check_hook_rate
 from service.engine.jobs import job_view, new_job_view
+from service.language.labels import label_templates
 from service.language.snapshots import job_profile
 from service.language.specs import NAME_PATTERN
 from service.platform.audit import Target, record
@@ -57,6 +58,13 @@ class HookPut(BaseModel):
         description="the signing secret; generated for a new hook when left out",
     )
     enabled: bool = True
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="labels of the jobs it starts, over the profile's; a value may read the "
+        'job\'s params: {"tenant": "${{ params.tenant }}"}',
+    )
+
+    _labels_within_limits = field_validator("labels", mode="before")(label_templates)
 
 
 class HookPublic(BaseModel):
@@ -65,6 +73,7 @@ class HookPublic(BaseModel):
     owner: str
     pipeline: str
     params: dict[str, Any]
+    labels: dict[str, str]
     enabled: bool
     created_at: UtcDatetime
     updated_at: UtcDatetime
@@ -77,6 +86,7 @@ class HookPublic(BaseModel):
             owner=row.owner,
             pipeline=row.pipeline,
             params=row.params,
+            labels=row.labels,
             enabled=row.enabled,
             created_at=row.created_at,
             updated_at=row.updated_at,
@@ -129,7 +139,7 @@ def save_hook(
     saved = put_hook(
         session,
         _name(name),
-        HookSpec(body.pipeline, body.params, body.secret, body.enabled),
+        HookSpec(body.pipeline, body.params, body.secret, body.enabled, body.labels),
         owner=principal.owner,
         profiles_dir=settings.profiles_dir,
         known_actions=runtime.registry.names(),

@@ -3,6 +3,7 @@ worker can never receive a message for a job that PostgreSQL does not hold yet."
 
 import logging
 import uuid
+from datetime import datetime
 from typing import Annotated, Literal
 
 from celery import Celery
@@ -11,15 +12,17 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, ViaDep, Writer
+from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, ViaDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
 from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
 from api.streams import listener_of, wait_until_final
 from api.submit import LoopIO, accept_job, accept_job_on_loop
+from service.engine.filters import JobFilter
 from service.engine.jobs import cancel_job, get_job, job_view, list_jobs
 from service.engine.reruns import RerunRequest, rerun_job
 from service.engine.runtime import Runtime
+from service.language.labels import parse_labels
 from service.language.plan import JobPlan, load_plan
 from service.platform.audit import Actor, record_cancel, record_rerun
 from service.platform.auth import Principal
@@ -140,7 +143,7 @@ def read_job(job_id: str, principal: Reader, session: SessionDep) -> JobEnvelope
     return JobEnvelope(job=JobPublic.of(job_view(session, job)))
 
 
-def _statuses(raw: list[str]) -> list[str]:
+def job_statuses(raw: list[str]) -> list[str]:
     statuses = [part.strip() for value in raw for part in value.split(",") if part.strip()]
     unknown = sorted(set(statuses) - JOB_STATUSES)
     if unknown:
@@ -155,31 +158,40 @@ def _statuses(raw: list[str]) -> list[str]:
 @router.get(
     "",
     response_model=JobList,
-    responses=errors({400: "invalid_query, invalid_cursor"}),
+    responses=errors({400: "invalid_query, invalid_cursor, job_filter_invalid"}),
 )
 def search_jobs(
     principal: Reader,
     session: SessionDep,
     pipeline: Annotated[str | None, Query(max_length=64)] = None,
     status: Annotated[list[str] | None, Query()] = None,
+    label: Annotated[list[str] | None, Query(max_length=320)] = None,
+    error_code: Annotated[str | None, Query(max_length=64)] = None,
+    since: Annotated[datetime | None, Query()] = None,
+    until: Annotated[datetime | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=JOB_LIST_MAX_LIMIT)] = JOB_LIST_DEFAULT_LIMIT,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
     compensation: Annotated[Literal["failed"] | None, Query()] = None,
     parent: Annotated[uuid.UUID | None, Query()] = None,
 ) -> JobList:
-    """Newest first. ``status`` may repeat or be comma-separated; ``next_cursor`` pages on;
-    ``compensation=failed`` lists the jobs whose undoing needs an operator; ``parent`` the
-    jobs that came from that job: its children, its reruns and the jobs its success started
-    (each job's ``parent.relation`` says which)."""
-    jobs, next_cursor = list_jobs(
-        session,
-        owner=visible_to(principal),
+    """Newest first. ``status`` may repeat or be comma-separated; ``label=key:value`` may
+    repeat, and a job must have every label given; ``error_code`` the code of a job's error;
+    ``since`` (included) and ``until`` (excluded) bound when it was created, with a time zone;
+    ``next_cursor`` pages on; ``compensation=failed`` lists the jobs whose undoing needs an
+    operator; ``parent`` the jobs that came from that job: its children, its reruns and the
+    jobs its success started (each job's ``parent.relation`` says which)."""
+    match = JobFilter(
         pipeline=pipeline or None,
-        statuses=_statuses(status or []),
-        limit=limit,
-        cursor=cursor or None,
+        statuses=tuple(job_statuses(status or [])),
+        labels=parse_labels(label or []),
+        error_code=error_code or None,
+        since=since,
+        until=until,
         compensation_failed=compensation == "failed",
         parent=parent,
+    )
+    jobs, next_cursor = list_jobs(
+        session, owner=visible_to(principal), match=match, limit=limit, cursor=cursor or None
     )
     return JobList(
         jobs=[JobPublic.of(job_view(session, job)) for job in jobs], next_cursor=next_cursor
@@ -229,6 +241,7 @@ def cancel(
             404: "job_not_found",
             409: "job_conflict, pipeline_version_gone",
             422: "validation_error, rerun_invalid, params_invalid",
+            429: "open_jobs_limit: the owner has FLOWBEAT_MAX_OPEN_JOBS_PER_OWNER open jobs",
         }
     ),
 )
@@ -239,6 +252,7 @@ def rerun(
     session: SessionDep,
     runtime: RuntimeDep,
     celery_app: CeleryDep,
+    settings: SettingsDep,
     via: ViaDep,
 ) -> JobEnvelope:
     """A new job of the parent's profile that reuses the checkpoints of the steps upstream of
@@ -251,7 +265,13 @@ def rerun(
         priority=body.priority,
     )
     job = rerun_job(
-        session, parse_job_id(job_id), request, visible_to=visible_to(principal), now=utcnow()
+        session,
+        parse_job_id(job_id),
+        request,
+        visible_to=visible_to(principal),
+        now=utcnow(),
+        open_jobs_limit=settings.max_open_jobs_per_owner,
+        fair_share_ahead=settings.fair_share_ahead,
     )
     record_rerun(session, via.actor(principal), job, body.from_step)
     session.commit()

@@ -10,6 +10,7 @@ from api.deps import Reader, SessionDep
 from api.openapi import errors
 from api.schemas import UtcDatetime
 from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+from service.engine.filters import JobFilter
 from service.engine.jobs import get_job, list_jobs
 from service.language.specs import NAME_PATTERN
 from service.platform.auth import Principal
@@ -91,7 +92,11 @@ def pipeline_runs(
 ) -> RunList:
     """Newest first, with each run's item counts against the run before it."""
     jobs, next_cursor = list_jobs(
-        session, owner=_visible_to(principal), pipeline=name, limit=limit, cursor=cursor or None
+        session,
+        owner=_visible_to(principal),
+        match=JobFilter(pipeline=name),
+        limit=limit,
+        cursor=cursor or None,
     )
     return RunList(runs=[RunPublic.of(job) for job in jobs], next_cursor=next_cursor)
 

@@ -50,6 +50,7 @@ class SchedulePublic(BaseModel):
     pipeline: str
     owner: str
     priority: int | None
+    labels: dict[str, str]
     cron: str | None
     every_s: int | None
     timezone: str
@@ -79,6 +80,7 @@ class SchedulePublic(BaseModel):
             pipeline=row.pipeline,
             owner=row.owner,
             priority=row.priority,
+            labels=row.labels,
             cron=row.cron,
             every_s=row.every_s,
             timezone=row.timezone,

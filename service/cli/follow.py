@@ -89,8 +89,13 @@ def run(
     priority: Annotated[
         int | None, typer.Option(min=0, max=9, help="0-9, higher first; default: the profile's")
     ] = None,
+    label: Annotated[
+        list[str], typer.Option("--label", metavar="KEY=VALUE", help="a label of the job")
+    ] = [],  # noqa: B006
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
+    from service.language.labels import parse_labels
+
     embedded = get_settings().embedded()
     adopt_orphans()
     settings = load_settings()
@@ -101,6 +106,7 @@ def run(
         parse_params(param),
         acting_owner(settings, owner),
         priority,
+        parse_labels(label),
     )
     console.print(f"job [bold]{job_id}[/bold] queued")
     if wait:
@@ -152,6 +158,7 @@ def submit(
     params: dict[str, Any],
     owner: str,
     priority: int | None = None,
+    labels: dict[str, str] | None = None,
 ) -> uuid.UUID:
     from service.engine.runtime import Runtime
     from service.engine.submission import JobRequest, submit_job
@@ -163,7 +170,13 @@ def submit(
         with unit_of_work(rt.sessions) as session:
             job, _ = submit_job(
                 session,
-                JobRequest(pipeline=pipeline, params=params, trigger="cli", priority=priority),
+                JobRequest(
+                    pipeline=pipeline,
+                    params=params,
+                    trigger="cli",
+                    priority=priority,
+                    labels=labels or {},
+                ),
                 owner=owner,
                 profiles_dir=settings.profiles_dir,
                 known_actions=rt.registry.names(),

@@ -20,6 +20,19 @@ from service.cli.app import (
     parse_json_option,
     print_refusal,
 )
+from service.cli.bulk import (
+    BulkIdOption,
+    ErrorCodeOption,
+    LabelOption,
+    PipelineOption,
+    SinceOption,
+    StatusOption,
+    UntilOption,
+    YesOption,
+    job_filter,
+    refuse_json_for_bulk,
+    run_bulk,
+)
 from service.cli.follow import (
     follow_job,
     follow_to_the_end,
@@ -34,11 +47,11 @@ from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.settings import Settings
-from service.platform.states import JobStatus
 
 if TYPE_CHECKING:
     from celery import Celery
 
+    from service.engine.filters import JobFilter
     from service.engine.runtime import Runtime
     from service.language.plan import JobPlan
 
@@ -54,6 +67,7 @@ def job_document(job: JobRow) -> dict[str, Any]:
         "waiting_for": job.waiting_for,
         "parent_job_id": str(job.parent_job_id) if job.parent_job_id else None,
         "params": job.params,
+        "labels": job.labels,
         "created_at": job.created_at.isoformat(),
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
@@ -70,6 +84,21 @@ JobArgument = Annotated[
         show_default=False,
     ),
 ]
+
+
+OptionalJob = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="[JOB]",
+        help="the job's id or its first 8 or more hex digits; without it, the filter's jobs",
+        show_default=False,
+    ),
+]
+
+
+def one_job_or_a_filter(match: "JobFilter") -> None:
+    if not match.is_empty():
+        raise typer.BadParameter("give a JOB or filter options, not both", param_hint="JOB")
 
 
 def resolve_job(settings: Settings, given: str) -> uuid.UUID:
@@ -113,15 +142,14 @@ def job_command(job: str) -> JobCommand:
     return JobCommand(settings, job_id, celery_app(settings), Runtime.start(settings))
 
 
-StatusOption = Annotated[
-    JobStatus | None, typer.Option(case_sensitive=False, help="only jobs with this status")
-]
-
-
 @jobs_cli.command("list")
 def jobs_list(
-    pipeline: str | None = None,
+    pipeline: PipelineOption = None,
     status: StatusOption = None,
+    label: LabelOption = None,
+    error_code: ErrorCodeOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
     limit: int = 20,
     parent: Annotated[
         str | None,
@@ -132,25 +160,15 @@ def jobs_list(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """The newest jobs."""
+    """The newest jobs, with the filter of ``GET /v1/jobs``."""
     from service.engine.jobs import list_jobs
-    from service.platform.states import JobStatus
 
-    if status is not None and status not in set(JobStatus):
-        allowed = ", ".join(JobStatus)
-        raise typer.BadParameter(f"{status!r} is not a job status: {allowed}", param_hint="status")
     settings = load_settings()
     parent_id = None if parent is None else resolve_job(settings, parent)
+    match = job_filter(pipeline, status, label, error_code, since, until, parent_id)
     sessions = sessions_of(settings)
     with unit_of_work(sessions) as session:
-        rows, _ = list_jobs(
-            session,
-            owner=None,
-            pipeline=pipeline,
-            statuses=[status.value] if status else [],
-            limit=limit,
-            parent=parent_id,
-        )
+        rows, _ = list_jobs(session, owner=None, match=match, limit=limit)
         if as_json:
             emit_json({"jobs": [job_document(job) for job in rows]})
             return
@@ -183,6 +201,9 @@ def jobs_show(job: JobArgument, as_json: JsonOption = False) -> None:
         print_outcome(view)
     else:
         console.print(f"job {job_id}: {view.job.status}")
+    if view.job.labels:
+        pairs = " ".join(f"{key}={value}" for key, value in view.job.labels.items())
+        console.print(f"  labels: {pairs}", markup=False)
     print_family(view)
 
 
@@ -250,9 +271,21 @@ def jobs_logs(
 
 
 @jobs_cli.command("cancel")
-def jobs_cancel(job: JobArgument, as_json: JsonOption = False) -> None:
+def jobs_cancel(
+    job: OptionalJob = None,
+    pipeline: PipelineOption = None,
+    status: StatusOption = None,
+    label: LabelOption = None,
+    error_code: ErrorCodeOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    yes: YesOption = False,
+    bulk_id: BulkIdOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does; with ``--json``, the job as
-    ``jobs list --json`` prints it, and any note on stderr."""
+    ``jobs list --json`` prints it, and any note on stderr. Without JOB, every open job the
+    filter options match, as ``POST /v1/jobs/cancel`` does, once you confirm their count."""
     from kombu.exceptions import OperationalError
     from redis.exceptions import RedisError
 
@@ -260,6 +293,12 @@ def jobs_cancel(job: JobArgument, as_json: JsonOption = False) -> None:
     from service.language.plan import JobPlan
     from service.platform.clock import utcnow
 
+    match = job_filter(pipeline, status, label, error_code, since, until)
+    if job is None:
+        refuse_json_for_bulk(as_json)
+        run_bulk("cancel", match, yes=yes, bulk_id=bulk_id)
+        return
+    one_job_or_a_filter(match)
     command = job_command(job)
     now = utcnow()
     with unit_of_work(command.rt.sessions) as session:
@@ -282,9 +321,14 @@ def jobs_cancel(job: JobArgument, as_json: JsonOption = False) -> None:
 
 @jobs_cli.command("rerun")
 def jobs_rerun(
-    job: JobArgument,
+    job: OptionalJob = None,
     from_step: Annotated[
-        str | None, typer.Option("--from", help="the step to run again; default: every step")
+        str | None,
+        typer.Option(
+            "--from",
+            help="the step to run again; default: every step (with a filter: each job's "
+            "failed step)",
+        ),
     ] = None,
     param: Annotated[list[str], typer.Option("-p", "--param", help="key=value")] = [],  # noqa: B006
     reuse: Annotated[bool, typer.Option(help="reuse the checkpoints upstream of --from")] = True,
@@ -296,15 +340,31 @@ def jobs_rerun(
     ] = None,
     wait: Annotated[bool, typer.Option(help="follow the new job until it ends")] = False,
     local_worker: Annotated[bool, typer.Option(help="start a worker while following")] = False,
+    pipeline: PipelineOption = None,
+    status: StatusOption = None,
+    label: LabelOption = None,
+    error_code: ErrorCodeOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    yes: YesOption = False,
+    bulk_id: BulkIdOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run a finished job again from a step, reusing what came before it; prints the new id,
-    or with ``--json`` the new job (then ``jobs watch`` follows it, not ``--wait``)."""
+    or with ``--json`` the new job (then ``jobs watch`` follows it, not ``--wait``). Without
+    JOB, every finished job the filter options match, once each, as ``POST /v1/jobs/rerun``
+    does, once you confirm their count."""
     from service.engine.reruns import RerunRequest, rerun_job
     from service.language.plan import load_plan
     from service.platform.clock import utcnow
     from tasks.dispatch import publish_new_job
 
+    match = job_filter(pipeline, status, label, error_code, since, until)
+    if job is None:
+        refuse_json_for_bulk(as_json)
+        run_bulk("rerun", match, yes=yes, bulk_id=bulk_id, from_step=from_step, priority=priority)
+        return
+    one_job_or_a_filter(match)
     if as_json and wait:
         raise typer.BadParameter("--json prints the new job; follow it with jobs watch")
     request = RerunRequest(from_step, parse_params(param), reuse, only_failed_items, priority)

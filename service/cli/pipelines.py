@@ -233,6 +233,7 @@ def pipelines_diff(
 ) -> None:
     """The items of the pipeline's last successful run that the run before it did not have."""
     from service.catalogue.diffs import DiffKind, diff_counts, diff_page
+    from service.engine.filters import JobFilter
     from service.engine.jobs import list_jobs
     from service.platform.errors import NoResultItems
 
@@ -243,8 +244,7 @@ def pipelines_diff(
         runs, _ = list_jobs(
             session,
             owner=acting_owner(settings, owner),
-            pipeline=name,
-            statuses=["succeeded"],
+            match=JobFilter(pipeline=name, statuses=("succeeded",)),
             limit=1,
         )
         if not runs:

@@ -3,25 +3,22 @@ commits, then publishes."""
 
 import base64
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
-from service.engine.compensations import (
-    compensation_of,
-    failed_compensation_jobs,
-    record_compensations,
-)
-from service.engine.family import Family, came_from, job_family
+from service.engine.compensations import compensation_of, record_compensations
+from service.engine.family import Family, job_family
+from service.engine.filters import EVERY_JOB, JobFilter
 from service.engine.settle import close_open_steps
 from service.language.profiles import Profile
 from service.language.snapshots import job_profile
 from service.platform import metrics
 from service.platform.constants import SHARD_NONE
+from service.platform.db import custom_plans
 from service.platform.errors import (
     FlowbeatError,
     InvalidCursor,
@@ -168,27 +165,15 @@ def list_jobs(
     session: Session,
     *,
     owner: str | None,
-    pipeline: str | None = None,
-    statuses: Sequence[str] = (),
+    match: JobFilter = EVERY_JOB,
     limit: int,
     cursor: str | None = None,
-    compensation_failed: bool = False,
-    parent: uuid.UUID | None = None,
 ) -> tuple[list[JobRow], str | None]:
-    """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts.
-    ``compensation_failed`` keeps the jobs a compensation failed for good in: an operator's;
-    ``parent`` the jobs that came from that one, in any of the relations of ``family``."""
-    query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit + 1)
-    if parent is not None:
-        query = query.where(came_from(parent))
-    if compensation_failed:
-        query = query.where(failed_compensation_jobs())
-    if owner is not None:
-        query = query.where(JobRow.owner == owner)
-    if pipeline:
-        query = query.where(JobRow.pipeline == pipeline)
-    if statuses:
-        query = query.where(JobRow.status.in_(statuses))
+    """Newest first, keyset-paged on (created_at, id) so pages stay stable under inserts;
+    ``match`` says which jobs (``service.engine.filters``)."""
+    query = list_query(owner, match, limit + 1)
+    if match.labels or match.error_code:
+        custom_plans(session)
     if cursor:
         created, job_id = _decode_cursor(cursor)
         query = query.where(
@@ -200,6 +185,16 @@ def list_jobs(
     jobs = list(session.scalars(query))
     next_cursor = encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
+
+
+def list_query(owner: str | None, match: JobFilter, limit: int) -> Select[JobRow]:
+    """The first page of ``list_jobs``, as its statement: what ``bench.label_filter`` plans."""
+    return (
+        select(JobRow)
+        .where(*match.clauses(owner))
+        .order_by(JobRow.created_at.desc(), JobRow.id.desc())
+        .limit(limit)
+    )
 
 
 def cancel_job(

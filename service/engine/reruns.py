@@ -19,10 +19,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.engine.checkpoints import copy_checkpoints
-from service.engine.concurrency import slot_values
+from service.engine.concurrency import WAITING_FOR_TURN, slot_values
 from service.engine.jobs import get_job
 from service.engine.signals import carry_signals
-from service.engine.submission import insert_job, step_rows
+from service.engine.submission import check_open_jobs, insert_job, step_rows, take_turn
 from service.language.dag import descendants
 from service.language.params import resolve_params
 from service.language.profiles import Profile
@@ -49,6 +49,8 @@ class RerunRequest:
     only_failed_items: bool = False
     priority: int | None = None
     """``None`` keeps the parent's."""
+    idempotency_key: str | None = None
+    """A key of the parent's owner: a second rerun under it is refused (a bulk action's)."""
 
 
 def rerun_job(
@@ -58,8 +60,13 @@ def rerun_job(
     *,
     visible_to: str | None,
     now: datetime,
+    open_jobs_limit: int = 0,
+    fair_share_ahead: int = 0,
 ) -> JobRow:
-    """Store the rerun of a finished job, owned by the parent's owner, as a queued job."""
+    """Store the rerun of a finished job, owned by the parent's owner, as a queued job.
+
+    It is a new job of that owner, so it counts against the owner's ``open_jobs_limit`` and,
+    with ``fair_share_ahead``, waits its turn among the owner's jobs as a submission does."""
     parent = get_job(session, parent_id, owner=visible_to)
     if parent.status not in JOB_FINAL:
         raise JobConflict(
@@ -72,12 +79,21 @@ def rerun_job(
     reused = _reusable(session, parent, profile) - rerun
     fan_out_kept = _kept_items_step(profile, request)
     params = resolve_params(profile, {**parent.params, **request.params})
-    job = _job_of(parent, profile, params, request.priority)
+    check_open_jobs(session, parent.owner, open_jobs_limit)
+    job = _job_of(parent, profile, params, request)
     job["created_at"] = job["dispatched_at"] = now
     job.update(slot_values(profile, parent.owner, params))
     job["deadline_at"] = _deadline_of_rerun(parent, now)
     job["traceparent"] = tracing.traceparent()
-    insert_job(session, job, step_rows(profile, reused, now))
+    if fair_share_ahead and job["waiting_for"] is None:
+        job.update(waiting_for=WAITING_FOR_TURN, dispatched_at=None)
+    stored = insert_job(session, job, step_rows(profile, reused, now))
+    if stored is None:
+        raise JobConflict(
+            f"job {parent.id} was already rerun under this key",
+            {"job_id": str(parent.id), "idempotency_key": request.idempotency_key},
+        )
+    take_turn(session, stored, fair_share_ahead, publish_now=True)
     _copy_reused(session, parent.id, job["id"], reused, fan_out_kept, now)
     carry_signals(session, parent.id, job["id"], profile, reused)
     session.flush()
@@ -141,7 +157,7 @@ def _kept_items_step(profile: Profile, request: RerunRequest) -> str | None:
 
 
 def _job_of(
-    parent: JobRow, profile: Profile, params: dict[str, Any], priority: int | None
+    parent: JobRow, profile: Profile, params: dict[str, Any], request: RerunRequest
 ) -> dict[str, Any]:
     return {
         "id": uuid.uuid4(),
@@ -150,12 +166,13 @@ def _job_of(
         "profile": profile.to_json(),
         "profile_hash": parent.profile_hash,
         "params": params,
+        "labels": parent.labels,
         "status": JobStatus.QUEUED,
         "trigger": TRIGGER_RERUN,
-        "priority": parent.priority if priority is None else priority,
+        "priority": parent.priority if request.priority is None else request.priority,
         "queue": parent.queue,
         "parent_job_id": parent.id,
-        "idempotency_key": None,
+        "idempotency_key": request.idempotency_key,
         "request_hash": hashlib.sha256(f"rerun of {parent.id}".encode()).hexdigest(),
         "diff_mode": parent.diff_mode,
         "notify_url": parent.notify_url,

@@ -6,7 +6,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from service.engine.concurrency import (
     take_turns,
 )
 from service.language.checks import validate_profile
+from service.language.labels import job_labels
 from service.language.params import resolve_params
 from service.language.profiles import Profile
 from service.language.snapshots import profile_secrets, step_facts
@@ -58,6 +59,8 @@ class JobRequest:
     """``None`` takes the profile's."""
     timeout_s: int | None = None
     """The job's deadline from its submission (a schedule's); ``None`` takes the profile's."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Checked by ``check_labels`` when the job is built (``job_values``)."""
 
 
 def resolve_request(
@@ -79,13 +82,16 @@ def resolve_request(
 
 
 def request_hash_of(profile: Profile, params: Mapping[str, Any], request: JobRequest) -> str:
-    """What makes two submissions the same request, for idempotency keys."""
+    """What makes two submissions the same request, for idempotency keys; labels count only
+    when given, so the hash of a request without them is what it was before labels."""
+    labels = {"labels": dict(request.labels)} if request.labels else {}
     canonical = json.dumps(
         {
             "profile": profile.content_hash(),
             "params": params,
             "diff_mode": request.diff_mode,
             "notify_url": request.notify_url,
+            **labels,
         },
         sort_keys=True,
         default=str,
@@ -221,6 +227,7 @@ def job_values(
         **slot_values(profile, owner, params),
         "deadline_at": None if timeout_s is None else now + timedelta(seconds=timeout_s),
         "traceparent": tracing.traceparent(),
+        "labels": job_labels(profile.labels, params, request.labels),
     }
 
 
@@ -230,7 +237,7 @@ JOB_COLUMNS = (
     "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
     "concurrency_key", "concurrency_limit", "waiting_for",
-    "deadline_at", "traceparent",
+    "deadline_at", "traceparent", "labels",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
                     waiting_on int, finished_at timestamptz"""
@@ -300,6 +307,7 @@ def _insert_values(
         **job,
         "profile": Jsonb(job["profile"]),
         "params": Jsonb(job["params"]),
+        "labels": Jsonb(job.get("labels", {})),
         "steps": Jsonb(steps),
         **audit_columns(audit),
     }

@@ -21,9 +21,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from service.language.labels import label_templates
 from service.language.specs import NAME_PATTERN
 from service.platform.constants import MAX_JOB_TIMEOUT_S, MAX_PRIORITY
-from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
+from service.platform.errors import (
+    CronInvalid,
+    IntervalInvalid,
+    TimezoneUnknown,
+)
 
 Overlap = Literal["skip", "allow", "buffer_one", "cancel_previous"]
 Catchup = Literal["none", "latest", "all"]
@@ -75,6 +80,13 @@ class ScheduleSpec(BaseModel):
         default=None, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p is None
     )
     """The priority of the jobs it starts; ``None`` takes the profile's default."""
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        exclude_if=lambda labels: not labels,
+        description="labels of the jobs it starts, beside the profile's; a value may read params",
+    )
+
+    _labels_within_limits = field_validator("labels", mode="before")(label_templates)
 
     @field_validator("name")
     @classmethod
@@ -115,6 +127,7 @@ class NormalizedSchedule:
     notify_url: str | None
     timeout_s: int | None
     priority: int | None
+    labels: dict[str, str]
 
 
 def parse_duration(value: str | int, *, field: str) -> int:
@@ -176,6 +189,7 @@ def normalize(spec: ScheduleSpec) -> NormalizedSchedule:
         notify_url=spec.notify_url,
         timeout_s=spec.timeout_s,
         priority=spec.priority,
+        labels=spec.labels,
     )
 
 

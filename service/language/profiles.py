@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 from service.language import dag
 from service.language.conditions import Condition, parse_condition
 from service.language.cron import ScheduleSpec
+from service.language.labels import label_templates
 from service.language.specs import (
     NAME_PATTERN,
     UNTIL_ROOTS,
@@ -44,9 +45,7 @@ from service.platform.constants import (
     TRIGGER_ON_NEW_ITEMS,
     TRIGGER_ON_SUCCEEDED,
 )
-from service.platform.errors import (
-    ExpressionError,
-)
+from service.platform.errors import ExpressionError
 
 SCHEMA_PATH = SHIPPED_DIR / "profile.schema.json"
 
@@ -142,6 +141,12 @@ class Profile(BaseModel):
     priority: int = Field(default=0, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p == 0)
     concurrency: ConcurrencySpec | None = Field(default=None, exclude_if=lambda c: c is None)
     """A job's priority when its submission gives none: higher runs first within a queue."""
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        exclude_if=lambda labels: not labels,
+        description="labels of every job of the pipeline; a value may read params "
+        '(tenant: "${{ params.tenant }}"); a submission\'s own labels win',
+    )
     timeout_s: int | None = Field(
         default=None,
         ge=1,
@@ -152,6 +157,8 @@ class Profile(BaseModel):
     )
     """Enforced by the elected beat replica (``engine.deadlines``). Left out of the stored form
     when unset, so the hashes of the profiles saved before it stay what they were."""
+
+    _labels_within_limits = field_validator("labels", mode="before")(label_templates)
 
     def step(self, step_id: str) -> StepSpec:
         for step in self.steps:

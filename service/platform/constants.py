@@ -54,6 +54,11 @@ WAIT_FOR_PEER_MAX_S: Final = 5.0
 DEFAULT_STEP_TIMEOUT_S: Final = 300
 JOB_LIST_MAX_LIMIT: Final = 200
 JOB_LIST_DEFAULT_LIMIT: Final = 50
+LABELS_MAX: Final = 16
+LABEL_KEY_MAX_CHARS: Final = 63
+LABEL_VALUE_MAX_CHARS: Final = 255
+BULK_PREVIEW_IDS: Final = 20
+"""How many of the jobs a bulk action matches its dry run lists."""
 API_KEY_PREFIX: Final = "fb_"
 SWEEP_ADVISORY_LOCK_ID: Final = 0x666C6F77
 LIFECYCLE_LOCK_ID: Final = 0x666C6F78

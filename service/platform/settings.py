@@ -282,6 +282,9 @@ class Settings(BaseSettings):
     """Celery task events, for Flower: each step then costs its worker three more publishes
     (about 9% of a no-op chain's throughput), and has a message of its own, so that Flower
     shows it under its own name (``tasks.inline``); they are on only where Flower runs."""
+    bulk_batch_jobs: int = Field(default=100, ge=1, le=1000)
+    """How many jobs a bulk cancel or rerun changes in one transaction: a retry after a crash
+    repeats at most one uncommitted batch, and a batch holds its jobs' locks until it commits."""
     fair_share_ahead: int = Field(default=0, ge=0)
     """Fair share between owners: at most this many jobs submitted through the API are sent
     and not started at once; the others wait their turn in PostgreSQL and the beat leader

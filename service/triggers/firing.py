@@ -111,6 +111,7 @@ def _start(
         notify_url=row.notify_url,
         timeout_s=row.timeout_s,
         priority=row.priority,
+        labels=row.labels,
     )
     try:
         with session.begin_nested():

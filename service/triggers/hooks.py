@@ -15,7 +15,7 @@ import re
 import secrets
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,8 @@ class HookSpec:
     params: Mapping[str, Any]
     secret: str | None = None
     enabled: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the jobs it starts, over the profile's; values may read the job's params."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def put_hook(
     hook.owner = owner
     hook.pipeline = spec.pipeline
     hook.params = dict(spec.params)
+    hook.labels = dict(spec.labels)
     hook.enabled = spec.enabled
     session.flush()
     return Saved(hook, created, secret)
@@ -214,7 +217,9 @@ def accept_delivery(
         return Accepted(seen, False)
     job, _ = submit_job(
         session,
-        JobRequest(pipeline=hook.pipeline, params=params, trigger=TRIGGER_WEBHOOK),
+        JobRequest(
+            pipeline=hook.pipeline, params=params, trigger=TRIGGER_WEBHOOK, labels=hook.labels
+        ),
         owner=hook.owner,
         profiles_dir=profiles_dir,
         known_actions=known_actions,

@@ -208,6 +208,7 @@ def _store(
     row.notify_url = schedule.notify_url
     row.timeout_s = schedule.timeout_s
     row.priority = schedule.priority
+    row.labels = schedule.labels
     row.updated_at = now
     if not keep_next:
         row.next_fire_at = next_fire(schedule.timing, now) if schedule.enabled else None
@@ -252,6 +253,7 @@ def spec_of(row: ScheduleRow) -> ScheduleSpec:
             "diff_mode": row.diff_mode,
             "notify_url": row.notify_url,
             "priority": row.priority,
+            "labels": row.labels,
         }
     )
 

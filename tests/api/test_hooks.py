@@ -76,6 +76,24 @@ def test_a_signed_delivery_starts_a_job_with_params_from_its_payload(
     assert job["params"] == {"who": "flowbeat", "count": 2}
 
 
+def test_a_hook_labels_its_jobs_with_labels_that_read_their_params(
+    client: TestClient, make_key: KeyFactory
+) -> None:
+    labels = {"repo": "${{ params.who }}", "source": "github"}
+    name, secret = _hook(client, make_key, labels=labels)
+
+    answer = _deliver(client, name, secret, {"repository": {"name": "flowbeat"}})
+
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["job"]["labels"] == {"repo": "flowbeat", "source": "github"}
+    bad = client.put(
+        f"/v1/hooks/{name}",
+        json={"pipeline": "greet", "params": MAPPING, "labels": {"x": "${{ payload.a }}"}},
+        headers=_admin(make_key),
+    )
+    assert bad.status_code == 422, bad.text
+
+
 def test_a_replayed_delivery_gets_the_first_job_back(
     client: TestClient, make_key: KeyFactory, stored: Callable[[], tuple[int, int]]
 ) -> None:

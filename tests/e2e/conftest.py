@@ -198,10 +198,11 @@ class Client:
         *,
         owner: str = "tests",
         fair_share_ahead: int = 0,
+        labels: Mapping[str, str] | None = None,
         **params: Any,
     ) -> uuid.UUID:
         """``submit`` with a priority (``None``: the profile's), as ``owner``, taking turns
-        with other owners' jobs as the API does with fair share on."""
+        with other owners' jobs as the API does with fair share on, with ``labels``."""
         from service.engine.submission import JobRequest, submit_job
         from service.language.plan import load_plan
         from service.platform.db import unit_of_work
@@ -210,7 +211,9 @@ class Client:
         with unit_of_work(self.rt.sessions) as session:
             job, _ = submit_job(
                 session,
-                JobRequest(pipeline=pipeline, params=params, priority=priority),
+                JobRequest(
+                    pipeline=pipeline, params=params, priority=priority, labels=labels or {}
+                ),
                 owner=owner,
                 profiles_dir=self.settings.profiles_dir,
                 known_actions=self.rt.registry.names(),

@@ -33,6 +33,7 @@ TOOLS = {
     "list_schedules",
     "run_pipeline",
     "get_job",
+    "find_jobs",
     "get_diff",
     "get_logs",
     "send_signal",

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from service.engine.filters import JobFilter
 from service.engine.jobs import list_jobs
 from service.platform.db import unit_of_work
 from tests.e2e.conftest import Client, wait_for
@@ -92,7 +93,9 @@ def test_a_compensation_failing_for_good_flags_the_job_and_the_others_still_run(
     assert [s["status"] for s in compensation["steps"]] == ["compensation_failed", "compensated"]
     assert _order(client, job_id) == ["undo-transform", "undo-extract"]
     with unit_of_work(client.rt.sessions) as session:
-        flagged, _ = list_jobs(session, owner=None, limit=200, compensation_failed=True)
+        flagged, _ = list_jobs(
+            session, owner=None, limit=200, match=JobFilter(compensation_failed=True)
+        )
     assert job_id in [job.id for job in flagged]
 
 

@@ -242,6 +242,29 @@ class OpenJobsLimit(FlowbeatError):
     code = "open_jobs_limit"
 
 
+class LabelsInvalid(FlowbeatError):
+    """A job's labels break their limits (``service.language.labels``); details name the label."""
+
+    code = "labels_invalid"
+
+
+class JobFilterInvalid(FlowbeatError):
+    """A job filter that cannot be read: a label without ``key:value``, a time without a zone,
+    or a bulk action that names no filter at all."""
+
+    code = "job_filter_invalid"
+
+
+class BulkActionNotFound(FlowbeatError):
+    code = "bulk_action_not_found"
+
+
+class BulkActionConflict(FlowbeatError):
+    """A bulk action id given again with another kind, filter or options than its first use."""
+
+    code = "bulk_action_conflict"
+
+
 class ConditionInvalid(ExpressionError):
     """A condition breaks the grammar or its limits, or compares values of incompatible types.
 

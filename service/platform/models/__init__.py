@@ -5,6 +5,7 @@ foreign keys read is always whole."""
 from service.platform.models.alerts import AlertCursorRow, AlertDeliveryRow, AlertRuleRow
 from service.platform.models.audit import AuditEventRow
 from service.platform.models.base import ApiKeyRow, Base
+from service.platform.models.bulk import BulkActionRow
 from service.platform.models.catalogue import (
     DependencyFireRow,
     DependencyQueueRow,
@@ -43,6 +44,7 @@ __all__ = [
     "ApprovalRow",
     "AuditEventRow",
     "Base",
+    "BulkActionRow",
     "CheckpointRow",
     "ChildCallRow",
     "CompensationRow",

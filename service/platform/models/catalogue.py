@@ -82,6 +82,8 @@ class ScheduleRow(Base):
     name: Mapped[str | None] = mapped_column(String(64))
     priority: Mapped[int | None] = mapped_column(SmallInteger)
     """The priority its jobs are submitted with; null takes the profile's default."""
+    labels: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+    """Labels of the jobs it starts, over the profile's; values may read its params."""
     cron: Mapped[str | None] = mapped_column(String(200))
     every_s: Mapped[int | None] = mapped_column(Integer)
     timezone: Mapped[str] = mapped_column(String(64))
@@ -138,6 +140,8 @@ class HookRow(Base):
     pipeline: Mapped[str] = mapped_column(String(200))
     params: Mapped[dict[str, Any]]
     secret: Mapped[str] = mapped_column(String(128))
+    labels: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+    """Labels of the jobs it starts, over the profile's; values may read the job's params."""
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())

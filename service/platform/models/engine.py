@@ -32,6 +32,11 @@ OPEN_DEADLINE = f"deadline_at IS NOT NULL AND status IN {JOB_OPEN_SQL}"
 beat's check reads the few open jobs with a deadline, not every job ever run."""
 
 
+LABEL_OPS = "jsonb_path_ops"
+"""``ix_jobs_labels`` answers only containment (``labels @> '{"tenant": "acme"}'``), the one
+question a label filter asks, in an index about a third the size of the default GIN's."""
+
+
 class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -95,6 +100,15 @@ class JobRow(Base):
         Index(
             "ix_jobs_schedule_id", "schedule_id", postgresql_where=text("schedule_id IS NOT NULL")
         ),
+        Index(
+            "ix_jobs_labels", "labels", postgresql_using="gin", postgresql_ops={"labels": LABEL_OPS}
+        ),
+        Index(
+            "ix_jobs_error_code",
+            text("(error ->> 'code')"),
+            "created_at",
+            postgresql_where=text("error IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
@@ -146,6 +160,9 @@ class JobRow(Base):
     traceparent: Mapped[str | None] = mapped_column(String(55))
     """The trace it was submitted in (tracing on only): messages sent for it from outside its
     steps (the beat, the sweeper, a decision) carry it on."""
+    labels: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+    """String keys and values that say whom or what the job is for (``tenant: acme``); the
+    list and the bulk actions find jobs by them through ``ix_jobs_labels``."""
     deadline_at: Mapped[datetime | None]
     """When the beat leader fails the job as ``job_timeout`` if it is still open: its
     submission plus the ``timeout_s`` of its schedule or, failing that, of its profile."""

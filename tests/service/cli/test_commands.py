@@ -1,5 +1,6 @@
 """The flowbeat command, run as a user runs it, against the test stack."""
 
+import json
 import os
 import re
 import subprocess
@@ -29,9 +30,10 @@ def flowbeat(stack: Stack, runtime: Runtime, tmp_path_factory: pytest.TempPathFa
     env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-data"))
 
     def run(
-        *args: str, timeout_s: float = 120, **overrides: str
+        *args: str, timeout_s: float = 120, answer: str | None = None, **overrides: str
     ) -> subprocess.CompletedProcess[str]:
-        """``overrides`` replace environment variables for this one command. A command that
+        """``overrides`` replace environment variables for this one command; ``answer`` is
+        typed at its prompt. A command that
         starts a worker of its own (and, for a wait, a beat whose sweeper sends every open job
         again) starts it on what earlier tests of this process left cleared away."""
         if "--local-worker" in args:
@@ -44,6 +46,7 @@ def flowbeat(stack: Stack, runtime: Runtime, tmp_path_factory: pytest.TempPathFa
             capture_output=True,
             text=True,
             timeout=timeout_s,
+            input=answer,
             check=False,
         )
 
@@ -181,6 +184,30 @@ def test_job_commands_take_the_8_digit_ids_the_dashboard_shows(flowbeat: Cli) ->
     assert job_id in shown.stdout
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert f"job {job_id}: cancelled" in cancelled.stdout
+
+
+def test_jobs_cancel_with_a_label_asks_with_the_count_then_cancels_only_those_jobs(
+    flowbeat: Cli,
+) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    for who in (tenant, tenant, "other"):
+        assert flowbeat("run", "dag", "--no-wait", "--label", f"tenant={who}").returncode == 0
+    listed = flowbeat("jobs", "list", "--label", f"tenant={tenant}", "--json")
+    jobs = json.loads(listed.stdout)["jobs"]
+
+    declined = flowbeat("jobs", "cancel", "--label", f"tenant={tenant}", answer="n\n")
+    accepted = flowbeat("jobs", "cancel", "--label", f"tenant={tenant}", answer="y\n")
+    again = flowbeat("jobs", "list", "--label", f"tenant={tenant}", "--json")
+
+    assert [job["labels"] for job in jobs] == [{"tenant": tenant}] * 2
+    assert f"labels: tenant={tenant}" in flowbeat("jobs", "show", jobs[0]["id"]).stdout
+    assert "cancel 2 jobs?" in declined.stdout
+    assert declined.returncode == 1, declined.stdout + declined.stderr
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert "cancel: 2 jobs, 0 skipped" in accepted.stdout
+    assert [job["status"] for job in json.loads(again.stdout)["jobs"]] == ["cancelled"] * 2
+    rerun = flowbeat("jobs", "rerun", "--label", f"tenant={tenant}", "--yes")
+    assert "rerun: 2 jobs, 0 skipped" in rerun.stdout, rerun.stdout + rerun.stderr
 
 
 @pytest.mark.parametrize(

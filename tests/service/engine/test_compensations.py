@@ -19,6 +19,7 @@ from service.engine.compensations import (
     lost,
     record_outcome,
 )
+from service.engine.filters import JobFilter
 from service.engine.jobs import cancel_job, list_jobs
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
@@ -257,7 +258,10 @@ def test_the_job_shows_its_compensation_and_a_failed_one_is_listed_for_an_operat
             job = session.get(JobRow, job_id)
             assert job is not None
             jobs, _ = list_jobs(
-                session, owner=job.owner, statuses=["failed"], limit=10, compensation_failed=True
+                session,
+                owner=job.owner,
+                match=JobFilter(statuses=("failed",), compensation_failed=True),
+                limit=10,
             )
         return job_id in [job.id for job in jobs]
 

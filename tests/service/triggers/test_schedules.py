@@ -552,3 +552,20 @@ def test_a_schedule_saved_again_from_its_own_spec_is_unchanged(
     assert {k: v for k, v in after.items() if before[k] != v} == {
         "updated_at": T0 + timedelta(minutes=5)
     }
+
+
+def test_a_schedule_labels_the_jobs_it_fires_with_labels_that_may_read_its_params(
+    session: Session, runtime: Runtime, settings: Settings, owner: str
+) -> None:
+    labels = {"tenant": "acme", "hold": "${{ params.hold_s }}"}
+    row = save(session, settings, owner, params={"hold_s": 2}, labels=labels)
+
+    (job,) = fire(session, runtime, row, T0 + timedelta(hours=1, seconds=1)).jobs
+
+    assert job.labels == {"tenant": "acme", "hold": "2"}
+    assert spec_of(row).labels == labels
+
+
+def test_a_schedule_label_that_reads_more_than_params_is_refused() -> None:
+    with pytest.raises(ValueError, match="params"):
+        ScheduleSpec.model_validate({"every": "1h", "labels": {"x": "${{ steps.a.output }}"}})
