@@ -26,7 +26,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, UiVia
-from api.errors import status_for
+from api.errors import ApiError, status_for
 from api.routes import approvals, events, jobs, runs
 from api.schemas import DecisionCreate, JobPublic, RerunCreate
 from api.throttle import check_rate
@@ -193,6 +193,20 @@ def home() -> Response:
     return _back(HOME)
 
 
+def moment(name: str, value: str) -> datetime | None:
+    """A bound of the list's window, ISO 8601 with a zone, as the home page's links give it."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        message = f"{name}: not an ISO 8601 time: {value!r}"
+        raise ApiError("invalid_query", message, {"param": name}) from None
+    if parsed.tzinfo is None:
+        raise ApiError("invalid_query", f"{name}: give a time zone", {"param": name})
+    return parsed
+
+
 @router.get("/jobs", response_class=HTMLResponse)
 def job_list(
     request: Request,
@@ -202,10 +216,13 @@ def job_list(
     pipeline: str = "",
     labels: str = "",
     error_code: str = "",
+    since: str = "",
+    until: str = "",
     cursor: str = "",
     parent: uuid.UUID | None = None,
 ) -> Response:
-    """``labels``: ``key:value`` pairs apart by spaces, each of which a job must have."""
+    """``labels``: ``key:value`` pairs apart by spaces, each of which a job must have;
+    ``since`` (included) and ``until`` (excluded) bound when a job was submitted."""
     found = jobs.search_jobs(
         viewer,
         session,
@@ -213,12 +230,21 @@ def job_list(
         status=[status] if status else None,
         label=labels.split() or None,
         error_code=error_code or None,
+        since=moment("since", since),
+        until=moment("until", until),
         limit=PAGE_SIZE,
         cursor=cursor or None,
         parent=parent,
     )
-    filters = {"status": status, "pipeline": pipeline, "labels": labels, "error_code": error_code}
-    query = urlencode(filters)
+    filters = {
+        "status": status,
+        "pipeline": pipeline,
+        "labels": labels,
+        "error_code": error_code,
+        "since": since,
+        "until": until,
+    }
+    query = urlencode({k: v for k, v in filters.items() if v})
     if parent is not None:
         query += f"&parent={parent}"
     return _page(
@@ -234,6 +260,8 @@ def job_list(
         pipeline=pipeline,
         labels=labels,
         error_code=error_code,
+        since=since,
+        until=until,
     )
 
 

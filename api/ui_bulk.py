@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, UiVia
 from api.routes import bulk
 from api.schemas import BulkCreate, BulkRerunCreate, BulkResult, JobFilterBody
-from api.ui import Actor, Viewer, page
+from api.ui import Actor, Viewer, moment, page
 from service.language.labels import parse_labels
 from service.platform.auth import Principal
 
@@ -21,12 +21,14 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 Kind = Literal["cancel", "rerun"]
 
 
-def _filter(status: str, pipeline: str, labels: str, error_code: str) -> JobFilterBody:
+def _filter(filters: dict[str, str]) -> JobFilterBody:
     return JobFilterBody(
-        pipeline=pipeline or None,
-        status=[status] if status else [],
-        labels=parse_labels(labels.split()),
-        error_code=error_code or None,
+        pipeline=filters["pipeline"] or None,
+        status=[filters["status"]] if filters["status"] else [],
+        labels=parse_labels(filters["labels"].split()),
+        error_code=filters["error_code"] or None,
+        since=moment("since", filters["since"]),
+        until=moment("until", filters["until"]),
     )
 
 
@@ -60,11 +62,19 @@ def confirm(
     pipeline: str = "",
     labels: str = "",
     error_code: str = "",
+    since: str = "",
+    until: str = "",
 ) -> Response:
-    match = _filter(status, pipeline, labels, error_code)
-    body = BulkCreate(filter=match, dry_run=True)
+    filters = {
+        "status": status,
+        "pipeline": pipeline,
+        "labels": labels,
+        "error_code": error_code,
+        "since": since,
+        "until": until,
+    }
+    body = BulkCreate(filter=_filter(filters), dry_run=True)
     preview = _act(action, body, viewer, session, runtime, celery_app, settings, via)
-    filters = {"status": status, "pipeline": pipeline, "labels": labels, "error_code": error_code}
     return page(
         request,
         "bulk.html",
@@ -91,8 +101,17 @@ def act(
     pipeline: Annotated[str, Form()] = "",
     labels: Annotated[str, Form()] = "",
     error_code: Annotated[str, Form()] = "",
+    since: Annotated[str, Form()] = "",
+    until: Annotated[str, Form()] = "",
 ) -> Response:
-    body = BulkCreate(filter=_filter(status, pipeline, labels, error_code), id=bulk_id)
+    filters = {
+        "status": status,
+        "pipeline": pipeline,
+        "labels": labels,
+        "error_code": error_code,
+        "since": since,
+        "until": until,
+    }
+    body = BulkCreate(filter=_filter(filters), id=bulk_id)
     done = _act(action, body, actor, session, runtime, celery_app, settings, via)
-    filters = {"status": status, "pipeline": pipeline, "labels": labels, "error_code": error_code}
     return page(request, "bulk.html", action=action, preview=None, filters=filters, done=done.bulk)

