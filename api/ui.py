@@ -14,6 +14,7 @@ import hmac
 import json
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -207,44 +208,46 @@ def moment(name: str, value: str) -> datetime | None:
     return parsed
 
 
+@dataclass(frozen=True)
+class ListFilter:
+    """The job list's filter as the dashboard's pages carry it in their links and forms:
+    ``labels`` are ``key:value`` pairs apart by spaces, each of which a job must have;
+    ``since`` (included) and ``until`` (excluded) bound when a job was submitted."""
+
+    status: str = ""
+    pipeline: str = ""
+    labels: str = ""
+    error_code: str = ""
+    since: str = ""
+    until: str = ""
+
+    def given(self) -> dict[str, str]:
+        return {name: value for name, value in asdict(self).items() if value}
+
+
 @router.get("/jobs", response_class=HTMLResponse)
 def job_list(
     request: Request,
     viewer: Viewer,
     session: SessionDep,
-    status: str = "",
-    pipeline: str = "",
-    labels: str = "",
-    error_code: str = "",
-    since: str = "",
-    until: str = "",
+    shown: Annotated[ListFilter, Depends()],
     cursor: str = "",
     parent: uuid.UUID | None = None,
 ) -> Response:
-    """``labels``: ``key:value`` pairs apart by spaces, each of which a job must have;
-    ``since`` (included) and ``until`` (excluded) bound when a job was submitted."""
     found = jobs.search_jobs(
         viewer,
         session,
-        pipeline=pipeline or None,
-        status=[status] if status else None,
-        label=labels.split() or None,
-        error_code=error_code or None,
-        since=moment("since", since),
-        until=moment("until", until),
+        pipeline=shown.pipeline or None,
+        status=[shown.status] if shown.status else None,
+        label=shown.labels.split() or None,
+        error_code=shown.error_code or None,
+        since=moment("since", shown.since),
+        until=moment("until", shown.until),
         limit=PAGE_SIZE,
         cursor=cursor or None,
         parent=parent,
     )
-    filters = {
-        "status": status,
-        "pipeline": pipeline,
-        "labels": labels,
-        "error_code": error_code,
-        "since": since,
-        "until": until,
-    }
-    query = urlencode({k: v for k, v in filters.items() if v})
+    query = urlencode(shown.given())
     if parent is not None:
         query += f"&parent={parent}"
     return _page(
@@ -255,13 +258,8 @@ def job_list(
         parent=parent,
         statuses=JOB_STATUSES,
         query=query,
-        filtered=any(filters.values()) and parent is None,
-        status=status,
-        pipeline=pipeline,
-        labels=labels,
-        error_code=error_code,
-        since=since,
-        until=until,
+        filtered=bool(shown.given()) and parent is None,
+        **asdict(shown),
     )
 
 

@@ -4,15 +4,16 @@ action's id, made when the page was, so a second click of it continues the same 
 of starting another (``POST /v1/jobs/cancel`` and ``/v1/jobs/rerun``, called as their routes)."""
 
 import uuid
+from dataclasses import asdict
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Form, Request, Response
+from fastapi import APIRouter, Depends, Form, Request, Response
 from fastapi.responses import HTMLResponse
 
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, UiVia
 from api.routes import bulk
 from api.schemas import BulkCreate, BulkRerunCreate, BulkResult, JobFilterBody
-from api.ui import Actor, Viewer, moment, page
+from api.ui import Actor, ListFilter, Viewer, moment, page
 from service.language.labels import parse_labels
 from service.platform.auth import Principal
 
@@ -21,14 +22,14 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 Kind = Literal["cancel", "rerun"]
 
 
-def _filter(filters: dict[str, str]) -> JobFilterBody:
+def _filter(shown: ListFilter) -> JobFilterBody:
     return JobFilterBody(
-        pipeline=filters["pipeline"] or None,
-        status=[filters["status"]] if filters["status"] else [],
-        labels=parse_labels(filters["labels"].split()),
-        error_code=filters["error_code"] or None,
-        since=moment("since", filters["since"]),
-        until=moment("until", filters["until"]),
+        pipeline=shown.pipeline or None,
+        status=[shown.status] if shown.status else [],
+        labels=parse_labels(shown.labels.split()),
+        error_code=shown.error_code or None,
+        since=moment("since", shown.since),
+        until=moment("until", shown.until),
     )
 
 
@@ -58,23 +59,11 @@ def confirm(
     settings: SettingsDep,
     via: UiVia,
     action: Kind,
-    status: str = "",
-    pipeline: str = "",
-    labels: str = "",
-    error_code: str = "",
-    since: str = "",
-    until: str = "",
+    shown: Annotated[ListFilter, Depends()],
 ) -> Response:
-    filters = {
-        "status": status,
-        "pipeline": pipeline,
-        "labels": labels,
-        "error_code": error_code,
-        "since": since,
-        "until": until,
-    }
-    body = BulkCreate(filter=_filter(filters), dry_run=True)
+    body = BulkCreate(filter=_filter(shown), dry_run=True)
     preview = _act(action, body, viewer, session, runtime, celery_app, settings, via)
+    filters = asdict(shown)
     return page(
         request,
         "bulk.html",
@@ -104,14 +93,8 @@ def act(
     since: Annotated[str, Form()] = "",
     until: Annotated[str, Form()] = "",
 ) -> Response:
-    filters = {
-        "status": status,
-        "pipeline": pipeline,
-        "labels": labels,
-        "error_code": error_code,
-        "since": since,
-        "until": until,
-    }
-    body = BulkCreate(filter=_filter(filters), id=bulk_id)
+    shown = ListFilter(status, pipeline, labels, error_code, since, until)
+    body = BulkCreate(filter=_filter(shown), id=bulk_id)
+    filters = asdict(shown)
     done = _act(action, body, actor, session, runtime, celery_app, settings, via)
     return page(request, "bulk.html", action=action, preview=None, filters=filters, done=done.bulk)
