@@ -148,6 +148,19 @@ commit: what the lane's next claim statement would have done, under the same con
 once this checkpoint is written."""
 
 
+def _checkpoint(key: StepKey, lease: Lease, output: Any, now: datetime) -> dict[str, Any]:
+    """What every checkpointing statement binds: the attempt, its lease and its output."""
+    return {
+        "now": now,
+        "job_id": key.job_id,
+        "step_id": key.step_id,
+        "shard": key.shard,
+        "token": lease.token,
+        "attempt": lease.attempt,
+        "output": Jsonb(output),
+    }
+
+
 def complete_step(
     conn: psycopg.Connection[Any],
     key: StepKey,
@@ -165,15 +178,7 @@ def complete_step(
     ``settle.sink_settles_job``) the same statement succeeds the job; a sink has no children.
     With ``follow`` it also claims that child for the caller.
     """
-    params = {
-        "now": now,
-        "job_id": key.job_id,
-        "step_id": key.step_id,
-        "shard": key.shard,
-        "token": lease.token,
-        "attempt": lease.attempt,
-        "output": Jsonb(output),
-    }
+    params = _checkpoint(key, lease, output, now)
     if succeeds_job:
         params["result"] = Jsonb({key.step_id: output})
     else:
@@ -224,14 +229,7 @@ def complete_shard_and_take(
     """Checkpoint a shard as ``complete_step`` does, and take the lane's next open shard in
     the same statement; ``next_shard`` is ``None`` when none is left to this lane."""
     token = uuid.uuid4().hex
-    params = {
-        "now": now,
-        "job_id": key.job_id,
-        "step_id": key.step_id,
-        "shard": key.shard,
-        "token": lease.token,
-        "attempt": lease.attempt,
-        "output": Jsonb(output),
+    params = _checkpoint(key, lease, output, now) | {
         "taken_token": token,
         "until": now + timedelta(seconds=lease_s),
         "task_id": task_id,
