@@ -113,6 +113,7 @@ def test_jobs_list_json_has_stable_keys(flowbeat: Cli, client: Client) -> None:
         "finished_at",
         "deadline_at",
         "error",
+        "labels",
     }
 
 
