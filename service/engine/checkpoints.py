@@ -3,8 +3,9 @@ once, by the holder of the step's lease; the reads of what checkpoints hold sit 
 
 On the common path a step's checkpoint is one autocommitted statement (``complete_step``) that
 also settles the step, counts it off its children and, where it may, claims the child that
-follows or succeeds the job; its WHERE clause carries the rules, so a redelivered message that
-finds the step settled writes nothing and counts nothing twice. A checkpoint that a transaction
+follows or succeeds the job, and appends the events of those changes (``inline_events``); its
+WHERE clause carries the rules, so a redelivered message that finds the step settled writes
+nothing and counts nothing twice. A checkpoint that a transaction
 must decide on (a loop's round, a fan-out's gathered items) is written in that transaction
 (``write_checkpoint``); a rerun copies its parent's (``copy_checkpoints``).
 """
@@ -19,6 +20,14 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.engine.inline_events import (
+    RETURNS_JOB,
+    dependents,
+    job_event,
+    logged,
+    mark,
+    step_event,
+)
 from service.engine.leases import TAKE_LEASE, take_next_shard
 from service.engine.steps import Completion, Follow, Lease, ShardClaim, StepKey, Taken
 from service.language.plan import steps_plan
@@ -63,49 +72,58 @@ def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dic
 _SUCCEEDED_OR_SKIPPED = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.SKIPPED))
 _OF_THE_ATTEMPT = "%(step_id)s, %(shard)s, %(attempt)s, %(output)s, %(now)s"
 """A checkpoint's columns after its job, from the parameters of the attempt that wrote it."""
-_COMPLETED = f"""
+
+
+def _completed(*, inline: bool) -> str:
+    """The CTEs ``done`` and ``saved`` of a statement that checkpoints an attempt: the step
+    settled if the lease is still this attempt's, its checkpoint inserted. With ``inline``,
+    the statement appends its changes' events itself (``inline_events``)."""
+    return f"""
     WITH done AS (
         UPDATE step_runs
            SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token = NULL,
-               lease_until = NULL
+               lease_until = NULL{", " + mark("step_runs") if inline else ""}
          WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
            AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
-        RETURNING job_id
+        RETURNING job_id, step_id, attempts, round
     ), saved AS (
         {_insert(f"SELECT job_id, {_OF_THE_ATTEMPT} FROM done")}
         RETURNING job_id
     )"""
+
+
+_STEP_SUCCEEDED = step_event(1, StepStatus.SUCCEEDED, "done")
 _COMPLETE = (
-    _COMPLETED
-    + """, released AS (
+    _completed(inline=True)
+    + f""", released AS (
         UPDATE step_runs SET waiting_on = waiting_on - 1
          WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
            AND EXISTS (SELECT 1 FROM done)
         RETURNING step_id, waiting_on
-    )
+    ), {logged(_STEP_SUCCEEDED)}
     SELECT EXISTS (SELECT 1 FROM saved),
            ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text"""
 )
 """The checkpoint, and the step counted off its children in the same statement, so a
 redelivered message that finds the step settled cannot count it twice."""
 _COMPLETE_AND_TAKE = (
-    _COMPLETED
+    _completed(inline=True)
     + f""", claimed AS (
         UPDATE step_runs AS s
-           SET waiting_on = 0, {TAKE_LEASE.replace("%(token)s", "%(taken_token)s")}
+           SET waiting_on = 0, {TAKE_LEASE.replace("%(token)s", "%(taken_token)s")}, {mark("s")}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(take)s AND s.shard = -1
            AND s.waiting_on = 1 AND s.status IN {STEP_DUE_SQL}
            AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
            AND EXISTS (SELECT 1 FROM done)
-        RETURNING s.attempts, s.inputs_from
+        RETURNING s.step_id, s.attempts, s.round, s.inputs_from
     ), released AS (
         UPDATE step_runs SET waiting_on = waiting_on - 1
          WHERE job_id = %(job_id)s AND step_id = ANY(%(children)s) AND shard = -1
            AND EXISTS (SELECT 1 FROM done)
            AND NOT (step_id = %(take)s AND EXISTS (SELECT 1 FROM claimed))
         RETURNING step_id, waiting_on
-    )
+    ), {logged(_STEP_SUCCEEDED, step_event(2, StepStatus.RUNNING, "claimed"))}
     SELECT EXISTS (SELECT 1 FROM saved),
            ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text,
            c.attempts,
@@ -121,23 +139,26 @@ under the same conditions. Every other child is counted off as in ``_COMPLETE``.
 reads this step's output from the statement's parameter, since its own checkpoint row is not
 visible to the statement that writes it."""
 _COMPLETE_AND_SUCCEED_JOB = (
-    _COMPLETED
+    _completed(inline=True)
     + f""", succeeded AS (
-        UPDATE jobs SET status = '{JobStatus.SUCCEEDED}', finished_at = %(now)s, result = %(result)s
+        UPDATE jobs
+           SET status = '{JobStatus.SUCCEEDED}', finished_at = %(now)s, result = %(result)s,
+               {mark("jobs")}
          WHERE id = %(job_id)s AND status IN {sql_in((JobStatus.QUEUED, JobStatus.RUNNING))}
            AND EXISTS (SELECT 1 FROM saved)
            AND NOT EXISTS (
                SELECT 1 FROM step_runs
                 WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
                   AND status NOT IN {_SUCCEEDED_OR_SKIPPED})
-        RETURNING trigger
-    )
+        RETURNING {RETURNS_JOB}
+    ), {dependents("succeeded")},
+       {logged(_STEP_SUCCEEDED, job_event(2, JobStatus.SUCCEEDED, "succeeded"))}
     SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], (SELECT trigger FROM succeeded)"""
 )
 
 
 _COMPLETE_SHARD_AND_TAKE = (
-    _COMPLETED
+    _completed(inline=False)
     + f""", {take_next_shard("%(taken_token)s", " AND EXISTS (SELECT 1 FROM done)")}
     SELECT EXISTS (SELECT 1 FROM saved), c.shard, c.attempts, c.item,
            {INPUT_OUTPUTS}

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.engine.checkpoints import INPUT_OUTPUTS
 from service.engine.completion import skip_step
+from service.engine.inline_events import RETURNS_JOB, job_event, logged, mark, step_event
 from service.engine.inputs import Held, resolve_held
 from service.engine.leases import TAKE_LEASE, live_job, lock_step, take_next_shard
 from service.engine.parking import Goes, NotHeld, Parked, park
@@ -58,32 +59,45 @@ _UPSTREAM_SUCCEEDED = f"""
                   AND u.status NOT IN {STEP_SUCCESSFUL_SQL})"""
 
 
-def _claim_statement(upstream: str) -> str:
+def _claim_statement(upstream: str, *, inline: bool) -> str:
     """The one statement that takes a step's lease. ``upstream`` is the condition on the
     step's upstream: every one succeeded, or nothing when the caller has read under lock
-    that the step's ``needs`` rule runs it past one that did not."""
+    that the step's ``needs`` rule runs it past one that did not. With ``inline`` (an
+    autocommitted statement) it appends the events of its changes itself."""
+    step_mark, job_mark = (f", {mark('s')}", f", {mark('jobs')}") if inline else ("", "")
+    events = (
+        f""", {
+            logged(
+                step_event(1, StepStatus.RUNNING, "claimed"),
+                job_event(2, JobStatus.RUNNING, "started"),
+            )
+        }"""
+        if inline
+        else ""
+    )
     return f"""
     WITH claimed AS (
         UPDATE step_runs AS s
-           SET {TAKE_LEASE}
+           SET {TAKE_LEASE}{step_mark}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
            AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL} AND j.waiting_for IS NULL
            AND (s.status IN {STEP_DUE_SQL}
                 OR (s.status = '{StepStatus.RUNNING}' AND s.lease_until < %(now)s)){upstream}
-        RETURNING s.attempts, s.inputs_from, j.profile_hash, j.params
+        RETURNING s.step_id, s.attempts, s.round, s.inputs_from, j.profile_hash, j.params
     ), started AS (
-        UPDATE jobs SET status = '{JobStatus.RUNNING}', started_at = %(now)s
+        UPDATE jobs SET status = '{JobStatus.RUNNING}', started_at = %(now)s{job_mark}
          WHERE id = %(job_id)s AND status = '{JobStatus.QUEUED}' AND EXISTS (SELECT 1 FROM claimed)
-    )
+        RETURNING {RETURNS_JOB}
+    ){events}
     SELECT c.attempts, c.profile_hash, c.params,
            {INPUT_OUTPUTS} AS outputs
       FROM claimed AS c
     """
 
 
-_FAST_CLAIM = _claim_statement(_UPSTREAM_SUCCEEDED)
-_CLAIM_PAST_UPSTREAM = _claim_statement("")
+_FAST_CLAIM = _claim_statement(_UPSTREAM_SUCCEEDED, inline=True)
+_CLAIM_PAST_UPSTREAM = _claim_statement("", inline=False)
 
 
 def _lease_params(key: StepKey, task_id: str, lease_s: float, now: datetime) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 share, so a bulk action acts on exactly the jobs the same filter lists.
 
 A label filter is a containment test (``labels @> {...}``), every label given must match,
-answered by the GIN index ``ix_jobs_labels``; an error code reads ``ix_jobs_error_code``; a
-time range bounds ``created_at`` (``since`` included, ``until`` excluded)."""
+answered by the GIN index ``ix_jobs_labels``, which holds labelled jobs only (so the filter
+also says ``labels <> '{}'`` in words the planner proves the index's predicate from); an error
+code reads ``ix_jobs_error_code``; a time range bounds ``created_at`` (``since`` included,
+``until`` excluded)."""
 
 import uuid
 from collections.abc import Mapping
@@ -11,13 +13,13 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, literal, or_
+from sqlalchemy import ColumnElement, and_, literal, literal_column, or_
 from sqlalchemy.dialects.postgresql import JSONB
 
 from service.engine.compensations import failed_compensation_jobs
 from service.engine.family import came_from
 from service.platform.errors import JobFilterInvalid
-from service.platform.models import JobRow
+from service.platform.models import NO_LABELS, JobRow
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class JobFilter:
             found.append(JobRow.status.in_(self.statuses))
         if self.labels:
             found.append(JobRow.labels.op("@>")(literal(dict(self.labels), JSONB)))
+            found.append(JobRow.labels.op("<>")(literal_column(NO_LABELS)))
         if self.error_code:
             found.append(
                 and_(JobRow.error.is_not(None), JobRow.error["code"].astext == self.error_code)

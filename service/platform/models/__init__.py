@@ -19,6 +19,7 @@ from service.platform.models.catalogue import (
 )
 from service.platform.models.children import ChildCallRow
 from service.platform.models.engine import (
+    NO_LABELS,
     OPEN_SHARD_PREDICATE,
     ApprovalRow,
     CheckpointRow,
@@ -36,6 +37,7 @@ from service.platform.models.engine import (
 )
 
 __all__ = [
+    "NO_LABELS",
     "OPEN_SHARD_PREDICATE",
     "AlertCursorRow",
     "AlertDeliveryRow",

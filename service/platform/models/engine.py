@@ -35,6 +35,10 @@ beat's check reads the few open jobs with a deadline, not every job ever run."""
 LABEL_OPS = "jsonb_path_ops"
 """``ix_jobs_labels`` answers only containment (``labels @> '{"tenant": "acme"}'``), the one
 question a label filter asks, in an index about a third the size of the default GIN's."""
+NO_LABELS = "'{}'::jsonb"
+"""``ix_jobs_labels`` holds only jobs with labels: a GIN index writes an entry for an empty
+document too, at a job's insert and at each status change (none is HOT), 170 WAL bytes a step
+of a chain whose jobs carry no labels (migration 0043)."""
 
 
 class JobRow(Base):
@@ -101,7 +105,11 @@ class JobRow(Base):
             "ix_jobs_schedule_id", "schedule_id", postgresql_where=text("schedule_id IS NOT NULL")
         ),
         Index(
-            "ix_jobs_labels", "labels", postgresql_using="gin", postgresql_ops={"labels": LABEL_OPS}
+            "ix_jobs_labels",
+            "labels",
+            postgresql_using="gin",
+            postgresql_ops={"labels": LABEL_OPS},
+            postgresql_where=text(f"labels <> {NO_LABELS}"),
         ),
         Index(
             "ix_jobs_error_code",
@@ -166,6 +174,9 @@ class JobRow(Base):
     deadline_at: Mapped[datetime | None]
     """When the beat leader fails the job as ``job_timeout`` if it is still open: its
     submission plus the ``timeout_s`` of its schedule or, failing that, of its profile."""
+    logged_inline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Flipped by a statement that logs its change of the row itself, so that the log's
+    triggers skip that change (``service.engine.inline_events``)."""
 
 
 class PrunedJobRow(Base):
@@ -198,6 +209,10 @@ class StepRunRow(Base):
     ``waiting_on`` counts the upstream steps not yet settled. Each upstream step takes one off
     as it settles, under the row lock of the UPDATE, so exactly one of several parents that
     settle at once sees it reach zero and sends the step: no parent misses it, none sends twice.
+
+    No foreign key to ``jobs``: its check ran a statement and locked the job's row for every
+    step row the intake inserts, which inserts a job's steps in the statement that inserts the
+    job. A trigger deletes a deleted job's steps (migration 0043), as it does its checkpoints.
     """
 
     __tablename__ = "step_runs"
@@ -228,9 +243,7 @@ class StepRunRow(Base):
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    job_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE")
-    )
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
     step_id: Mapped[str] = mapped_column(String(64))
     shard: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(24))
@@ -255,6 +268,8 @@ class StepRunRow(Base):
     slot_asked_at: Mapped[datetime | None]
     slot_reserved: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """Let in by the beat: its next claim takes the slot kept for it."""
+    logged_inline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """As ``JobRow.logged_inline``."""
 
 
 class CheckpointRow(Base):

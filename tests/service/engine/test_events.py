@@ -9,11 +9,13 @@ import psycopg
 import pytest
 from sqlalchemy import delete, make_url, select, update
 
+from service.engine.claims import fast_claim
 from service.engine.events import Event, events_after, events_since, job_settled, notice_events
 from service.engine.runner import run_finish_fanout, run_lane, run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
+from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.listener import EventListener
 from service.platform.models import JobEventRow, JobRow, StepRunRow
@@ -68,6 +70,44 @@ def test_a_run_is_logged_change_by_change_numbered_from_one(runtime: Runtime) ->
         ("job.succeeded", None),
     ]
     assert log[1].data == {"attempt": 1, "round": 1}
+
+
+def _marks(rt: Runtime, job_id: uuid.UUID) -> dict[str | None, bool]:
+    with unit_of_work(rt.sessions) as session:
+        job = session.get(JobRow, job_id)
+        assert job is not None
+        steps = session.execute(
+            select(StepRunRow.step_id, StepRunRow.logged_inline).where(StepRunRow.job_id == job_id)
+        ).all()
+    return {None: job.logged_inline} | {step_id: mark for step_id, mark in steps}
+
+
+def test_the_claim_and_checkpoint_statements_log_their_own_changes_once(
+    runtime: Runtime,
+) -> None:
+    """The statements of the step path append their events themselves and flip the rows'
+    marks, and the log's triggers skip those changes: each is logged once, not twice."""
+    job_id = _submit(runtime, TWO_STEPS)
+    with runtime.claims.connect() as conn:
+        assert fast_claim(conn, StepKey(job_id, "a"), task_id="t", lease_s=30, now=utcnow())
+
+    assert _marks(runtime, job_id) == {None: True, "a": True, "b": False}
+    assert [(e.seq, e.kind, e.step_id) for e in _log(runtime, job_id)] == [
+        (1, "job.queued", None),
+        (2, "step.running", "a"),
+        (3, "job.running", None),
+    ]
+
+    with runtime.sessions() as session:
+        session.execute(
+            update(StepRunRow)
+            .where(StepRunRow.job_id == job_id, StepRunRow.step_id == "b")
+            .values(status="skipped")
+        )
+        session.commit()
+
+    assert _marks(runtime, job_id)["b"] is False
+    assert [(e.kind, e.step_id) for e in _log(runtime, job_id)][-1] == ("step.skipped", "b")
 
 
 def test_the_last_event_of_each_row_states_the_row(runtime: Runtime) -> None:
