@@ -106,6 +106,11 @@ _COMPLETE = (
 )
 """The checkpoint, and the step counted off its children in the same statement, so a
 redelivered message that finds the step settled cannot count it twice."""
+_COMPLETE_SHARD = (
+    _completed(inline=False) + " SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], NULL::text"
+)
+"""A shard's checkpoint, when its lane takes no next shard: a shard's change is no step's
+event (the log reports a fan-out's progress in batches, by trigger), so nothing is logged."""
 _COMPLETE_AND_TAKE = (
     _completed(inline=True)
     + f""", claimed AS (
@@ -207,7 +212,10 @@ def complete_step(
         params["children"] = list(children)
     if follow is not None and not succeeds_job:
         return _complete_and_take(conn, key, params, profile, follow)
-    statement = _COMPLETE_AND_SUCCEED_JOB if succeeds_job else _COMPLETE
+    if succeeds_job:
+        statement = _COMPLETE_AND_SUCCEED_JOB
+    else:
+        statement = _COMPLETE if key.shard == SHARD_NONE else _COMPLETE_SHARD
     row = conn.execute(statement, params).fetchone()
     assert row is not None
     written, ready, succeeded_trigger = row

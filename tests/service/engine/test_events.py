@@ -184,6 +184,8 @@ def test_fan_out_progress_is_reported_in_batches_not_per_item(runtime: Runtime) 
     assert [p["total"] for p in progress] == [25, 25]
     assert [p["done"] for p in progress] == [10, 20]
     assert [e.kind for e in _log(runtime, job_id)][-2:] == ["step.succeeded", "job.succeeded"]
+    steps = [e.kind for e in _log(runtime, job_id) if e.kind.startswith("step.")]
+    assert steps == ["step.running", "step.progress", "step.progress", "step.succeeded"]
 
 
 def test_notices_are_numbered_into_the_same_log(runtime: Runtime) -> None:
