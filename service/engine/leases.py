@@ -43,7 +43,7 @@ def take_next_shard(token: str, gate: str = "") -> str:
     shard's work needs. A lane's claim is this statement alone; a shard's checkpoint takes the
     next shard with it."""
     return f"""next AS (
-        SELECT id FROM step_runs
+        SELECT shard FROM step_runs
          WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND {OPEN_SHARD_PREDICATE}
            AND (status IN {STEP_DUE_SQL} OR lease_until < %(now)s){gate}
          ORDER BY shard
@@ -53,7 +53,8 @@ def take_next_shard(token: str, gate: str = "") -> str:
         UPDATE step_runs AS s
            SET {TAKE_LEASE.replace("%(token)s", token)}
           FROM next, jobs AS j
-         WHERE s.id = next.id AND j.id = s.job_id
+         WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = next.shard
+           AND j.id = s.job_id
            AND j.status IN {sql_in((JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))}
         RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
     )"""

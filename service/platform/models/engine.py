@@ -35,6 +35,7 @@ beat's check reads the few open jobs with a deadline, not every job ever run."""
 LABEL_OPS = "jsonb_path_ops"
 """``ix_jobs_labels`` answers only containment (``labels @> '{"tenant": "acme"}'``), the one
 question a label filter asks, in an index about a third the size of the default GIN's."""
+STEP_ORDER = "nextval('step_runs_id_seq'::regclass)"
 NO_LABELS = "'{}'::jsonb"
 """``ix_jobs_labels`` holds only jobs with labels: a GIN index writes an entry for an empty
 document too, at a job's insert and at each status change (none is HOT), 170 WAL bytes a step
@@ -213,11 +214,12 @@ class StepRunRow(Base):
     No foreign key to ``jobs``: its check ran a statement and locked the job's row for every
     step row the intake inserts, which inserts a job's steps in the statement that inserts the
     job. A trigger deletes a deleted job's steps (migration 0043), as it does its checkpoints.
+    The primary key is the step's own (job, step, shard), not a number: a step row is updated
+    twice and no update can be HOT, so each index of the table takes three entries a step.
     """
 
     __tablename__ = "step_runs"
     __table_args__ = (
-        UniqueConstraint("job_id", "step_id", "shard"),
         Index(
             "ix_step_runs_status_lease_until",
             "status",
@@ -242,10 +244,12 @@ class StepRunRow(Base):
         Index("ix_step_runs_wake_at", "wake_at", postgresql_where=text(SLEEPING_PREDICATE)),
     )
 
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
-    step_id: Mapped[str] = mapped_column(String(64))
-    shard: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(BigInteger, server_default=text(STEP_ORDER))
+    """The order the intake inserted a job's steps in, which is the profile's: no index holds
+    it, since a job's steps are read by the primary key and sorted by it."""
     status: Mapped[str] = mapped_column(String(24))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_token: Mapped[str | None] = mapped_column(String(64))

@@ -80,4 +80,4 @@ def test_a_row_cannot_be_stored_in_a_status_it_may_not_start_in(
         pytest.raises(IntegrityError, match="step:>running"),
         unit_of_work(runtime.sessions) as session,
     ):
-        session.add(StepRunRow(job_id=job_id, step_id="c", status=StepStatus.RUNNING))
+        session.add(StepRunRow(job_id=job_id, step_id="z", shard=-1, status=StepStatus.RUNNING))

@@ -11,6 +11,10 @@ label index holds labelled jobs only
   and checkpoints deletes its steps too.
 - ``ix_jobs_labels`` holds only jobs with labels: a GIN index writes an entry for an empty
   document too, at every write of a job's row.
+- ``step_runs``' primary key is the step's own (job, step, shard), which was already unique,
+  instead of its number: no update of a step row can be HOT, so every index of the table takes
+  an entry at the insert and at each of a step's two updates. ``id`` stays, unindexed, for the
+  order a job's steps were inserted in.
 - ``step_runs`` and ``jobs`` leave room on each page for their rows' updates (fillfactor): a
   row is updated twice or more after its insert, and an update whose new version does not fit
   on the old one's page writes a row lock to the WAL before it moves on to another page.
@@ -87,9 +91,17 @@ def upgrade() -> None:
     _label_index("labels <> '{}'::jsonb")
     for table, fill in _FILL.items():
         op.execute(f"ALTER TABLE {table} SET (fillfactor = {fill})")
+    op.drop_constraint("pk_step_runs", "step_runs", type_="primary")
+    op.drop_constraint("uq_step_runs_job_id_step_id_shard", "step_runs", type_="unique")
+    op.create_primary_key("pk_step_runs", "step_runs", ["job_id", "step_id", "shard"])
 
 
 def downgrade() -> None:
+    op.drop_constraint("pk_step_runs", "step_runs", type_="primary")
+    op.create_primary_key("pk_step_runs", "step_runs", ["id"])
+    op.create_unique_constraint(
+        "uq_step_runs_job_id_step_id_shard", "step_runs", ["job_id", "step_id", "shard"]
+    )
     for table in _FILL:
         op.execute(f"ALTER TABLE {table} RESET (fillfactor)")
     _label_index(None)
