@@ -141,13 +141,13 @@ def fresh_database(admin_url: str) -> Iterator[str]:
 
 @contextmanager
 def subprocess_group(
-    argv: list[str], env: dict[str, str], log_path: Path, name: str
+    argv: list[str], env: dict[str, str], log_path: Path, name: str, cwd: Path = REPO
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A child in its own session; TERM to it on exit, then KILL to whatever is left of its group
     (prefork pool processes included)."""
     out = log_path.open("wb")
     proc = subprocess.Popen(
-        argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
     )
     log(f"started {name} pid {proc.pid} (log {log_path})")
     try:
