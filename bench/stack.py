@@ -283,10 +283,7 @@ def start_flowbeat(
     limit and the open-jobs cap are off: a bench sends as fast as the API answers. The
     first of ``workers`` worker processes logs to ``worker_log``, the others beside it.
     With ``checkout``, the database is migrated and the API and workers run on its code."""
-    from celery import Celery
-
     from service.language.loading import load_profile_file
-    from service.platform.constants import QUEUE_CONTROL, QUEUE_STEPS
 
     profiles_dir = tmp / "profiles"
     profiles_dir.mkdir(exist_ok=True)
@@ -312,7 +309,25 @@ def start_flowbeat(
         env = checkout.env(env)
         key = _key_in_checkout(checkout, env, without_event_log)
     api_proc, base_url = _start_api(stack, env, tmp, checkout)
-    control = Celery("bench-control", broker=redis_url)
+    procs = _start_workers(stack, env, tmp, workers, checkout)
+    if checkout is not None:
+        for log_path in [tmp / "api.log", *tmp.glob("flowbeat-worker*.log")]:
+            confirm(log_path.read_text(errors="replace"), log_path.name)
+    conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
+    worker_log = tmp / "flowbeat-worker.log"
+    return FlowbeatStack(base_url, key, conn, api_proc, procs, tmp / "api.log", worker_log, env)
+
+
+def _start_workers(
+    stack: ExitStack, env: dict[str, str], tmp: Path, workers: int, checkout: Checkout | None
+) -> list[subprocess.Popen[bytes]]:
+    """``workers`` worker processes, each answering a ping before the next starts; the first
+    logs to ``flowbeat-worker.log``, the others beside it."""
+    from celery import Celery
+
+    from service.platform.constants import QUEUE_CONTROL, QUEUE_STEPS
+
+    control = Celery("bench-control", broker=env["FLOWBEAT_BROKER_URL"])
     stack.callback(control.close)
     procs = []
     for index in range(workers):
@@ -322,12 +337,7 @@ def start_flowbeat(
         proc = stack.enter_context(_started(argv, env, log_path, "flowbeat worker", checkout))
         wait_for_worker(control, node, proc, log_path)
         procs.append(proc)
-    if checkout is not None:
-        for log_path in (tmp / "api.log", tmp / "flowbeat-worker.log"):
-            confirm(log_path.read_text(errors="replace"), log_path.name)
-    conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
-    worker_log = tmp / "flowbeat-worker.log"
-    return FlowbeatStack(base_url, key, conn, api_proc, procs, tmp / "api.log", worker_log, env)
+    return procs
 
 
 def run_flowbeat(
