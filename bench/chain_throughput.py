@@ -1,6 +1,6 @@
 """Persisted step throughput of flowbeat against raw Celery running the same no-op chain.
 
-    python -m bench.chain_throughput --jobs 1000 [--json] [--py-spy DIR]
+    python -m bench.chain_throughput --jobs 1000 [--rounds 5] [--base REV] [--json] [--py-spy DIR]
 
 One run, one machine, one Redis server, the same worker settings for both sides (prefork,
 ``--concurrency 2``, or ``BENCH_CONCURRENCY``; the prefetch multiplier of
@@ -12,6 +12,12 @@ B. flowbeat: a fresh PostgreSQL database, the API under uvicorn and a worker as 
    N jobs of a 3-step chain profile (a -> b -> c, ``noop`` actions) POSTed to ``/v1/jobs`` by a
    few client threads; the database is polled until every job is final.
    persisted steps/s = 3N / (first POST .. last job final). Enqueue latency p50/p99 and rate too.
+C. with ``--base REV``, the base: B again on the code of git revision REV, checked out in a
+   temporary git worktree (``bench.checkout``), its database migrated by that revision's own
+   migrations, so before and after run in the same rounds on the same machine.
+
+The sides' order turns by one each round; each ratio (flowbeat/raw, base/raw, flowbeat/base)
+has its own median over the rounds.
 
 Each side first runs a short warm-up (not timed) so imports, connection pools and the pool
 processes are hot. Everything started here (processes, the database, the Redis DBs, the temp
@@ -28,12 +34,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.checkout import Checkout, worktree
 from bench.cpu import CpuMeter, descendants
 from bench.harness import (
     REPO,
@@ -149,10 +156,16 @@ def run_raw(
     )
 
 
+SIDES = ("raw", "flowbeat", "base")
+
+
 def report(
-    args: argparse.Namespace, rounds: list[Round], calibration: dict[str, dict[str, float]]
+    args: argparse.Namespace,
+    rounds: list[Round],
+    calibration: dict[str, dict[str, float]],
+    base: Checkout | None = None,
 ) -> int:
-    """Print the median round's figures (and every round's ratio); non-zero if any job failed."""
+    """Print the median round's figures (and every round's ratios); non-zero if any job failed."""
     mark_disturbed(rounds)
     middle = median_round(rounds)
     raw, fb = (middle.raw, middle.fb) if middle else (None, None)
@@ -177,11 +190,16 @@ def report(
         "raw_celery": asdict(raw) if raw else None,
         "flowbeat": asdict(fb) if fb else None,
         "ratio": ratio,
-        "cpu_ratio_median": _median_cpu_ratio(rounds),
+        "cpu_ratio_median": medians(rounds)["cpu raw/flowbeat"],
+        "base": _base_figures(base, middle),
+        "medians": medians(rounds),
         "rounds": [
             {
                 "ratio": r.ratio,
                 "cpu_ratio": r.cpu_ratio,
+                "base_ratio": r.base_ratio,
+                "over_base": r.over_base,
+                "cpu_over_base": r.cpu_over_base,
                 "before": r.before,
                 "after": r.after,
                 "disturbed": r.disturbed,
@@ -195,16 +213,52 @@ def report(
         print(json.dumps(figures, indent=2))
     else:
         _print_report(args, rounds, calibration, middle)
+        if base:
+            _print_base(rounds, base, middle)
         print(pace_line(pace))
-    failed = [r.fb for r in rounds if r.fb and (r.fb.http_errors or r.fb.not_succeeded)]
+    failed = [
+        side
+        for r in rounds
+        for side in (r.fb, r.base)
+        if side and (side.http_errors or side.not_succeeded)
+    ]
     for bad in failed:
         print(f"  problems: {bad.http_errors} POST errors, not succeeded: {bad.not_succeeded}")
     return 1 if failed else 0
 
 
-def _median_cpu_ratio(rounds: list[Round]) -> float | None:
-    ratios = sorted(r.cpu_ratio for r in rounds if r.cpu_ratio is not None)
-    return ratios[(len(ratios) - 1) // 2] if ratios else None
+RATIOS: dict[str, Callable[[Round], float | None]] = {
+    "flowbeat/raw": lambda r: r.ratio,
+    "base/raw": lambda r: r.base_ratio,
+    "flowbeat/base": lambda r: r.over_base,
+}
+CPU_RATIOS: dict[str, Callable[[Round], float | None]] = {
+    "cpu raw/flowbeat": lambda r: r.cpu_ratio,
+    "cpu base/flowbeat": lambda r: r.cpu_over_base,
+}
+
+
+def medians(rounds: list[Round]) -> dict[str, float | None]:
+    """Each ratio's own median (the lower middle one), not the median round's: the rates' over
+    the undisturbed rounds (all of them when every one was disturbed), the CPU ratios' over
+    every round, since CPU a job holds however busy the machine was (``Round.cpu_ratio``)."""
+    clean = [r for r in rounds if not r.disturbed] or rounds
+
+    def median(among: list[Round], ratio: Callable[[Round], float | None]) -> float | None:
+        values = sorted(v for v in map(ratio, among) if v is not None)
+        return values[(len(values) - 1) // 2] if values else None
+
+    return {
+        **{name: median(clean, ratio) for name, ratio in RATIOS.items()},
+        **{name: median(rounds, ratio) for name, ratio in CPU_RATIOS.items()},
+    }
+
+
+def _base_figures(base: Checkout | None, middle: Round | None) -> dict[str, Any] | None:
+    if base is None:
+        return None
+    result = asdict(middle.base) if middle and middle.base else None
+    return {"rev": base.rev, "commit": base.commit, "median_round": result}
 
 
 def _print_report(
@@ -245,7 +299,7 @@ def _print_report(
         f"{before['background_cores']:.2f}/{after['background_cores']:.2f} cores; "
         f"load {before['load_1m']:.2f} before, {after['load_1m']:.2f} after"
     )
-    cpu_ratio = _median_cpu_ratio(rounds)
+    cpu_ratio = medians(rounds)["cpu raw/flowbeat"]
     median = f"; median CPU ratio {cpu_ratio:.2f}" if cpu_ratio is not None else ""
     print(f"  CPU per chain/job of the median round (ms){median}:")
     if raw:
@@ -259,6 +313,23 @@ def _print_report(
         )
 
 
+def _print_base(rounds: list[Round], base: Checkout, middle: Round | None) -> None:
+    """The base side of the median round, and each ratio's median over the rounds."""
+    side = middle.base if middle else None
+    rate = f"{side.steps_per_s:.0f} persisted steps/s" if side else "not run"
+    print(f"  base {base.rev} ({base.commit[:12]}): {rate} in the median round")
+    if side:
+        print(_cpu_line("base", side.cpu_ms_per_job))
+        print(
+            f"  base enqueue latency p50={side.enqueue_p50_ms:.1f}ms "
+            f"p99={side.enqueue_p99_ms:.1f}ms, rate={side.enqueue_rate_jobs_per_s:.0f} jobs/s"
+        )
+    found = {name: value for name, value in medians(rounds).items() if value is not None}
+    each = ", ".join(f"{name} {value:.2f}" for name, value in found.items())
+    if each:
+        print(f"  medians over the rounds (rates: undisturbed rounds; CPU: all): {each}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.chain_throughput",
@@ -270,12 +341,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP client threads")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--only", choices=["raw", "flowbeat"], help="run one side only")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SIDES,
+        help="run this side only; repeat it for several (--only flowbeat --only base)",
+    )
+    parser.add_argument(
+        "--base",
+        metavar="REV",
+        help="a third side: flowbeat as of git revision REV (origin/main~3, a commit), checked "
+        "out in a temporary git worktree and migrated by its own migrations",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
         default=1,
-        help="A/B rounds, the order alternating; the round with the median ratio is reported",
+        help="rounds, the sides' order turning each round; the round with the median "
+        "flowbeat/raw ratio is reported, and each ratio's own median",
     )
     parser.add_argument(
         "--workers",
@@ -297,12 +380,18 @@ def main(argv: list[str] | None = None) -> int:
         "(slows them down: the figures of such a run are not comparable)",
     )
     args = parser.parse_args(argv)
+    wanted = set(args.only or SIDES)
+    if "base" in (args.only or ()) and not args.base:
+        parser.error("--only base needs --base REV")
 
     signal.signal(signal.SIGTERM, on_sigterm)
     calibration = {"before": calibrate()}
     rounds: list[Round] = []
+    base: Checkout | None = None
     with ExitStack() as stack:
         ws = workspace(stack, "chain")
+        if args.base and "base" in wanted:
+            base = stack.enter_context(worktree(args.base))
 
         def side_a() -> RawResult:
             redis_url = ws.fresh_redis(0)
@@ -328,12 +417,36 @@ def main(argv: list[str] | None = None) -> int:
             log(f"B: {result.steps_per_s:.0f} persisted steps/s")
             return result
 
+        def side_c() -> FlowbeatResult:
+            result = run_flowbeat(
+                args.jobs,
+                args.warmup,
+                args.clients,
+                ws.fresh_redis(1),
+                ws.admin_db,
+                ws.tmp,
+                args.timeout,
+                args.py_spy,
+                args.workers,
+                args.without_event_log,
+                base,
+            )
+            log(f"base: {result.steps_per_s:.0f} persisted steps/s")
+            return result
+
         for number in range(args.rounds):
             log(f"round {number + 1} of {args.rounds}")
-            rounds.append(run_round(number, args.only, side_a, side_b))
+            rounds.append(
+                run_round(
+                    number,
+                    side_a if "raw" in wanted else None,
+                    side_b if "flowbeat" in wanted else None,
+                    side_c if base else None,
+                )
+            )
 
     calibration["after"] = calibrate()
-    return report(args, rounds, calibration)
+    return report(args, rounds, calibration, base)
 
 
 if __name__ == "__main__":

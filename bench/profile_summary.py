@@ -16,6 +16,7 @@ import argparse
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,19 +47,24 @@ def library(frame: str) -> str:
     return head.removesuffix(".py") if "/" in path else "stdlib"
 
 
-def parse(path: Path) -> Profile:
-    profile = Profile(path.stem)
+def stacks(path: Path) -> Iterator[tuple[list[str], int, str]]:
+    """Each stack of a raw profile, outermost frame first, with its sample count and whether it
+    ran in the main process or in one of its children."""
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
-        count = int(count_text)
         frames = stack.split(";")
         processes = [f for f in frames if PROCESS.match(f)]
         role = "main" if len(processes) <= 1 else "children"
         frames = [f for f in frames if not PROCESS.match(f)]
-        if not frames:
-            continue
+        if frames:
+            yield frames, int(count_text), role
+
+
+def parse(path: Path) -> Profile:
+    profile = Profile(path.stem)
+    for frames, count, role in stacks(path):
         profile.samples[role] += count
         profile.self_by_library[library(frames[-1])] += count
         for lib in {library(f) for f in frames}:
@@ -66,6 +72,72 @@ def parse(path: Path) -> Profile:
         for frame in {f for f in frames if library(f) in OWN_PACKAGES}:
             profile.inclusive_by_function[frame] += count
     return profile
+
+
+PARTS = {
+    "psycopg": ("psycopg", "psycopg_binary", "psycopg_pool"),
+    "sqlalchemy": ("sqlalchemy",),
+    "redis": ("redis",),
+    "kombu": ("kombu",),
+    "billiard": ("billiard",),
+    "celery": ("celery",),
+    "flowbeat": OWN_PACKAGES,
+}
+STDLIB = "json/other stdlib"
+OTHER = "other"
+
+
+@dataclass
+class Parts:
+    """A worker's samples by part, two ways. ``by_library``: each sample goes to the innermost
+    frame from a library of ``PARTS``, so the standard library's work (json, sockets,
+    selectors, threading) and that of unlisted helpers (vine, amqp, click) are charged to the
+    library that called them; ``STDLIB`` keeps only stacks with nothing else on them. This
+    answers where the worker's time goes by library: a socket write is redis's cost, and kombu's
+    JSON is kombu's. ``leaf``: each sample goes to its innermost frame's own part, the self
+    time, which shows how much of it the standard library does itself."""
+
+    samples: int
+    pool: int
+    """Samples in the pool's processes, the others being the worker's main process."""
+    by_library: dict[str, int] = field(default_factory=dict)
+    leaf: dict[str, int] = field(default_factory=dict)
+
+
+def part(frame: str) -> str:
+    lib = library(frame)
+    for name, packages in PARTS.items():
+        if lib in packages:
+            return name
+    return STDLIB if lib == "stdlib" or lib in sys.stdlib_module_names else OTHER
+
+
+def parts(path: Path) -> Parts:
+    """``Parts`` of the raw profile at ``path``."""
+    by_library: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    roles: Counter[str] = Counter()
+    for frames, count, role in stacks(path):
+        own = [part(frame) for frame in frames]
+        listed = [p for p in own if p in PARTS]
+        unlisted = STDLIB if all(p == STDLIB for p in own) else OTHER
+        by_library[listed[-1] if listed else unlisted] += count
+        leaf[own[-1]] += count
+        roles[role] += count
+    return Parts(sum(roles.values()), roles["children"], dict(by_library), dict(leaf))
+
+
+def parts_table(found: Parts) -> list[str]:
+    total = max(found.samples, 1)
+    lines = [
+        f"  {found.samples:,} samples at {SAMPLES_PER_S} a second, "
+        f"{found.pool / total:.0%} of them in the pool's processes",
+        f"    {'part':<20} {'by library':>17} {'leaf':>7}",
+    ]
+    for name in (*PARTS, STDLIB, OTHER):
+        n, own = found.by_library.get(name, 0), found.leaf.get(name, 0)
+        lines.append(f"    {name:<20} {n / total:7.1%} ({n:>6,}) {own / total:7.1%}")
+    return lines
 
 
 def ms(samples: int, per: int) -> str:

@@ -34,10 +34,22 @@ class Round:
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     disturbed: bool = False
+    base: FlowbeatResult | None = None
+    """flowbeat on the base revision's code (``bench.chain_throughput --base``)."""
 
     @property
     def ratio(self) -> float | None:
         return self.fb.steps_per_s / self.raw.tasks_per_s if self.raw and self.fb else None
+
+    @property
+    def base_ratio(self) -> float | None:
+        """The base's persisted steps/s over raw Celery's tasks/s."""
+        return self.base.steps_per_s / self.raw.tasks_per_s if self.raw and self.base else None
+
+    @property
+    def over_base(self) -> float | None:
+        """flowbeat's persisted steps/s over the base's: above 1, the head is faster."""
+        return self.fb.steps_per_s / self.base.steps_per_s if self.fb and self.base else None
 
     @property
     def cpu_ratio(self) -> float | None:
@@ -47,24 +59,37 @@ class Round:
             return None
         return sum(self.raw.cpu_ms_per_chain.values()) / sum(self.fb.cpu_ms_per_job.values())
 
+    @property
+    def cpu_over_base(self) -> float | None:
+        """The base's CPU per job over flowbeat's: ``over_base`` if CPU were the only limit."""
+        if not (self.base and self.fb and self.base.cpu_ms_per_job and self.fb.cpu_ms_per_job):
+            return None
+        return sum(self.base.cpu_ms_per_job.values()) / sum(self.fb.cpu_ms_per_job.values())
+
 
 def run_round(
     number: int,
-    only: str | None,
-    side_a: Callable[[], RawResult],
-    side_b: Callable[[], FlowbeatResult],
+    raw: Callable[[], RawResult] | None,
+    fb: Callable[[], FlowbeatResult] | None,
+    base: Callable[[], FlowbeatResult] | None = None,
 ) -> Round:
-    """Odd rounds run flowbeat first, so a machine that speeds up or slows down during the run
-    favours neither side. The machine is calibrated before and after the round."""
+    """The sides given, in the order raw, flowbeat, base turned by one each round
+    (``in_turn``; with two sides, the second runs first in odd rounds), so a machine that
+    speeds up or slows down during the run favours none. The machine is calibrated before and
+    after the round."""
     before = calibrate()
-    raw: RawResult | None
-    fb: FlowbeatResult | None
-    if only is None:
-        raw, fb = alternate(number, side_a, side_b)
-    else:
-        raw = side_a() if only == "raw" else None
-        fb = side_b() if only == "flowbeat" else None
-    return Round(raw, fb, before, calibrate())
+    sides: dict[str, Callable[[], RawResult | FlowbeatResult]] = {
+        name: side for name, side in (("raw", raw), ("fb", fb), ("base", base)) if side
+    }
+    measured = in_turn(number, sides)
+    a, b, c = (measured.get(name) for name in ("raw", "fb", "base"))
+    return Round(
+        a if isinstance(a, RawResult) else None,
+        b if isinstance(b, FlowbeatResult) else None,
+        before,
+        calibrate(),
+        base=c if isinstance(c, FlowbeatResult) else None,
+    )
 
 
 def alternate(number: int, side_a: Callable[[], A], side_b: Callable[[], B]) -> tuple[A, B]:
@@ -252,11 +277,12 @@ def _libpython() -> str:
 
 
 def _round_line(r: Round) -> str:
-    figures = (
-        f"{r.raw.tasks_per_s:.0f}/{r.fb.steps_per_s:.0f}={r.ratio:.2f}"
-        if r.raw and r.fb and r.ratio is not None
-        else "-"
-    )
+    if r.base:
+        figures = _three_sides(r)
+    elif r.raw and r.fb and r.ratio is not None:
+        figures = f"{r.raw.tasks_per_s:.0f}/{r.fb.steps_per_s:.0f}={r.ratio:.2f}"
+    else:
+        figures = "-"
     machine = (
         f"loop {r.before['loop_ms']:.0f}/{r.after['loop_ms']:.0f} ms, "
         f"background {r.before['background_cores']:.2f}/{r.after['background_cores']:.2f} "
@@ -264,6 +290,22 @@ def _round_line(r: Round) -> str:
     )
     cpu = f", CPU ratio {r.cpu_ratio:.2f}" if r.cpu_ratio is not None else ""
     return f"    {figures}{cpu} ({machine}){' DISTURBED' if r.disturbed else ''}"
+
+
+def _three_sides(r: Round) -> str:
+    """A round with a base: each side's rate (raw tasks/s, persisted steps/s), then the ratios
+    of the sides that ran, and the base's CPU a job over flowbeat's."""
+    rates = {
+        "raw": r.raw.tasks_per_s if r.raw else None,
+        "flowbeat": r.fb.steps_per_s if r.fb else None,
+        "base": r.base.steps_per_s if r.base else None,
+    }
+    ratios = {"flowbeat/raw": r.ratio, "base/raw": r.base_ratio, "flowbeat/base": r.over_base}
+    shown = "/".join(name for name, rate in rates.items() if rate is not None)
+    figures = "/".join(f"{rate:.0f}" for rate in rates.values() if rate is not None)
+    each = ", ".join(f"{name} {value:.2f}" for name, value in ratios.items() if value is not None)
+    cpu = f", CPU base/flowbeat {r.cpu_over_base:.2f}" if r.cpu_over_base is not None else ""
+    return f"{shown} {figures}" + (f": {each}{cpu}" if each else "")
 
 
 def _cpu_line(name: str, parts: dict[str, float]) -> str:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +24,7 @@ import httpx
 import psycopg
 from psycopg import sql
 
+from bench.checkout import Checkout, confirm
 from bench.cpu import CpuMeter
 from bench.harness import (
     FINAL,
@@ -183,22 +184,42 @@ def _database_with_key(
     return db_url, key
 
 
+def _key_in_checkout(checkout: Checkout, env: dict[str, str], without_event_log: bool) -> str:
+    """The base side's database (``FLOWBEAT_DATABASE_URL`` of ``env``, made empty) migrated by
+    the checkout's own migrations, and an admin key made by its own CLI."""
+    log("base: migrating with the checkout's migrations")
+    checkout.run([sys.executable, "-m", "service.cli", "migrate"], env)
+    with psycopg.connect(_libpq(env["FLOWBEAT_DATABASE_URL"])) as conn:
+        heads = [row[0] for row in conn.execute("SELECT version_num FROM alembic_version")]
+    log(f"base: schema at {', '.join(heads)}")
+    if without_event_log:
+        disable_event_log(env["FLOWBEAT_DATABASE_URL"])
+    argv = [sys.executable, "-m", "service.cli", "keys", "create", "--scopes", "admin"]
+    return checkout.run([*argv, "--owner", "bench"], env).strip().splitlines()[-1]
+
+
 def _start_api(
-    stack: ExitStack, env: dict[str, str], tmp: Path
+    stack: ExitStack, env: dict[str, str], tmp: Path, checkout: Checkout | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     """The API as deployments start it (``flowbeat api``: uvicorn, an access log line for each
     request), as a subprocess; returns once /health answers 200."""
-    return serve_http(stack, [sys.executable, "-m", "service.cli", "api"], env, tmp / "api.log")
+    argv = [sys.executable, "-m", "service.cli", "api"]
+    return serve_http(stack, argv, env, tmp / "api.log", checkout)
 
 
 def serve_http(
-    stack: ExitStack, argv: list[str], env: dict[str, str], log_path: Path
+    stack: ExitStack,
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    checkout: Checkout | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``argv`` with ``--host 127.0.0.1 --port <a free one>``, as a subprocess stopped when
-    ``stack`` closes; returns it and its base URL once its /health answers 200."""
+    ``stack`` closes (on ``checkout``'s code if given); returns it and its base URL once its
+    /health answers 200."""
     port = free_port()
     argv = [*argv, "--host", "127.0.0.1", "--port", str(port)]
-    proc = stack.enter_context(subprocess_group(argv, env, log_path, " ".join(argv[2:4])))
+    proc = stack.enter_context(_started(argv, env, log_path, " ".join(argv[2:4]), checkout))
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -212,6 +233,16 @@ def serve_http(
         if time.monotonic() > deadline:
             raise RuntimeError(f"{argv[2:4]} not healthy in 60s:\n{tail(log_path)}")
         time.sleep(0.2)
+
+
+def _started(
+    argv: list[str], env: dict[str, str], log_path: Path, name: str, checkout: Checkout | None
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    """``subprocess_group`` of ``argv``, or of ``argv`` run on ``checkout``'s code from it."""
+    if checkout is None:
+        return subprocess_group(argv, env, log_path, name)
+    argv, env = checkout.launch(argv), checkout.env(env)
+    return subprocess_group(argv, env, log_path, f"base {name}", checkout.root)
 
 
 @dataclass
@@ -244,23 +275,25 @@ def start_flowbeat(
     settings: dict[str, str] | None = None,
     workers: int = 1,
     without_event_log: bool = False,
+    checkout: Checkout | None = None,
 ) -> FlowbeatStack:
     """Everything is stopped and dropped when ``stack`` closes. ``profiles`` maps a name to
     the YAML of a profile the API serves as shipped; each is validated here first.
     ``settings`` are extra ``FLOWBEAT_*`` variables for every process. The per-key request
     limit and the open-jobs cap are off: a bench sends as fast as the API answers. The
-    first of ``workers`` worker processes logs to ``worker_log``, the others beside it."""
-    from celery import Celery
-
+    first of ``workers`` worker processes logs to ``worker_log``, the others beside it.
+    With ``checkout``, the database is migrated and the API and workers run on its code."""
     from service.language.loading import load_profile_file
-    from service.platform.constants import QUEUE_CONTROL, QUEUE_STEPS
 
     profiles_dir = tmp / "profiles"
     profiles_dir.mkdir(exist_ok=True)
     for name, text in profiles.items():
         (profiles_dir / f"{name}.yaml").write_text(text)
         load_profile_file(profiles_dir / f"{name}.yaml")
-    db_url, key = _database_with_key(stack, admin_db, without_event_log)
+    if checkout is None:
+        db_url, key = _database_with_key(stack, admin_db, without_event_log)
+    else:
+        db_url = stack.enter_context(fresh_database(admin_db))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("FLOWBEAT_")},
         "FLOWBEAT_DATABASE_URL": db_url,
@@ -272,20 +305,39 @@ def start_flowbeat(
         "FLOWBEAT_MAX_OPEN_JOBS_PER_OWNER": "0",
         **(settings or {}),
     }
-    api_proc, base_url = _start_api(stack, env, tmp)
-    control = Celery("bench-control", broker=redis_url)
+    if checkout is not None:
+        env = checkout.env(env)
+        key = _key_in_checkout(checkout, env, without_event_log)
+    api_proc, base_url = _start_api(stack, env, tmp, checkout)
+    procs = _start_workers(stack, env, tmp, workers, checkout)
+    if checkout is not None:
+        for log_path in [tmp / "api.log", *tmp.glob("flowbeat-worker*.log")]:
+            confirm(log_path.read_text(errors="replace"), log_path.name)
+    conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
+    worker_log = tmp / "flowbeat-worker.log"
+    return FlowbeatStack(base_url, key, conn, api_proc, procs, tmp / "api.log", worker_log, env)
+
+
+def _start_workers(
+    stack: ExitStack, env: dict[str, str], tmp: Path, workers: int, checkout: Checkout | None
+) -> list[subprocess.Popen[bytes]]:
+    """``workers`` worker processes, each answering a ping before the next starts; the first
+    logs to ``flowbeat-worker.log``, the others beside it."""
+    from celery import Celery
+
+    from service.platform.constants import QUEUE_CONTROL, QUEUE_STEPS
+
+    control = Celery("bench-control", broker=env["FLOWBEAT_BROKER_URL"])
     stack.callback(control.close)
     procs = []
     for index in range(workers):
         node = f"bench-flowbeat-{os.getpid()}-{index}@{socket.gethostname()}"
         log_path = tmp / ("flowbeat-worker.log" if index == 0 else f"flowbeat-worker-{index}.log")
         argv = worker_argv("tasks.app", f"{QUEUE_STEPS},{QUEUE_CONTROL}", node)
-        proc = stack.enter_context(subprocess_group(argv, env, log_path, "flowbeat worker"))
+        proc = stack.enter_context(_started(argv, env, log_path, "flowbeat worker", checkout))
         wait_for_worker(control, node, proc, log_path)
         procs.append(proc)
-    conn = stack.enter_context(psycopg.connect(_libpq(db_url), autocommit=True))
-    worker_log = tmp / "flowbeat-worker.log"
-    return FlowbeatStack(base_url, key, conn, api_proc, procs, tmp / "api.log", worker_log, env)
+    return procs
 
 
 def run_flowbeat(
@@ -299,7 +351,14 @@ def run_flowbeat(
     spy_dir: Path | None,
     workers: int = 1,
     without_event_log: bool = False,
+    checkout: Checkout | None = None,
 ) -> FlowbeatResult:
+    """The chain on flowbeat: this tree's, or ``checkout``'s (the base side, which logs as
+    "base" and keeps its logs and profiles apart)."""
+    side, spy = ("B", "flowbeat") if checkout is None else ("base", "base")
+    if checkout is not None:
+        tmp = tmp / "base"
+        tmp.mkdir(exist_ok=True)
     with ExitStack() as stack:
         profiles = {PIPELINE: PROFILE_YAML}
         fb = start_flowbeat(
@@ -310,6 +369,7 @@ def run_flowbeat(
             tmp,
             workers=workers,
             without_event_log=without_event_log,
+            checkout=checkout,
         )
         if warmup:
             errors: list[str] = []
@@ -318,12 +378,12 @@ def run_flowbeat(
                 raise RuntimeError(f"warm-up POSTs failed: {errors[:3]}\n{tail(fb.api_log)}")
             wait_final(fb.conn, warmup, time.monotonic() + timeout_s, fb.dead)
 
-        log(f"B: POSTing {n} jobs of {STEPS_PER_JOB} no-op steps with {threads} client threads")
+        log(f"{side}: POSTing {n} jobs of {STEPS_PER_JOB} no-op steps, {threads} client threads")
         latencies: list[float] = []
         errors = []
         with ExitStack() as spies:
-            spies.enter_context(py_spy(spy_dir, fb.worker.pid, "flowbeat-worker"))
-            spies.enter_context(py_spy(spy_dir, fb.api.pid, "flowbeat-api"))
+            spies.enter_context(py_spy(spy_dir, fb.worker.pid, f"{spy}-worker"))
+            spies.enter_context(py_spy(spy_dir, fb.api.pid, f"{spy}-api"))
             roots = {"api": [fb.api.pid], "workers": [w.pid for w in fb.workers]}
             meter = CpuMeter(roots, fb.conn)
             meter.start()
@@ -338,9 +398,9 @@ def run_flowbeat(
             t1 = time.perf_counter()
             cpu = meter.stop()
         if errors:
-            log(f"B: {len(errors)} POSTs failed, e.g. {errors[0]}")
+            log(f"{side}: {len(errors)} POSTs failed, e.g. {errors[0]}")
         if fb.dead() or any(status != "succeeded" for status in counts):
-            log(f"worker log:\n{tail(fb.worker_log)}")
+            log(f"{side}: jobs final: {counts}; worker log:\n{tail(fb.worker_log)}")
         result = _flowbeat_result(latencies, len(errors), counts, warmup, t1 - t0, t_posted - t0)
         result.cpu_ms_per_job = {part: s * 1000 / max(result.jobs, 1) for part, s in cpu.items()}
         return result
@@ -357,8 +417,6 @@ def _flowbeat_result(
     accepted = len(latencies)
     lat_ms = [x * 1000 for x in latencies]
     not_ok = {s: c for s, c in counts.items() if s != "succeeded" and c}
-    if not_ok:
-        log(f"B: jobs not succeeded: {not_ok}")
     return FlowbeatResult(
         jobs=accepted,
         steps=STEPS_PER_JOB * accepted,

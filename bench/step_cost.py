@@ -1,7 +1,7 @@
 """What PostgreSQL does for one persisted step, counted by statement, row, index entry and WAL
 byte: the counts that do not drift with the machine's speed.
 
-    python -m bench.step_cost [--jobs 300] [--items 1000] [--json]
+    python -m bench.step_cost [--jobs 300] [--items 1000] [--json] [--profile-worker [DIR]]
 
 A lighter companion of ``bench.capacity``: one cluster of its own (``bench.servers``, with
 ``pg_stat_statements.track = all`` so statements run inside triggers and functions are counted
@@ -12,6 +12,14 @@ and one job fanning out over ``--items`` items. Around each it reads ``pg_stat_s
 positions (``pg_walinspect``: bytes, full-page images, and the B-tree insertions by index, which
 are the index entries written) and the CPU of the database's backends. The API and the worker
 are stopped before the counters are read, since a backend reports its last counters as it exits.
+
+``--profile-worker`` records the worker (its main process and its pool) with py-spy during the
+chain's timed part only (into ``DIR/worker.txt`` if given, py-spy's raw format), a sample being
+a moment a process held the GIL (``harness.py_spy`` says why), and prints its samples by part:
+psycopg, sqlalchemy, redis, kombu, billiard, celery, flowbeat (``service/``, ``tasks/``), the
+standard library, other (``bench.profile_summary.Parts`` says how a sample is attributed).
+py-spy slows the worker: the counts of such a run are still exact, its CPU figures are not
+comparable with a run without it.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from bench.cpu import CpuMeter
 from bench.fanout import PIPELINE as FANOUT
 from bench.fanout import profile_yaml
 from bench.harness import PIPELINE as CHAIN
-from bench.harness import PROFILE_YAML, STEPS_PER_JOB, log, on_sigterm
+from bench.harness import PROFILE_YAML, STEPS_PER_JOB, log, on_sigterm, py_spy
+from bench.profile_summary import Parts, parts, parts_table
 from bench.servers import MONITOR_ROLE, OwnPostgres, own_postgres, own_redis
 from bench.stack import FlowbeatStack, post_jobs, start_flowbeat, wait_final
 
@@ -70,6 +79,8 @@ class Profile:
     """WAL bytes by record type (resource manager/record type), full-page images included."""
     postgres_cpu_s: float
     top: list[dict[str, Any]] = field(default_factory=list)
+    worker: Parts | None = None
+    """The worker's py-spy samples by part (``--profile-worker``, the chain only)."""
 
 
 def _table_rows(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, ...]]:
@@ -170,9 +181,16 @@ def _done(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def measure(pg: OwnPostgres, redis_url: str, tmp: Path, name: str, size: int) -> Profile:
-    """One profile on a fresh database: warmed up, counters reset, the timed work, the
-    stack stopped, the counters read."""
+def measure(
+    pg: OwnPostgres,
+    redis_url: str,
+    tmp: Path,
+    name: str,
+    size: int,
+    spy_dir: Path | None = None,
+) -> Profile:
+    """One profile on a fresh database: warmed up, counters reset, the timed work (the worker
+    recorded by py-spy into ``spy_dir`` if given), the stack stopped, the counters read."""
     with ExitStack() as stack:
         OwnRedisClient.from_url(redis_url).flushdb()
         profiles = {CHAIN: PROFILE_YAML, FANOUT: profile_yaml(FANOUT_LANES)}
@@ -195,14 +213,17 @@ def measure(pg: OwnPostgres, redis_url: str, tmp: Path, name: str, size: int) ->
         meter = CpuMeter({}, monitor)
         meter.start()
         deadline = time.monotonic() + 900
-        if name == "chain":
-            errors: list[str] = []
-            post_jobs(fb.base_url, fb.key, size, CLIENTS, [], errors)
-            if errors:
-                raise RuntimeError(f"{len(errors)} POSTs failed, e.g. {errors[0]}")
-            wait_final(monitor, WARMUP_JOBS + size, deadline, fb.dead)
-        else:
-            _fan_out(fb, size, deadline)
+        if spy_dir:
+            (spy_dir / "worker.txt").unlink(missing_ok=True)
+        with py_spy(spy_dir, fb.worker.pid, "worker", gil=True):
+            if name == "chain":
+                errors: list[str] = []
+                post_jobs(fb.base_url, fb.key, size, CLIENTS, [], errors)
+                if errors:
+                    raise RuntimeError(f"{len(errors)} POSTs failed, e.g. {errors[0]}")
+                wait_final(monitor, WARMUP_JOBS + size, deadline, fb.dead)
+            else:
+                _fan_out(fb, size, deadline)
         end = _lsn(admin)
         cpu = meter.stop()["postgres"]
         _stop([fb.api, *fb.workers], monitor)
@@ -222,7 +243,13 @@ def measure(pg: OwnPostgres, redis_url: str, tmp: Path, name: str, size: int) ->
             wal_records=_wal_records(admin, start, end),
             postgres_cpu_s=cpu,
             top=[s for s in statements if not s["monitor"]][:10],
+            worker=_worker_parts(spy_dir),
         )
+
+
+def _worker_parts(spy_dir: Path | None) -> Parts | None:
+    recorded = spy_dir / "worker.txt" if spy_dir else None
+    return parts(recorded) if recorded and recorded.exists() else None
 
 
 def report(profile: Profile) -> list[str]:
@@ -276,6 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=300, help="chain jobs measured")
     parser.add_argument("--items", type=int, default=1000, help="items of the fan-out job")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--profile-worker",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="record the worker with py-spy during the chain (into DIR/worker.txt if given) and "
+        "print its CPU by part (slows the worker: the counts hold, the CPU figures of such a run "
+        "are not comparable)",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     with ExitStack() as stack:
@@ -288,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         profiles = []
         for name, size in (("chain", args.jobs), ("fan-out", args.items)):
             (tmp / name).mkdir()
-            profiles.append(measure(pg, server.url, tmp / name, name, size))
+            spy_dir = _spy_dir(args.profile_worker, tmp) if name == "chain" else None
+            profiles.append(measure(pg, server.url, tmp / name, name, size, spy_dir))
             log(f"{name} measured")
     if args.json:
         print(json.dumps([asdict(p) for p in profiles], indent=2, default=str))
@@ -296,7 +333,30 @@ def main(argv: list[str] | None = None) -> int:
     for profile in profiles:
         print("\n".join(report(profile)))
     print("\n(the CPU figure depends on the machine's load; the counts do not)")
+    if args.profile_worker is not None:
+        print("\n".join(_worker_lines(profiles[0].worker)))
     return 0
+
+
+def _spy_dir(wanted: str | None, tmp: Path) -> Path | None:
+    """``--profile-worker``'s directory: the one given, or the run's temp directory."""
+    if wanted is None:
+        return None
+    return Path(wanted) if wanted else tmp / "py-spy"
+
+
+def _worker_lines(found: Parts | None) -> list[str]:
+    if found is None:
+        return ["", "worker CPU by part: py-spy recorded nothing (see the log above)"]
+    return [
+        "",
+        "worker CPU by part, the chain only (py-spy of the worker and its pool, samples holding",
+        "the GIL; by library: the innermost frame from a listed library, the standard library",
+        "charged to its caller; leaf: the innermost frame's own part):",
+        *parts_table(found),
+        "(py-spy slowed the worker: this run's counts are exact, its CPU figures, the PostgreSQL",
+        "CPU above included, are not comparable with a run without --profile-worker)",
+    ]
 
 
 if __name__ == "__main__":
