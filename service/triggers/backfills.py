@@ -46,6 +46,9 @@ RUNNING = "running"
 COMPLETED = "completed"
 CANCELLED = "cancelled"
 
+BACKFILL_LIST_MAX = 100
+"""The newest backfills a list shows."""
+
 _TAKEN = "created"
 """The outcome of a fire record that made a job: such a fire has run and is never run again."""
 
@@ -80,9 +83,17 @@ class BackfillProgress:
 
 @dataclass
 class TopUp:
-    """What a committed top-up leaves for the caller to send."""
+    """The jobs a committed top-up leaves for the caller to send."""
 
     jobs: list[JobRow] = field(default_factory=list)
+
+
+@dataclass
+class Ended:
+    """What a committed cancel leaves for the caller to send: revokes of the running tasks of
+    the jobs it cancelled, and the compensations of the sagas among them."""
+
+    cancelled: list[uuid.UUID] = field(default_factory=list)
     revoke: list[str] = field(default_factory=list)
     compensate: list[uuid.UUID] = field(default_factory=list)
 
@@ -327,7 +338,7 @@ def cancel_backfill(
     schedule: str | None,
     backfill_id: uuid.UUID,
     now: datetime,
-) -> tuple[BackfillRow, TopUp]:
+) -> tuple[BackfillRow, Ended]:
     """Start no more of its fires and cancel its open jobs; the jobs' running tasks and
     compensations are the caller's to send after the commit. Cancelling a cancelled backfill
     changes nothing; a completed one is refused."""
@@ -339,7 +350,7 @@ def cancel_backfill(
         backfill_id=backfill_id,
         for_update=True,
     )
-    result = TopUp()
+    result = Ended()
     if backfill.status == CANCELLED:
         return backfill, result
     if backfill.status == COMPLETED:
@@ -353,6 +364,7 @@ def cancel_backfill(
             job, running = cancel_job(session, job_id, owner=None, now=now)
         except JobConflict:
             continue
+        result.cancelled.append(job.id)
         result.revoke.extend(running)
         if unfinished_compensations(session, job.id):
             result.compensate.append(job.id)
@@ -390,6 +402,18 @@ def list_backfills(
         select(BackfillRow)
         .where(BackfillRow.schedule_id == row.id)
         .order_by(BackfillRow.created_at.desc(), BackfillRow.id)
+        .limit(BACKFILL_LIST_MAX)
+    ).all()
+    return progress(session, rows)
+
+
+def pipeline_backfills(session: Session, *, owner: str, pipeline: str) -> list[BackfillProgress]:
+    """The backfills of all a pipeline's schedules, newest first."""
+    rows = session.scalars(
+        select(BackfillRow)
+        .where(BackfillRow.owner == owner, BackfillRow.pipeline == pipeline)
+        .order_by(BackfillRow.created_at.desc(), BackfillRow.id)
+        .limit(BACKFILL_LIST_MAX)
     ).all()
     return progress(session, rows)
 
