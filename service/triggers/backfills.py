@@ -315,17 +315,23 @@ def find_backfill(
     backfill_id: uuid.UUID,
     for_update: bool = False,
 ) -> BackfillRow:
-    row = find_schedule(session, owner=owner, pipeline=pipeline, schedule=schedule)
+    """The owner's backfill ``backfill_id`` of ``pipeline``, of the schedule ``schedule`` (an
+    id or a name) when given, else of whichever of its schedules: an id names one already."""
     query = select(BackfillRow).where(
-        BackfillRow.id == backfill_id, BackfillRow.schedule_id == row.id
+        BackfillRow.id == backfill_id,
+        BackfillRow.owner == owner,
+        BackfillRow.pipeline == pipeline,
     )
+    if schedule is not None:
+        row = find_schedule(session, owner=owner, pipeline=pipeline, schedule=schedule)
+        query = query.where(BackfillRow.schedule_id == row.id)
     if for_update:
         query = query.with_for_update()
     backfill = session.scalars(query).one_or_none()
     if backfill is None:
         raise BackfillNotFound(
-            f"schedule {row.name or row.id} of {pipeline!r} has no backfill {backfill_id}",
-            {"pipeline": pipeline, "backfill_id": str(backfill_id)},
+            f"pipeline {pipeline!r} has no backfill {backfill_id}",
+            {"pipeline": pipeline, "schedule": schedule, "backfill_id": str(backfill_id)},
         )
     return backfill
 
