@@ -31,6 +31,7 @@ from service.engine.steps import (
     Unresolvable,
 )
 from service.language.conditions import evaluate
+from service.language.cron import Timing, previous_fire
 from service.language.expressions import ExprContext, resolve, secret_mark
 from service.language.profiles import Profile
 from service.language.snapshots import StepFacts, step_facts
@@ -41,6 +42,7 @@ from service.platform.models import (
     ApprovalRow,
     JobRow,
     JobSignalRow,
+    ScheduleRow,
     SignalWaitRow,
     StepRoundRow,
     StepRunRow,
@@ -244,10 +246,21 @@ def trigger_context(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
 
 
 def schedule_context(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
-    """What ``schedule.fire_time`` reads: the fire time the job was started for, by its
-    schedule or a backfill; empty for a job nothing scheduled."""
-    fire = session.scalar(select(JobRow.scheduled_for).where(JobRow.id == job_id))
-    return {"fire_time": fire.astimezone(UTC).isoformat()} if fire is not None else {}
+    """What ``schedule.*`` reads: the fire time the job was started for, by its schedule or a
+    backfill, and the schedule's fire before it (by its timing now; left out once the schedule
+    is deleted); empty for a job nothing scheduled."""
+    fire, cron, every_s, timezone = session.execute(
+        select(JobRow.scheduled_for, ScheduleRow.cron, ScheduleRow.every_s, ScheduleRow.timezone)
+        .outerjoin(ScheduleRow, ScheduleRow.id == JobRow.schedule_id)
+        .where(JobRow.id == job_id)
+    ).one()
+    if fire is None:
+        return {}
+    context = {"fire_time": fire.astimezone(UTC).isoformat()}
+    if timezone is not None:
+        previous = previous_fire(Timing(cron, every_s, timezone), fire)
+        context["previous_fire_time"] = previous.isoformat()
+    return context
 
 
 def signals_context(session: Session, job_id: uuid.UUID, names: frozenset[str]) -> dict[str, Any]:

@@ -59,7 +59,7 @@ INPUT_ROOTS = frozenset(
     {"params", "steps", "item", "approval", "loop", "trigger", "schedule", "signals", "secrets"}
 )
 TRIGGER_NAMES = frozenset({"job_id", "result", "new_items"})
-SCHEDULE_NAMES = frozenset({"fire_time"})
+SCHEDULE_NAMES = frozenset({"fire_time", "previous_fire_time"})
 LOOP_NAMES = frozenset({"round", "previous"})
 """What a step's inputs may reference; ``output`` exists only where a caller allows it."""
 
@@ -118,8 +118,9 @@ class ExprContext:
     trigger: Mapping[str, Any] = field(default_factory=dict)
     """In a job another job's success started: ``{"job_id": …, "result": …}`` of that job."""
     schedule: Mapping[str, Any] = field(default_factory=dict)
-    """In a job a schedule, its catch-up or a backfill started: ``{"fire_time": …}``, the
-    nominal fire time (ISO 8601, UTC) it runs for, whenever it actually started."""
+    """In a job a schedule, its catch-up or a backfill started: ``{"fire_time": …,
+    "previous_fire_time": …}``, the nominal fire time (ISO 8601, UTC) it runs for, whenever it
+    actually started, and the schedule's fire before it: the period the job covers."""
     signals: Mapping[str, Any] = field(default_factory=dict)
     """Each signal the step reads: ``{payload, received_at}``, or ``None`` when its wait timed
     out and went on (``on_timeout: continue``), read as ``null`` at any path."""
@@ -189,7 +190,10 @@ def parse_ref(expression: str, roots: frozenset[str] = INPUT_ROOTS) -> Ref:
         return Ref("trigger", segs[0], segs[1:])
     if root == "schedule":
         if len(segs) != 1 or segs[0] not in SCHEDULE_NAMES:
-            raise _malformed(expression, "schedule references are schedule.fire_time")
+            raise _malformed(
+                expression,
+                "schedule references are schedule.fire_time or schedule.previous_fire_time",
+            )
         return Ref("schedule", segs[0])
     if len(segs) < 2 or segs[1] != "output":
         raise _malformed(expression, "step references take the form steps.ID.output[.path]")
@@ -341,6 +345,8 @@ def _named(ref: Ref, ctx: ExprContext, fail: Callable[[str], ExpressionError]) -
     if ref.root == "schedule":
         if not ctx.schedule:
             raise fail("'schedule' is only defined in a job a schedule or a backfill started")
+        if name not in ctx.schedule:
+            raise fail("the job's schedule is gone, and with it its fire times")
         return ctx.schedule[name]
     if ctx.secret is None:
         raise fail("secrets are only read in a step's 'with'")

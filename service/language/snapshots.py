@@ -47,7 +47,8 @@ class StepFacts(NamedTuple):
     """Its inputs, its ``when`` or its verify rules read ``trigger.job_id`` or
     ``trigger.result``."""
     reads_schedule: bool
-    """Its inputs or its ``when`` read ``schedule.fire_time``."""
+    """Its inputs or its ``when`` read ``schedule.fire_time`` or
+    ``schedule.previous_fire_time``."""
     reads_signals: frozenset[str]
     """Signals its inputs or its ``when`` read (``signals.<name>``), loaded only for it."""
     plain: bool

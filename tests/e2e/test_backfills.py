@@ -1,6 +1,6 @@
 """Backfills on real workers and beat replicas, made and read through the flowbeat command: the
 beat leader SIGKILLed halfway skips and doubles no fire time, never more than ``max_active``
-jobs open, each job reading the fire time it covers; a cancel ends the open jobs."""
+jobs open, each job reading the period its fire covers; a cancel ends the open jobs."""
 
 import json
 import subprocess
@@ -28,18 +28,20 @@ LOCK_TTL_S = 3
 CRON = "0 */2 * * *"
 ZONE = "Asia/Kolkata"
 """Half an hour off UTC, so a fire read in the wrong zone is off by a visible amount."""
+PERIOD = {"since": "${{ schedule.previous_fire_time }}", "until": "${{ schedule.fire_time }}"}
+"""What a step of a literature search reads to cover its fire's period."""
 
 
 def _pipeline(client: Client, owner: str, hold_s: float) -> None:
-    """A saved pipeline whose one step holds ``hold_s`` and returns the fire time it read,
-    with a paused cron schedule to backfill."""
+    """A saved pipeline whose one step holds ``hold_s`` and returns the period it read, with a
+    paused cron schedule to backfill."""
     profile = {
         "name": "period",
         "steps": [
             {
                 "id": "cover",
                 "action": "drill.count",
-                "with": {"name": "cover", "value": "${{ schedule.fire_time }}", "hold_s": hold_s},
+                "with": {"name": "cover", "value": PERIOD, "hold_s": hold_s},
             }
         ],
     }
@@ -174,7 +176,7 @@ def test_a_backfill_survives_a_beat_leader_kill_without_skipping_or_doubling_a_f
     assert {status for *_, status in jobs} == {"succeeded"}
     assert most_open <= 2, f"{most_open} jobs open at once"
     for fire, job_id, _ in jobs:
-        assert _read_fire(client, job_id) == fire
+        assert _period(client, job_id) == (fire - timedelta(hours=2), fire)
         assert client.count(job_id, "cover", "started") == 1
     assert listed["status"] == "completed"
     assert (listed["started"], listed["pending"], listed["jobs"]) == (12, 0, {"succeeded": 12})
@@ -222,7 +224,7 @@ def test_a_cancelled_backfill_cancels_its_open_jobs_and_starts_no_more(
     assert [fire["status"] for fire in shown["backfill"]["fires"]] == ["cancelled", "cancelled"]
 
 
-def test_an_ordinary_fire_reads_its_fire_time(client: Client, cluster: Cluster) -> None:
+def test_an_ordinary_fire_reads_the_period_it_covers(client: Client, cluster: Cluster) -> None:
     owner = f"fire-{uuid.uuid4().hex[:6]}"
     _pipeline(client, owner, hold_s=0.0)
     _schedule(client, owner, every="1s")
@@ -233,8 +235,10 @@ def test_an_ordinary_fire_reads_its_fire_time(client: Client, cluster: Cluster) 
     client.wait_final(job_id)
     _schedule(client, owner, every="1s", enabled=False)
 
-    assert _read_fire(client, job_id) == fire
+    assert _period(client, job_id) == (fire - timedelta(seconds=1), fire)
 
 
-def _read_fire(client: Client, job_id: uuid.UUID) -> datetime:
-    return datetime.fromisoformat(client.view(job_id).job.result["cover"]["value"])
+def _period(client: Client, job_id: uuid.UUID) -> tuple[datetime, datetime]:
+    """The period the job's step read: from the schedule's fire before to the job's fire."""
+    value = client.view(job_id).job.result["cover"]["value"]
+    return datetime.fromisoformat(value["since"]), datetime.fromisoformat(value["until"])
