@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse
 
 from api.deps import RuntimeDep, SessionDep, SettingsDep
-from api.routes import pipelines, runs, schedules
+from api.routes import backfills, pipelines, runs, schedules
 from api.routes.actions import catalogue
 from api.routes.queues import QueuePublic, read_queues
 from api.ui import PAGE_SIZE, Viewer, page
@@ -42,6 +42,7 @@ def pipelinepage(
     )
     history = runs.pipeline_runs(name, viewer, session, limit=PAGE_SIZE).runs
     planned = schedules.pipeline_schedules(name, viewer, session).schedules
+    filled = backfills.all_pipeline_backfills(name, viewer, session).backfills
     return page(
         request,
         "pipeline.html",
@@ -53,6 +54,7 @@ def pipelinepage(
         runs=history,
         chart=run_chart(history),
         schedules=planned,
+        backfills=filled,
     )
 
 

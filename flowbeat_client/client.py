@@ -4,6 +4,7 @@ Every method is one request, but ``jobs.wait``, which polls ``GET /v1/jobs/{id}`
 of 400 or above raises ``FlowbeatApiError`` with the envelope's code.
 """
 
+import builtins
 import time
 from typing import Any, cast
 
@@ -11,6 +12,7 @@ import httpx
 
 from flowbeat_client.errors import FlowbeatApiError, JobWaitTimeout
 from flowbeat_client.types import (
+    Backfill,
     Diff,
     Job,
     JobPage,
@@ -213,6 +215,29 @@ class Schedules(_Section):
 
     def delete(self, pipeline: str, schedule: str | None = None) -> None:
         self._call("DELETE", _schedule_path(pipeline, schedule))
+
+    def backfill(
+        self, pipeline: str, schedule: str, *, start: str, end: str, max_active: int = 1
+    ) -> Backfill:
+        """One job per fire time of the schedule's cron in ``[start, end)`` (ISO 8601 with a
+        zone), oldest first, at most ``max_active`` open at once; fires that ran are skipped."""
+        body = {"from": start, "to": end, "max_active": max_active}
+        path = f"{_schedule_path(pipeline, schedule)}/backfill"
+        return cast(Backfill, self._call("POST", path, json=body)["backfill"])
+
+    def backfills(self, pipeline: str, schedule: str | None = None) -> builtins.list[Backfill]:
+        """With their progress, newest first: the schedule's, or all the pipeline's."""
+        path = (
+            f"/v1/pipelines/{pipeline}/backfills"
+            if schedule is None
+            else f"{_schedule_path(pipeline, schedule)}/backfill"
+        )
+        return cast(builtins.list[Backfill], self._call("GET", path)["backfills"])
+
+    def cancel_backfill(self, pipeline: str, schedule: str, backfill_id: str) -> Backfill:
+        """Start no more of its fires and cancel its open jobs."""
+        path = f"{_schedule_path(pipeline, schedule)}/backfill/{backfill_id}/cancel"
+        return cast(Backfill, self._call("POST", path)["backfill"])
 
 
 class Runs(_Section):

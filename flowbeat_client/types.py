@@ -105,6 +105,30 @@ class Schedule(TypedDict):
     updated_at: str
 
 
+class Backfill(TypedDict):
+    id: str
+    schedule_id: str
+    pipeline: str
+    owner: str
+    range_from: str
+    range_to: str
+    cron: str
+    timezone: str
+    max_active: int
+    status: str
+    """``running``, ``completed`` or ``cancelled``."""
+    total: int
+    started: int
+    skipped: int
+    pending: int
+    open: int
+    jobs: dict[str, int]
+    cursor: str | None
+    created_by: str
+    created_at: str
+    finished_at: str | None
+
+
 class Run(TypedDict):
     job_id: str
     trigger: str

@@ -2,14 +2,15 @@
 
 Every replica ticks; only the holder of the Redis leader lock does work. The leader runs the
 static entries of ``beat_schedule`` (the sweeper), fires due schedules from PostgreSQL, cancels
-scheduled runs past their timeout, times out approvals and signal waits, fails jobs past their
-deadline, wakes wait steps whose time has come (``service.engine.waits``), starts and settles
-sub-pipelines (``service.engine.children``), lets in what waits
-for a slot or a turn, matches alert rules (``scheduler.alerting``), and prunes old runs.
-Schedules are read on every tick, and the leader
-spends the time between ticks listening for saved schedules (``scheduler.wakeups``), so a
-change through the API applies at once, without a restart. The lock only keeps standbys idle:
-exactly-once per fire comes from the ``schedule_fires`` fence in PostgreSQL.
+scheduled runs past their timeout, tops up running backfills (``service.triggers.backfills``),
+times out approvals and signal waits, fails jobs past their deadline, wakes wait steps whose
+time has come (``service.engine.waits``), starts and settles sub-pipelines
+(``service.engine.children``), lets in what waits for a slot or a turn, matches alert rules
+(``scheduler.alerting``), and prunes old runs. Schedules are read on every tick, and the
+leader spends the time between ticks listening for saved schedules and backfills
+(``scheduler.wakeups``), so a change through the API applies at once, without a restart. The
+lock only keeps standbys idle: exactly-once per fire comes from the ``schedule_fires`` fence in
+PostgreSQL, for a backfill's fires as for the schedule's own.
 """
 
 import logging
@@ -45,6 +46,8 @@ from service.platform.db import unit_of_work
 from service.platform.errors import BrokerUnavailable
 from service.platform.metrics import BEAT_FIRE_LAG, BEAT_LEADER_CHANGES
 from service.platform.settings import Settings, get_settings
+from service.triggers.backfills import running_ids as backfill_ids
+from service.triggers.backfills import top_up
 from service.triggers.dependencies import fire_dependents
 from service.triggers.firing import (
     TickResult,
@@ -136,6 +139,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             overdue = cancel_overdue(session, now=now, timeout_s=settings.schedule_run_timeout_s)
         self.revoke(overdue.revoke)
         self.compensate(overdue.compensate)
+        self.top_up_backfills(now)
         self.expire_approvals(now)
         self.expire_signal_waits(now)
         self.expire_deadlines(now)
@@ -176,6 +180,30 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         for owner, pipeline in {(job.owner, job.pipeline) for job in result.jobs}:
             with unit_of_work(self.runtime.sessions) as session:
                 prune_runs(session, utcnow(), policy, owner=owner, pipeline=pipeline)
+
+    def top_up_backfills(self, now: datetime) -> None:
+        """Start the next fires of each running backfill while it has room under its
+        ``max_active``, one backfill per transaction; the jobs are sent after its commit. A
+        job of a backfill that ends makes room that the next tick fills."""
+        with unit_of_work(self.runtime.sessions) as session:
+            running = backfill_ids(session)
+        for backfill_id in running:
+            with unit_of_work(self.runtime.sessions) as session:
+                started = top_up(
+                    session,
+                    backfill_id,
+                    profiles_dir=self.settings.profiles_dir,
+                    known_actions=self.runtime.registry.names(),
+                    now=now,
+                )
+            for job in started.jobs:
+                try:
+                    send_new_job(self.app, self.runtime, job)
+                except BrokerUnavailable:
+                    log.warning("beat: backfill job %s stored; the sweeper sends it", job.id)
+                log.info(
+                    "beat: backfill %s started %s as job %s", backfill_id, job.scheduled_for, job.id
+                )
 
     def fire_dependents(self) -> None:
         """Start the jobs that queued successes wait for (dependency triggers); they are sent

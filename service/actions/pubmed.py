@@ -6,6 +6,7 @@ a key, 10 with one. The window is slightly over a second so that jitter between 
 and the request reaching NCBI cannot push a burst over their limit.
 """
 
+import re
 from typing import Any
 
 from service.actions.context import StepContext
@@ -20,6 +21,9 @@ MAX_RETMAX = 10_000
 SUMMARY_BATCH = 200
 DATETYPES = frozenset({"pdat", "edat", "mdat"})
 SORTS = frozenset({"relevance", "pub_date", "Author", "JournalName"})
+_ISO_DATE = re.compile(
+    r"^(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})(?:[T ][0-9:.]+(?:Z|[+-]\d{2}:?\d{2})?)?$"
+)
 
 
 def ncbi_limiter(settings: Settings) -> RateLimiter:
@@ -47,6 +51,13 @@ def _eutil(ctx: StepContext, action_name: str, endpoint: str, params: dict[str, 
     return body
 
 
+def _ncbi_date(value: str) -> str:
+    """E-utilities take ``YYYY/MM/DD`` (or ``YYYY/MM``, ``YYYY``); an ISO 8601 date or time,
+    as ``${{ schedule.fire_time }}`` reads, is taken by its date."""
+    iso = _ISO_DATE.match(value) if isinstance(value, str) else None
+    return f"{iso['y']}/{iso['m']}/{iso['d']}" if iso else value
+
+
 @action("pubmed.search", cache=False)
 def search(
     ctx: StepContext,
@@ -69,8 +80,8 @@ def search(
     if sort is not None and sort not in SORTS:
         raise bad_inputs("pubmed.search", f"sort must be one of {sorted(SORTS)}")
     params: dict[str, Any] = {"term": term, "retmax": retmax}
-    if mindate is not None:
-        params.update(mindate=mindate, maxdate=maxdate, datetype=datetype)
+    if mindate is not None and maxdate is not None:
+        params.update(mindate=_ncbi_date(mindate), maxdate=_ncbi_date(maxdate), datetype=datetype)
     if sort is not None:
         params["sort"] = sort
     reply = _eutil(ctx, "pubmed.search", "esearch.fcgi", params).get("esearchresult")

@@ -237,12 +237,16 @@ def prune_tombstones(
 
 def prune_fires(session: Session, now: datetime, *, batch: int = RETENTION_BATCH_ROWS) -> int:
     """Delete fire records that can no longer fence anything: older than their schedule's
-    catch-up window (no replica fires that far back) plus ``FIRE_RECORDS_KEPT_S``."""
+    catch-up window (no replica fires that far back) plus ``FIRE_RECORDS_KEPT_S``. A
+    backfill's records are its progress and go with the backfill."""
     window = func.make_interval(0, 0, 0, 0, 0, 0, ScheduleRow.catchup_window_s)
     doomed = (
         select(ScheduleFireRow.id)
         .join(ScheduleRow, ScheduleRow.id == ScheduleFireRow.schedule_id)
-        .where(ScheduleFireRow.fire_at < now - timedelta(seconds=FIRE_RECORDS_KEPT_S) - window)
+        .where(
+            ScheduleFireRow.fire_at < now - timedelta(seconds=FIRE_RECORDS_KEPT_S) - window,
+            ScheduleFireRow.backfill_id.is_(None),
+        )
         .limit(batch)
     )
     deleted = session.scalars(

@@ -13,7 +13,7 @@ import secrets
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -31,6 +31,7 @@ from service.engine.steps import (
     Unresolvable,
 )
 from service.language.conditions import evaluate
+from service.language.cron import Timing, previous_fire
 from service.language.expressions import ExprContext, resolve, secret_mark
 from service.language.profiles import Profile
 from service.language.snapshots import StepFacts, step_facts
@@ -41,6 +42,7 @@ from service.platform.models import (
     ApprovalRow,
     JobRow,
     JobSignalRow,
+    ScheduleRow,
     SignalWaitRow,
     StepRoundRow,
     StepRunRow,
@@ -95,7 +97,7 @@ def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
     do not resolve and the failure must be recorded in a transaction (``use_shard_claim``),
     or when they read a decision or a signal, which only a transaction reads."""
     facts = step_facts(claim.profile, claim.key.step_id)
-    if facts.decisions or facts.reads_loop or facts.reads_signals:
+    if facts.decisions or facts.reads_loop or facts.reads_signals or facts.reads_schedule:
         return None
     try:
         return _resolved(Held.of_shard(claim, params), claim.outputs)
@@ -117,8 +119,9 @@ def resolve_held(session: Session, held: Held, now: datetime) -> Claimed | Unres
     loop = loop_context(session, key.job_id, key.step_id, held.profile) if facts.reads_loop else {}
     trigger = trigger_context(session, key.job_id) if facts.reads_trigger else {}
     signals = signals_context(session, key.job_id, facts.reads_signals)
+    schedule = schedule_context(session, key.job_id) if facts.reads_schedule else {}
     try:
-        return _resolved(held, held.outputs, decided, loop, trigger, signals)
+        return _resolved(held, held.outputs, decided, loop, trigger, signals, schedule)
     except ExpressionError as exc:
         return not_run(session, held.key, held.profile, now, exc)
 
@@ -130,6 +133,7 @@ def _resolved(
     loop: dict[str, Any] | None = None,
     trigger: dict[str, Any] | None = None,
     signals: dict[str, Any] | None = None,
+    schedule: dict[str, Any] | None = None,
 ) -> Claimed:
     """Resolve a held step's inputs; raises ``ExpressionError`` when they do not resolve.
     A secret resolves to a mark with a nonce of this attempt's, which only the call reveals."""
@@ -143,6 +147,7 @@ def _resolved(
         loop=loop or {},
         trigger=trigger or {},
         signals=signals or {},
+        schedule=schedule or {},
     )
     if key.shard != SHARD_NONE:
         context.item = held.item
@@ -180,6 +185,7 @@ def unless_condition(session: Session, held: Held, now: datetime) -> Skipped | U
         decisions=decisions(session, key.job_id, facts.decisions),
         trigger=trigger_context(session, key.job_id) if facts.reads_trigger else {},
         signals=signals_context(session, key.job_id, facts.reads_signals),
+        schedule=schedule_context(session, key.job_id) if facts.reads_schedule else {},
     )
     try:
         holds = evaluate(spec.condition, context)
@@ -237,6 +243,24 @@ def trigger_context(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
     dependency trigger made it, so it outlives the upstream job's retention."""
     data = session.scalar(select(JobRow.trigger_data).where(JobRow.id == job_id))
     return dict(data) if data else {}
+
+
+def schedule_context(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
+    """What ``schedule.*`` reads: the fire time the job was started for, by its schedule or a
+    backfill, and the schedule's fire before it (by its timing now; left out once the schedule
+    is deleted); empty for a job nothing scheduled."""
+    fire, cron, every_s, timezone = session.execute(
+        select(JobRow.scheduled_for, ScheduleRow.cron, ScheduleRow.every_s, ScheduleRow.timezone)
+        .outerjoin(ScheduleRow, ScheduleRow.id == JobRow.schedule_id)
+        .where(JobRow.id == job_id)
+    ).one()
+    if fire is None:
+        return {}
+    context = {"fire_time": fire.astimezone(UTC).isoformat()}
+    if timezone is not None:
+        previous = previous_fire(Timing(cron, every_s, timezone), fire)
+        context["previous_fire_time"] = previous.isoformat()
+    return context
 
 
 def signals_context(session: Session, job_id: uuid.UUID, names: frozenset[str]) -> dict[str, Any]:

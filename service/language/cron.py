@@ -10,6 +10,7 @@ fire times without sharing state.
 
 import hashlib
 import itertools
+import math
 import re
 import uuid
 from collections.abc import Iterator
@@ -216,6 +217,23 @@ def next_fire(timing: Timing, after: datetime) -> datetime:
         return EPOCH + timedelta(seconds=(elapsed + 1) * timing.every_s)
     assert timing.cron is not None
     return next(_cron_fires(timing.cron, zone(timing.timezone), after))
+
+
+def previous_fire(timing: Timing, before: datetime) -> datetime:
+    """The last fire time strictly before ``before`` (aware), in UTC: where the period that
+    the fire at ``before`` covers begins."""
+    if timing.every_s is not None:
+        periods = math.ceil((before - EPOCH).total_seconds() / timing.every_s)
+        return EPOCH + timedelta(seconds=(periods - 1) * timing.every_s)
+    assert timing.cron is not None
+    tz = zone(timing.timezone)
+    wall = before.astimezone(tz).replace(tzinfo=None)
+    walker = croniter(timing.cron, wall + timedelta(hours=3))
+    for _ in range(MAX_CRON_STEPS):
+        candidate = _wall_to_utc(walker.get_prev(datetime), tz)
+        if candidate < before:
+            return candidate
+    raise CronInvalid(f"{timing.cron!r} fires nowhere near {before}", {"cron": timing.cron})
 
 
 def fires_between(timing: Timing, after: datetime, until: datetime) -> list[datetime]:

@@ -26,6 +26,7 @@ Root = Literal[
     "loop",
     "payload",
     "trigger",
+    "schedule",
     "signals",
     "secrets",
 ]
@@ -44,6 +45,7 @@ _ROOTS: dict[str, Root] = {
     "loop": "loop",
     "payload": "payload",
     "trigger": "trigger",
+    "schedule": "schedule",
     "signals": "signals",
     "secrets": "secrets",
 }
@@ -54,9 +56,10 @@ SECRET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*")
 _SECRET_MARK = re.compile(r"@@flowbeat-secret:(?P<nonce>[0-9a-f]{32}):(?P<name>[A-Za-z0-9_]+)@@")
 
 INPUT_ROOTS = frozenset(
-    {"params", "steps", "item", "approval", "loop", "trigger", "signals", "secrets"}
+    {"params", "steps", "item", "approval", "loop", "trigger", "schedule", "signals", "secrets"}
 )
 TRIGGER_NAMES = frozenset({"job_id", "result", "new_items"})
+SCHEDULE_NAMES = frozenset({"fire_time", "previous_fire_time"})
 LOOP_NAMES = frozenset({"round", "previous"})
 """What a step's inputs may reference; ``output`` exists only where a caller allows it."""
 
@@ -114,6 +117,10 @@ class ExprContext:
     """A webhook delivery's JSON body, for the hook's mapping to params."""
     trigger: Mapping[str, Any] = field(default_factory=dict)
     """In a job another job's success started: ``{"job_id": …, "result": …}`` of that job."""
+    schedule: Mapping[str, Any] = field(default_factory=dict)
+    """In a job a schedule, its catch-up or a backfill started: ``{"fire_time": …,
+    "previous_fire_time": …}``, the nominal fire time (ISO 8601, UTC) it runs for, whenever it
+    actually started, and the schedule's fire before it: the period the job covers."""
     signals: Mapping[str, Any] = field(default_factory=dict)
     """Each signal the step reads: ``{payload, received_at}``, or ``None`` when its wait timed
     out and went on (``on_timeout: continue``), read as ``null`` at any path."""
@@ -181,6 +188,13 @@ def parse_ref(expression: str, roots: frozenset[str] = INPUT_ROOTS) -> Ref:
                 "trigger references are trigger.job_id, trigger.result or trigger.new_items",
             )
         return Ref("trigger", segs[0], segs[1:])
+    if root == "schedule":
+        if len(segs) != 1 or segs[0] not in SCHEDULE_NAMES:
+            raise _malformed(
+                expression,
+                "schedule references are schedule.fire_time or schedule.previous_fire_time",
+            )
+        return Ref("schedule", segs[0])
     if len(segs) < 2 or segs[1] != "output":
         raise _malformed(expression, "step references take the form steps.ID.output[.path]")
     return Ref("steps", segs[0], segs[2:])
@@ -272,6 +286,8 @@ def lookup(ref: Ref, ctx: ExprContext) -> Any:
             f"cannot resolve {expression}: {reason}", {"expression": expression, "reason": reason}
         )
 
+    if ref.root in ("schedule", "secrets"):
+        return _named(ref, ctx, fail)
     if ref.root == "item":
         if ctx.item is NO_ITEM:
             raise fail("'item' is only defined inside a for_each step")
@@ -307,10 +323,6 @@ def lookup(ref: Ref, ctx: ExprContext) -> Any:
             raise fail(str(exc)) from None
     elif ref.root == "signals":
         return _signal(ref, ctx, fail)
-    elif ref.root == "secrets":
-        if ctx.secret is None:
-            raise fail("secrets are only read in a step's 'with'")
-        return ctx.secret(name)
     elif ref.root == "approval":
         if name not in ctx.decisions:
             raise fail(f"no decision on step {name!r}")
@@ -325,6 +337,20 @@ def lookup(ref: Ref, ctx: ExprContext) -> Any:
         return walk_path(base, ref.path)
     except LookupError as exc:
         raise fail(str(exc)) from None
+
+
+def _named(ref: Ref, ctx: ExprContext, fail: Callable[[str], ExpressionError]) -> Any:
+    """A reference that is a name and no path: a secret, or what the schedule knows."""
+    name = ref.name or ""
+    if ref.root == "schedule":
+        if not ctx.schedule:
+            raise fail("'schedule' is only defined in a job a schedule or a backfill started")
+        if name not in ctx.schedule:
+            raise fail("the job's schedule is gone, and with it its fire times")
+        return ctx.schedule[name]
+    if ctx.secret is None:
+        raise fail("secrets are only read in a step's 'with'")
+    return ctx.secret(name)
 
 
 def _signal(ref: Ref, ctx: ExprContext, fail: Callable[[str], ExpressionError]) -> Any:

@@ -46,12 +46,15 @@ class StepFacts(NamedTuple):
     reads_trigger: bool
     """Its inputs, its ``when`` or its verify rules read ``trigger.job_id`` or
     ``trigger.result``."""
+    reads_schedule: bool
+    """Its inputs or its ``when`` read ``schedule.fire_time`` or
+    ``schedule.previous_fire_time``."""
     reads_signals: frozenset[str]
     """Signals its inputs or its ``when`` read (``signals.<name>``), loaded only for it."""
     plain: bool
     """It starts from a one-statement claim with no transaction (``steps.ready_claim``): no
-    fan-out, gate, wait, signal wait or ``when``, its inputs read no decision, loop, trigger or
-    signal, and its verify rules no trigger."""
+    fan-out, gate, wait, signal wait or ``when``, its inputs read no decision, loop, trigger,
+    schedule or signal, and its verify rules no trigger."""
     follows: str | None
     """The child its worker may claim in its checkpoint and run next, without a message
     (``steps.Follow``): the first one of its queue whose only upstream it is and that needs no
@@ -81,6 +84,7 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
         decided = frozenset(ref.name for ref in refs if ref.root == "approval" and ref.name)
         reads_loop = any(ref.root == "loop" for ref in refs)
         reads_trigger = any(ref.root == "trigger" for ref in [*refs, *verify_refs])
+        reads_schedule = any(ref.root == "schedule" for ref in refs)
         reads_signals = frozenset(ref.name for ref in refs if ref.root == "signals" and ref.name)
         gated = (
             spec.for_each is not None
@@ -97,8 +101,11 @@ def step_facts(profile: Profile, step_id: str) -> StepFacts:
             reads_loop,
             (loop := profile.loop_of(step_id)) is not None and profile.loop_last(loop) == step_id,
             reads_trigger,
+            reads_schedule,
             reads_signals,
-            not (gated or decided or reads_loop or reads_trigger or reads_signals),
+            not (
+                gated or decided or reads_loop or reads_trigger or reads_schedule or reads_signals
+            ),
             next((c for c in children if _may_follow(profile, step_id, c)), None),
             frozenset(ref.name for ref in refs if ref.root == "secrets" and ref.name),
         )

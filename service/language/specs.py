@@ -43,7 +43,7 @@ ErrorEntry = dict[str, Any]
 VERIFY_ROOTS = frozenset({"output", "params", "trigger"})
 """A verify ``expr`` checks the step's own output, so it names ``output`` (and params, and in a
 job another's success started, ``trigger``), never another step."""
-WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger", "signals"})
+WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger", "schedule", "signals"})
 UNTIL_ROOTS = frozenset({"params", "steps", "loop", "trigger"})
 RULE_KINDS = ("not_empty", "min_items", "max_items", "json_schema", "expr")
 MAX_VERIFY_RULES = 50

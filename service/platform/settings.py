@@ -252,6 +252,8 @@ class Settings(BaseSettings):
     schedule_min_interval_s: float = 3600.0
     schedule_max_active_per_owner: int = 5
     schedule_run_timeout_s: float = 300.0
+    backfill_max_fires: int = Field(default=1000, ge=1)
+    """The most fire times one backfill may cover; a longer range is refused, not cut short."""
     runs_kept_per_pipeline: int = Field(default=100, ge=0)
     """Finished runs each owner's pipeline keeps once they are older than the minimum age."""
     retention_min_age_s: float = Field(default=86_400.0, ge=0)

@@ -92,16 +92,10 @@ def _record(session: Session, row: ScheduleRow, fire: datetime, outcome: str) ->
     return True
 
 
-def _start(
-    session: Session,
-    row: ScheduleRow,
-    fire: datetime,
-    *,
-    profiles_dir: Path | None,
-    known_actions: Collection[str],
-) -> JobRow | None:
-    """Create the job for one fire together with its fence row, or nothing at all."""
-    request = JobRequest(
+def fire_request(row: ScheduleRow, fire: datetime) -> JobRequest:
+    """The job of one fire of a schedule, whether the schedule fired it or a backfill did: the
+    fire time is the job's ``scheduled_for``, which its steps read as ``schedule.fire_time``."""
+    return JobRequest(
         pipeline=row.pipeline,
         params=row.params,
         trigger=TRIGGER_SCHEDULE,
@@ -113,6 +107,18 @@ def _start(
         priority=row.priority,
         labels=row.labels,
     )
+
+
+def _start(
+    session: Session,
+    row: ScheduleRow,
+    fire: datetime,
+    *,
+    profiles_dir: Path | None,
+    known_actions: Collection[str],
+) -> JobRow | None:
+    """Create the job for one fire together with its fence row, or nothing at all."""
+    request = fire_request(row, fire)
     try:
         with session.begin_nested():
             job, _ = submit_job(

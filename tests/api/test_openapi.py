@@ -63,6 +63,7 @@ BODY = {413, 422}
 PARSED_BODY = BODY | {400}
 """A body FastAPI reads: bytes that are not UTF-8 JSON are a 400 as well."""
 
+BACKFILL = "/v1/pipelines/{name}/schedules/{schedule}/backfill"
 ANSWERS: dict[tuple[str, str], set[int]] = {
     ("get", "/health"): {200, 503},
     ("get", "/metrics"): {200} | KEYED,
@@ -110,6 +111,11 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     | KEYED,
     ("delete", "/v1/pipelines/{name}/schedules/{schedule}"): {204, 400, 404} | KEYED,
     ("get", "/v1/schedules"): {200} | KEYED,
+    ("post", f"{BACKFILL}"): {201, 400, 404} | PARSED_BODY | KEYED,
+    ("get", f"{BACKFILL}"): {200, 400, 404} | KEYED,
+    ("get", f"{BACKFILL}/{{backfill_id}}"): {200, 400, 404} | KEYED,
+    ("post", f"{BACKFILL}/{{backfill_id}}/cancel"): {200, 400, 404, 409} | KEYED,
+    ("get", "/v1/pipelines/{name}/backfills"): {200, 400} | KEYED,
     ("put", "/v1/hooks/{name}"): {200, 201, 400, 404} | PARSED_BODY | KEYED,
     ("get", "/v1/hooks"): {200} | KEYED,
     ("get", "/v1/hooks/{name}"): {200, 400, 404} | KEYED,

@@ -12,10 +12,12 @@ from sqlalchemy import update
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
+from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import RetryLater
 from service.platform.models import PipelineRow, PipelineVersionRow
 from service.platform.settings import Settings
+from service.triggers.backfills import top_up
 from tests.api.conftest import KeyFactory
 from tests.support.approvals import parked_job
 from tests.support.apps import api_client
@@ -139,6 +141,35 @@ def test_a_pipelines_page_lists_each_of_its_schedules(ui: TestClient, make_key: 
         assert "daily" in text and "monthly" in text and "0 6 1 * *" in text
         assert all(schedule_id in text for schedule_id in ids)
     assert "<td>8</td>" in page
+
+
+def test_a_pipelines_page_shows_each_backfills_progress(
+    ui: TestClient, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    key = make_key("write")
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"name": "weekly", "cron": "0 6 * * 1", "params": {"who": "ada"}}
+    schedule = ui.post("/v1/pipelines/greet/schedules", json=body, headers=headers).json()
+    url = f"/v1/pipelines/greet/schedules/{schedule['schedule']['id']}/backfill"
+    span = {"from": "2025-01-01T00:00:00Z", "to": "2025-03-01T00:00:00Z", "max_active": 2}
+    made = ui.post(url, json=span, headers=headers).json()["backfill"]
+    with unit_of_work(runtime.sessions) as session:
+        top_up(
+            session,
+            uuid.UUID(made["id"]),
+            profiles_dir=runtime.settings.profiles_dir,
+            known_actions=runtime.registry.names(),
+            now=utcnow(),
+        )
+    _login(ui, key)
+
+    page = ui.get("/ui/pipelines/greet").text
+    ui.post(f"{url}/{made['id']}/cancel", headers=headers)
+
+    assert made["id"] in page
+    assert '<progress max="8" value="0">' in page
+    assert "0/8 fires, 2 open of at most 2" in page
+    assert "queued 2" in page
 
 
 def test_a_saved_pipeline_shows_the_text_it_was_saved_from(

@@ -74,6 +74,17 @@ def test_a_script_saves_runs_waits_diffs_and_reruns(fb: Client, shared_worker: P
             fb.schedules.get("client-check")
         assert (ambiguous.value.status, ambiguous.value.code) == (409, "schedule_ambiguous")
         assert fb.schedules.get("client-check", daily["id"])["name"] == "daily"
+        backfill = fb.schedules.backfill(
+            "client-check",
+            "monthly",
+            start="2026-01-01T00:00:00Z",
+            end="2026-07-01T00:00:00Z",
+            max_active=2,
+        )
+        assert (backfill["total"], backfill["status"]) == (6, "running")
+        assert [b["id"] for b in fb.schedules.backfills("client-check")] == [backfill["id"]]
+        cancelled = fb.schedules.cancel_backfill("client-check", "monthly", backfill["id"])
+        assert cancelled["status"] == "cancelled"
         fb.schedules.delete("client-check", "daily")
         fb.schedules.delete("client-check", "monthly")
         fb.schedules.delete("client-check")

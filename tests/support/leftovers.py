@@ -22,7 +22,7 @@ from service.platform.constants import (
     WORKERS_KEY,
 )
 from service.platform.db import unit_of_work
-from service.platform.models import AlertRuleRow, JobRow, ScheduleRow
+from service.platform.models import AlertRuleRow, BackfillRow, JobRow, ScheduleRow
 from service.platform.states import JOB_FINAL
 from tasks.queues import step_lists
 
@@ -60,12 +60,15 @@ def forget_earlier_tests(broker: redis.Redis) -> None:
 
 
 def end_earlier_work(sessions: sessionmaker[Session]) -> None:
-    """Every job of the database that is not over cancelled, every schedule disabled, and
-    every alert rule deleted with its outbox (a beat would match them and a worker send
-    them to receivers long gone)."""
+    """Every job of the database that is not over cancelled, every schedule disabled, every
+    running backfill cancelled (a beat would start its fires), and every alert rule deleted
+    with its outbox (a beat would match them and a worker send them to receivers long gone)."""
     with unit_of_work(sessions) as session:
         open_ids = session.scalars(select(JobRow.id).where(JobRow.status.not_in(JOB_FINAL))).all()
         for job_id in open_ids:
             cancel_job(session, job_id, owner=None, now=utcnow())
         session.execute(update(ScheduleRow).where(ScheduleRow.enabled).values(enabled=False))
+        session.execute(
+            update(BackfillRow).where(BackfillRow.status == "running").values(status="cancelled")
+        )
         session.execute(delete(AlertRuleRow))

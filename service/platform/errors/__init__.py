@@ -369,6 +369,36 @@ class ScheduleNameTaken(FlowbeatError):
     code = "schedule_name_taken"
 
 
+class BackfillInvalid(FlowbeatError):
+    """A backfill's range is empty or backwards, reaches into the future, or its
+    ``max_active`` is below 1; nothing is stored."""
+
+    code = "backfill_invalid"
+
+
+class BackfillTooLarge(FlowbeatError):
+    """A backfill's range holds more fire times than ``FLOWBEAT_BACKFILL_MAX_FIRES``."""
+
+    code = "backfill_too_large"
+
+
+class BackfillNotCron(FlowbeatError):
+    """Only a cron schedule has fire times of its own to backfill; an ``every`` schedule's
+    are anchored at the epoch, not at a calendar a period can be named by."""
+
+    code = "backfill_not_cron"
+
+
+class BackfillNotFound(FlowbeatError):
+    code = "backfill_not_found"
+
+
+class BackfillConflict(FlowbeatError):
+    """A backfill that completed cannot be cancelled."""
+
+    code = "backfill_conflict"
+
+
 class FlowerAuthRequired(FlowbeatError):
     """Flower would answer anyone: no credentials, and not an unauthenticated loopback."""
 

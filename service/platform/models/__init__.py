@@ -7,6 +7,7 @@ from service.platform.models.audit import AuditEventRow
 from service.platform.models.base import ApiKeyRow, Base
 from service.platform.models.bulk import BulkActionRow
 from service.platform.models.catalogue import (
+    BackfillRow,
     DependencyFireRow,
     DependencyQueueRow,
     HookDeliveryRow,
@@ -45,6 +46,7 @@ __all__ = [
     "ApiKeyRow",
     "ApprovalRow",
     "AuditEventRow",
+    "BackfillRow",
     "Base",
     "BulkActionRow",
     "CheckpointRow",

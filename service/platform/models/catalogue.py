@@ -123,7 +123,49 @@ class ScheduleFireRow(Base):
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
     )
     outcome: Mapped[str] = mapped_column(String(16))
+    backfill_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("backfills.id", ondelete="CASCADE"), index=True
+    )
+    """The backfill that took this fire; its records stay as long as the backfill does, since
+    a backfill's fires are older than any retention of ordinary fire records."""
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class BackfillRow(Base):
+    """One backfill of a schedule: its fires in ``[range_from, range_to)``, started oldest
+    first, at most ``max_active`` open at once. ``cursor`` is the last fire handed out, moved
+    in the transaction that fences that fire, so whichever scheduler replica tops it up next
+    goes on from there without skipping or repeating a fire."""
+
+    __tablename__ = "backfills"
+    __table_args__ = (
+        CheckConstraint("max_active >= 1", name="max_active"),
+        CheckConstraint("range_from < range_to", name="range"),
+        Index(None, "status"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    schedule_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("schedules.id", ondelete="CASCADE"), index=True
+    )
+    owner: Mapped[str] = mapped_column(String(128))
+    pipeline: Mapped[str] = mapped_column(String(64))
+    range_from: Mapped[datetime]
+    range_to: Mapped[datetime]
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    """The schedule's timing when the backfill was made: a later change of the schedule does
+    not change which fires its range covers."""
+    max_active: Mapped[int] = mapped_column(Integer)
+    total: Mapped[int] = mapped_column(Integer)
+    """Fire times in the range, counted when it was created."""
+    cursor: Mapped[datetime | None]
+    skipped: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """Fires in the range that had run already: counted, never started again."""
+    status: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    finished_at: Mapped[datetime | None]
 
 
 class HookRow(Base):

@@ -78,6 +78,20 @@ def test_a_date_range_is_sent_with_its_date_type(stack: Stack, replay: ReplaySer
     assert (seen.params["datetype"], seen.params["sort"]) == ("edat", "pub_date")
 
 
+def test_a_period_read_from_a_schedules_fire_times_is_sent_as_dates(
+    stack: Stack, replay: ReplayServer
+) -> None:
+    call(
+        ctx_for(replay),
+        "pubmed.search",
+        term=REMI_TERM,
+        mindate="2026-04-27T08:00:00+00:00",
+        maxdate="2026-05-04",
+    )
+    [seen] = replay.seen("/esearch.fcgi")
+    assert (seen.params["mindate"], seen.params["maxdate"]) == ("2026/04/27", "2026/05/04")
+
+
 @pytest.mark.parametrize(
     "inputs",
     [

@@ -15,6 +15,7 @@ from service.language.cron import (
     normalize,
     parse_cron,
     parse_duration,
+    previous_fire,
 )
 from service.platform.errors import CronInvalid, IntervalInvalid, TimezoneUnknown
 
@@ -159,3 +160,45 @@ def test_jitter_is_deterministic_per_fire_and_within_bounds() -> None:
     assert delays == [jitter_s("s1", NOW + timedelta(hours=h), 60) for h in range(50)]
     assert all(0 <= d < 60 for d in delays) and len(set(delays)) > 40
     assert jitter_s("s1", NOW, 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("timing", "before", "previous"),
+    [
+        pytest.param(
+            Timing("0 9 * * 1", None, "Europe/Berlin"),
+            datetime(2026, 1, 12, 8, tzinfo=UTC),
+            datetime(2026, 1, 5, 8, tzinfo=UTC),
+            id="weekly-from-a-fire",
+        ),
+        pytest.param(
+            Timing("0 9 * * 1", None, "Europe/Berlin"),
+            datetime(2026, 1, 14, tzinfo=UTC),
+            datetime(2026, 1, 12, 8, tzinfo=UTC),
+            id="weekly-between-fires",
+        ),
+        pytest.param(
+            Timing("0 9 * * *", None, "Europe/Berlin"),
+            datetime(2026, 3, 30, 7, tzinfo=UTC),
+            datetime(2026, 3, 29, 7, tzinfo=UTC),
+            id="across-the-spring-change",
+        ),
+        pytest.param(
+            Timing(None, 3600, "UTC"),
+            datetime(2026, 1, 1, 12, tzinfo=UTC),
+            datetime(2026, 1, 1, 11, tzinfo=UTC),
+            id="interval-from-a-fire",
+        ),
+        pytest.param(
+            Timing(None, 3600, "UTC"),
+            datetime(2026, 1, 1, 12, 30, tzinfo=UTC),
+            datetime(2026, 1, 1, 12, tzinfo=UTC),
+            id="interval-between-fires",
+        ),
+    ],
+)
+def test_the_previous_fire_is_the_last_one_strictly_before(
+    timing: Timing, before: datetime, previous: datetime
+) -> None:
+    assert previous_fire(timing, before) == previous
+    assert next_fire(timing, previous) >= before

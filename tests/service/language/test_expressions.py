@@ -165,3 +165,25 @@ def test_none_item_is_a_real_item() -> None:
 def test_resolve_rejects_code() -> None:
     with pytest.raises(ExpressionError):
         resolve("${{ __import__('os').system('true') }}", CTX)
+
+
+def test_a_scheduled_job_reads_its_fire_time() -> None:
+    ctx = ExprContext(params={}, outputs={}, schedule={"fire_time": "2026-01-05T08:00:00+00:00"})
+    assert resolve("since ${{ schedule.fire_time }}", ctx) == "since 2026-01-05T08:00:00+00:00"
+
+
+def test_a_job_nothing_scheduled_has_no_fire_time() -> None:
+    with pytest.raises(ExpressionError, match="only defined in a job a schedule"):
+        resolve("${{ schedule.fire_time }}", ExprContext(params={}, outputs={}))
+
+
+def test_a_job_whose_schedule_is_gone_has_no_previous_fire_time() -> None:
+    ctx = ExprContext(params={}, outputs={}, schedule={"fire_time": "2026-01-05T08:00:00+00:00"})
+    with pytest.raises(ExpressionError, match="schedule is gone"):
+        resolve("${{ schedule.previous_fire_time }}", ctx)
+
+
+@pytest.mark.parametrize("expression", ["${{ schedule }}", "${{ schedule.next_time }}"])
+def test_the_schedule_offers_its_fire_time_only(expression: str) -> None:
+    with pytest.raises(ExpressionError, match=r"schedule\."):
+        parse_refs(expression)
