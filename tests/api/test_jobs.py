@@ -75,6 +75,29 @@ def test_idempotency(client: TestClient, writer: Headers, broker: redis.Redis) -
     _error(elsewhere, 409, "idempotency_conflict")
 
 
+def test_a_duplicate_gets_the_open_job_back_or_is_refused_naming_it(
+    client: TestClient, writer: Headers, broker: redis.Redis
+) -> None:
+    query = {"query": f"crispr-{uuid.uuid4().hex[:6]}"}
+    first = _submit(client, writer, pipeline="search", params=query)
+    assert first.status_code == 202 and first.json()["deduplicated"] is False
+    assert first.json()["job"]["dedupe_key"] == query["query"]
+    published = broker.llen(QUEUE)
+    again = _submit(client, writer, pipeline="search", params=query)
+    assert again.status_code == 200, again.text
+    assert again.json()["deduplicated"] is True
+    assert again.json()["job"]["id"] == first.json()["job"]["id"]
+    assert broker.llen(QUEUE) == published
+
+    strict = _submit(client, writer, pipeline="search-once", params=query)
+    assert strict.status_code == 202
+    refused = _error(
+        _submit(client, writer, pipeline="search-once", params=query), 409, "duplicate_job"
+    )
+    assert refused["details"]["job_id"] == strict.json()["job"]["id"]
+    assert strict.json()["job"]["id"] in refused["message"]
+
+
 def test_inline_profiles(client: TestClient, writer: Headers) -> None:
     inline = {"name": "inline-one", "steps": [{"id": "only", "action": "noop"}]}
     response = client.post("/v1/jobs", json={"pipeline": inline}, headers=writer)
