@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.language.expressions import CONCURRENCY_ROOTS, ExprContext, resolve
@@ -31,6 +31,7 @@ from service.platform.models import JobRow
 DEDUPE_TWIN = "flowbeat_dedupe_twin"
 """Migration 0044's function: under the key's advisory lock, and with a snapshot taken after
 it, the key's open job, else its job that ended since the given time, else null."""
+_TWIN = text(f"SELECT {DEDUPE_TWIN}(:owner, :pipeline, :key, :since)")
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,13 @@ def dedupe_of(profile: Profile, job: dict[str, Any]) -> Dedupe | None:
 def find_twin(session: Session, dedupe: Dedupe) -> uuid.UUID | None:
     """The job a new one would duplicate, asked of ``DEDUPE_TWIN``; with none, the statement
     that stores the new job asks again, holding the lock until it commits."""
-    twin: uuid.UUID | None = session.scalar(
-        select(getattr(func, DEDUPE_TWIN)(dedupe.owner, dedupe.pipeline, dedupe.key, dedupe.since))
-    )
+    values = {
+        "owner": dedupe.owner,
+        "pipeline": dedupe.pipeline,
+        "key": dedupe.key,
+        "since": dedupe.since,
+    }
+    twin: uuid.UUID | None = session.scalar(_TWIN, values)
     return twin
 
 

@@ -119,14 +119,14 @@ _INSERT_JOBS_IF_RESOLVED = (
     )
     + " SELECT id, waiting_for, dispatched_at FROM new_job"
 )
-"""``twins`` asks ``DEDUPE_TWIN`` once a dedupe key of the batch, in the keys' order, and
-a job is left out when it finds a job the new one duplicates, or an earlier job of the batch
-has its key (``submit_job`` then answers it, finding that job); every ``twins`` lock is taken
+"""``twins`` asks ``DEDUPE_TWIN`` once a dedupe key of the batch, in the keys' order, and a
+job is left out when it finds a job the new one duplicates, or an earlier job of the batch has
+its key (``submit_job`` then answers it, finding that job); every ``twins`` lock is taken
 before any slot's, as ``submit_job``'s statement takes them. ``rooms`` asks ``SLOT_ROOM`` once
-a key of the batch, in the keys' order (so two batches
-take their keys' locks in one order), and a key's jobs of the batch take its free slots by
-priority, then in their order (as ``flowbeat_let_in`` lets in waiting ones), before any job is
-inserted; the locks are held until the statement commits."""
+a key of the batch, in the keys' order (so two batches take their keys' locks in one order),
+and a key's jobs of the batch take its free slots by priority, then in their order (as
+``flowbeat_let_in`` lets in waiting ones), before any job is inserted; the locks are held until
+the statement commits."""
 
 
 @dataclass(frozen=True)

@@ -200,8 +200,7 @@ def submit_job(
             return _same_request(existing, request_hash), Outcome.REPLAYED
     job = job_values(request, resolved, params, request_hash, owner, publish_now)
     dedupe = dedupe_of(profile, job)
-    twin = None if dedupe is None else find_twin(session, dedupe)
-    if twin is not None and dedupe is not None:
+    if dedupe is not None and (twin := find_twin(session, dedupe)) is not None:
         return duplicate_of(session, twin, dedupe), Outcome.DEDUPLICATED
     if secrets is not None:
         secrets.require(profile_secrets(profile), owner)
