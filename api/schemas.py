@@ -41,7 +41,13 @@ class JobCreate(BaseModel):
         )
     )
     params: dict[str, Any] = Field(default_factory=dict)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the same key with the same request gives back the first job, for "
+        "FLOWBEAT_IDEMPOTENCY_TTL_S from its submission (a day by default)",
+    )
     labels: dict[str, Any] = Field(
         default_factory=dict,
         description=(
