@@ -144,7 +144,8 @@ class JobRow(Base):
     concurrency_limit: Mapped[int | None]
     dedupe_key: Mapped[str | None] = mapped_column(Text)
     """Its pipeline's ``dedupe`` key, resolved from its params: ``ix_jobs_dedupe`` finds the
-    key's open job, else its latest ended one, in one probe (``flowbeat_dedupe_twin``)."""
+    key's open job, else its newest ended one, in two short range reads
+    (``flowbeat_dedupe_twin``)."""
     waiting_for: Mapped[str | None] = mapped_column(String(24))
     """What a queued job waits for before any of it is sent: ``concurrency``, a free slot of
     its key, or ``turn``, its owner's turn while enough jobs are sent ahead (fair share)."""

@@ -2,7 +2,8 @@
 
 ``jobs.dedupe_key`` is a profile's ``dedupe`` key resolved from the job's params.
 ``ix_jobs_dedupe`` holds only jobs that have one, open jobs first (their ``finished_at`` is
-null), then the ended ones newest first, so the key's first entry answers.
+null), then the ended ones newest first, so two short range reads answer whatever the key's
+history: an open job, else the newest that ended at or after ``since``.
 ``flowbeat_dedupe_twin`` takes a two-key advisory lock on (owner, pipeline, key) and, with a
 snapshot taken after it, returns the key's open job, else its job that ended at or after
 ``since``, else null: the statement that calls it stores its job only on null, and holds the
@@ -39,19 +40,23 @@ def upgrade() -> None:
         )
         RETURNS uuid LANGUAGE plpgsql AS $$
         DECLARE
-            twin record;
+            twin uuid;
         BEGIN
             PERFORM pg_advisory_xact_lock(
                 {DEDUPE_LOCK_SPACE}, hashtext(job_owner || '/' || job_pipeline || '/' || job_key)
             );
-            SELECT id, status, finished_at INTO twin FROM jobs
+            SELECT id INTO twin FROM jobs
              WHERE owner = job_owner AND pipeline = job_pipeline AND dedupe_key = job_key
-             ORDER BY finished_at DESC
+               AND finished_at IS NULL AND status IN {OPEN}
              LIMIT 1;
-            IF twin.id IS NOT NULL AND (twin.status IN {OPEN} OR twin.finished_at >= since) THEN
-                RETURN twin.id;
+            IF twin IS NULL THEN
+                SELECT id INTO twin FROM jobs
+                 WHERE owner = job_owner AND pipeline = job_pipeline AND dedupe_key = job_key
+                   AND finished_at >= since
+                 ORDER BY finished_at DESC
+                 LIMIT 1;
             END IF;
-            RETURN NULL;
+            RETURN twin;
         END
         $$
         """
