@@ -179,7 +179,9 @@ async def loop_io(
         concurrency key), or the error its caller raises. A
         value PostgreSQL refuses (text with a NUL), or a saved pipeline deleted while its job
         was being stored, fails the whole statement; the jobs are then stored one by one, so
-        only the request it concerns is refused."""
+        only the request it concerns is refused. A batch PostgreSQL picks to break a deadlock
+        (its key locks met a transaction that took two of them the other way round) is left
+        to ``accept_job``, which takes one key at a time."""
         try:
             async with pool.connection() as conn:
                 stored = await insert_jobs_if_resolved(
@@ -187,7 +189,7 @@ async def loop_io(
                     [s.job for s in batch],
                     open_jobs_limit=settings.max_open_jobs_per_owner,
                 )
-        except PoolTimeout:
+        except (PoolTimeout, psycopg.errors.DeadlockDetected):
             return [False] * len(batch)
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             if len(batch) == 1:

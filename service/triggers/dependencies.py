@@ -70,11 +70,16 @@ def _fire(
     profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> list[JobRow]:
+    """The downstream jobs of one success, started in the pipelines' name order: two
+    transactions firing at once, or one and a batch of the API's, take the locks of their
+    dedupe keys in one order."""
     waiting = session.execute(
-        select(PipelineTriggerRow.downstream, PipelineTriggerRow.kind).where(
+        select(PipelineTriggerRow.downstream, PipelineTriggerRow.kind)
+        .where(
             PipelineTriggerRow.owner == upstream.owner,
             PipelineTriggerRow.upstream == upstream.pipeline,
         )
+        .order_by(PipelineTriggerRow.downstream)
     ).all()
     has_new = bool(upstream.new_count)
     started = []

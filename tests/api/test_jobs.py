@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -315,6 +316,25 @@ def test_a_job_of_a_name_seen_before_is_accepted_on_the_event_loop_alike(
     ] * 2
     queued = [json.loads(raw)["headers"]["argsrepr"] for raw in broker.lrange(QUEUE, 0, -1)]
     assert f"job={jobs[1]['id']} step=first" in queued
+
+
+def test_a_batch_picked_to_break_a_deadlock_is_answered_from_the_thread_pool(
+    client: TestClient,
+    writer: Headers,
+    monkeypatch: pytest.MonkeyPatch,
+    job_count: Callable[[], int],
+) -> None:
+    _submit(client, writer)
+    before = job_count()
+
+    async def deadlocked(*_: object, **__: object) -> set[uuid.UUID]:
+        raise psycopg.errors.DeadlockDetected("deadlock detected")
+
+    monkeypatch.setattr("api.submit.insert_jobs_if_resolved", deadlocked)
+    answer = _submit(client, writer)
+
+    assert answer.status_code == 202, answer.text
+    assert job_count() == before + 1
 
 
 class HeldBatches:
