@@ -73,6 +73,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "bulk_action_conflict": 409,
     "pipeline_version_gone": 409,
     "idempotency_conflict": 409,
+    "duplicate_job": 409,
     "no_result_items": 409,
     "unauthorized": 401,
     "forbidden": 403,

@@ -41,7 +41,13 @@ class JobCreate(BaseModel):
         )
     )
     params: dict[str, Any] = Field(default_factory=dict)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the same key with the same request gives back the first job, for "
+        "FLOWBEAT_IDEMPOTENCY_TTL_S from its submission (a day by default)",
+    )
     labels: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -191,6 +197,11 @@ class JobPublic(BaseModel):
     concurrency_key: str | None = Field(
         description="owner/pipeline/value of its pipeline's concurrency key, when it has one"
     )
+    dedupe_key: str | None = Field(
+        default=None,
+        description="its pipeline's dedupe key resolved from its params, when it has one "
+        "(sha256:<hex> for a value over 200 characters)",
+    )
     parent_job_id: uuid.UUID | None = Field(
         description=(
             "the job a rerun reruns (trigger rerun) or whose success started it (trigger "
@@ -240,6 +251,7 @@ class JobPublic(BaseModel):
             queue=job.queue,
             waiting_for=job.waiting_for,
             concurrency_key=job.concurrency_key,
+            dedupe_key=job.dedupe_key,
             parent_job_id=job.parent_job_id,
             parent=None if view.family.parent is None else ParentPublic.of(view.family.parent),
             children=[ChildPublic.of(child) for child in view.family.children],
@@ -263,6 +275,14 @@ class JobPublic(BaseModel):
 
 class JobEnvelope(BaseModel):
     job: JobPublic
+
+
+class JobSubmitted(JobEnvelope):
+    deduplicated: bool = Field(
+        default=False,
+        description="true when the pipeline's dedupe key matched an open or recent job of the "
+        "owner's: job is that job, and no new one was stored",
+    )
 
 
 class JobList(BaseModel):

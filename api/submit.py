@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 import redis.asyncio
@@ -23,7 +23,7 @@ from service.catalogue.resolution import seen_resolution
 from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job, plan_once
 from service.engine.jobs import job_view, new_job_view
 from service.engine.runtime import Runtime
-from service.engine.submission import JobRequest, submit_job
+from service.engine.submission import JobRequest, Outcome, submit_job
 from service.language.checks import validate_profile
 from service.language.escalations import check_escalation_urls
 from service.language.loading import load_profile_text
@@ -69,6 +69,15 @@ def _pipeline(
     return profile.to_json()
 
 
+class Accepted(NamedTuple):
+    """The answer to a submission: its job, the status code, and whether the job is another's
+    that the submission duplicates (its pipeline's dedupe window)."""
+
+    job: JobPublic
+    status_code: int
+    deduplicated: bool = False
+
+
 def accept_job(
     body: JobCreate,
     principal: Principal,
@@ -77,9 +86,11 @@ def accept_job(
     settings: Settings,
     celery_app: "Celery",
     actor: Actor,
-) -> tuple[JobPublic, int]:
-    """The job and 202 when it is new, or the first job and 200 when its idempotency key was
-    seen before. A new job's audit event, by ``actor``, is stored by the job's own statement."""
+) -> Accepted:
+    """The job and 202 when it is new; the first job and 200 when its idempotency key was
+    seen before; the open or recent job it duplicates and 200, deduplicated, when its
+    pipeline's dedupe key matches one (or ``DuplicateJob`` under ``on_duplicate: reject``).
+    A new job's audit event, by ``actor``, is stored by the job's own statement."""
     known_actions = runtime.registry.names()
     request = JobRequest(
         pipeline=_pipeline(body, known_actions, settings),
@@ -93,7 +104,7 @@ def accept_job(
     if body.notify_url is not None:
         check_notify_url(settings, validate_notify_url(body.notify_url))
     autocommit(session)
-    job, created = submit_job(
+    job, outcome = submit_job(
         session,
         request,
         owner=principal.owner,
@@ -103,21 +114,25 @@ def accept_job(
         fair_share_ahead=settings.fair_share_ahead,
         secrets=secrets_of(settings),
         audit=actor,
+        idempotency_ttl_s=settings.idempotency_ttl_s,
     )
     session.commit()
     with (
         logs.bound(job_id=str(job.id)),
         tracing.span("job.submit", job_id=str(job.id), pipeline=job.pipeline),
     ):
-        if not created:
+        if outcome is Outcome.REPLAYED:
             log.info("job %s seen before (idempotency key), not submitted again", job.id)
-            return JobPublic.of(job_view(session, job)), 200
+            return Accepted(JobPublic.of(job_view(session, job)), 200)
+        if outcome is Outcome.DEDUPLICATED:
+            log.info("job %s has the same dedupe key, not submitted again", job.id)
+            return Accepted(JobPublic.of(job_view(session, job)), 200, deduplicated=True)
         profile = job_profile(job)
         if send_new_job(celery_app, runtime, job):
             log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
         else:
             log.info("job %s waits for %s", job.id, job.waiting_for)
-    return JobPublic.of(new_job_view(job, profile)), 202
+    return Accepted(JobPublic.of(new_job_view(job, profile)), 202)
 
 
 @dataclass(frozen=True)
@@ -164,7 +179,9 @@ async def loop_io(
         concurrency key), or the error its caller raises. A
         value PostgreSQL refuses (text with a NUL), or a saved pipeline deleted while its job
         was being stored, fails the whole statement; the jobs are then stored one by one, so
-        only the request it concerns is refused."""
+        only the request it concerns is refused. A batch PostgreSQL picks to break a deadlock
+        (its key locks met a transaction that took two of them the other way round) is left
+        to ``accept_job``, which takes one key at a time."""
         try:
             async with pool.connection() as conn:
                 stored = await insert_jobs_if_resolved(
@@ -172,7 +189,7 @@ async def loop_io(
                     [s.job for s in batch],
                     open_jobs_limit=settings.max_open_jobs_per_owner,
                 )
-        except PoolTimeout:
+        except (PoolTimeout, psycopg.errors.DeadlockDetected):
             return [False] * len(batch)
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             if len(batch) == 1:
@@ -197,13 +214,14 @@ async def accept_job_on_loop(
     settings: Settings,
     io: LoopIO,
     actor: Actor,
-) -> tuple[JobPublic, int] | None:
+) -> Accepted | None:
     """A new job of a pipeline name, accepted without leaving the event loop: the hop to the
     thread pool, the session and the separate lookup, count and insert were most of what the
     API spent on a job, and jobs that arrive together are stored and sent together. ``None``
     when it cannot be taken this way (an inline profile, a notify URL, a name not resolved here
     before or resolving differently now, the open-jobs cap reached, an idempotency key already
-    taken, a request ``submit_job`` refuses, no free connection): ``accept_job`` then decides,
+    taken, a dedupe key matched, a request ``submit_job`` refuses, no free connection):
+    ``accept_job`` then decides,
     and answers exactly as it always has."""
     name = body.pipeline
     if not isinstance(name, str) or body.notify_url is not None or settings.fair_share_ahead:
@@ -242,4 +260,4 @@ async def accept_job_on_loop(
         if not await io.jobs.submit(Submission(job, plan)):
             return None
         log.info("job submitted: pipeline %s by %s", profile.name, principal.owner)
-    return JobPublic.of(new_job_view(JobRow(**job.values), profile)), 202
+    return Accepted(JobPublic.of(new_job_view(JobRow(**job.values), profile)), 202)

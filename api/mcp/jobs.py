@@ -72,9 +72,10 @@ def job_tools(server: MCPServer, deps: McpDeps) -> None:
         labels: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Start a job of a saved pipeline (name or owner/name) or of inline YAML; the same
-        ``idempotency_key`` twice gives back the first job. ``priority`` 0-9, higher is taken
-        first within a queue (default: the profile's); ``labels`` say whom it is for
-        ({"tenant": "acme"}), for ``find_jobs``."""
+        ``idempotency_key`` twice gives back the first job. When the pipeline's dedupe key
+        matches an open or recent job, that job comes back with ``deduplicated: true``.
+        ``priority`` 0-9, higher is taken first within a queue (default: the profile's);
+        ``labels`` say whom it is for ({"tenant": "acme"}), for ``find_jobs``."""
         body = JobCreate(
             pipeline=pipeline,
             params=params or {},
@@ -86,10 +87,13 @@ def job_tools(server: MCPServer, deps: McpDeps) -> None:
 
         def work(session: Session, principal: Principal) -> dict[str, Any]:
             actor = acting(principal, "run_pipeline")
-            job, _ = accept_job(
+            accepted = accept_job(
                 body, principal, session, deps.runtime, deps.settings, deps.celery_app, actor
             )
-            return {"job": job.model_dump(mode="json")}
+            return {
+                "job": accepted.job.model_dump(mode="json"),
+                "deduplicated": accepted.deduplicated,
+            }
 
         return await call(deps, ctx, "write", work)
 

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import CeleryDep, RuntimeDep, SessionDep, SettingsDep, ViaDep, require
 from api.errors import ApiError
 from api.openapi import RETRY_AFTER, errors, read_by_route
-from api.schemas import ErrorEnvelope, JobEnvelope, JobPublic, UtcDatetime
+from api.schemas import ErrorEnvelope, JobPublic, JobSubmitted, UtcDatetime
 from api.throttle import check_hook_rate
 from service.engine.jobs import job_view, new_job_view
 from service.language.labels import label_templates
@@ -174,14 +174,18 @@ def remove_hook(name: str, principal: Admin, session: SessionDep, via: ViaDep) -
 @router.post(
     "/{name}",
     status_code=202,
-    response_model=JobEnvelope,
+    response_model=JobSubmitted,
     responses={
-        200: {"model": JobEnvelope, "description": "the job this delivery id started before"},
+        200: {
+            "model": JobSubmitted,
+            "description": "the job this delivery id started before, or (deduplicated: true) "
+            "the open or recent job its pipeline's dedupe key matched",
+        },
         **errors(
             {
                 401: "hook_signature_invalid, hook_timestamp_stale",
                 404: "hook_not_found, pipeline_not_found",
-                409: "hook_delivery_seen",
+                409: "hook_delivery_seen, duplicate_job",
                 422: "hook_payload_invalid, params_invalid",
                 503: "database_unavailable, broker_unavailable",
             }
@@ -220,7 +224,7 @@ async def deliver(
         "delivery": x_flowbeat_delivery,
     }
 
-    def accept(body: bytes) -> tuple[JobPublic, int]:
+    def accept(body: bytes) -> tuple[JobSubmitted, int]:
         accepted = accept_delivery(
             session,
             name,
@@ -234,21 +238,22 @@ async def deliver(
         session.commit()
         job = accepted.job
         if not accepted.created:
-            return JobPublic.of(job_view(session, job)), 200
+            view = JobPublic.of(job_view(session, job))
+            return JobSubmitted(job=view, deduplicated=accepted.deduplicated), 200
         send_new_job(celery_app, runtime, job)
-        return JobPublic.of(new_job_view(job, job_profile(job))), 202
+        return JobSubmitted(job=JobPublic.of(new_job_view(job, job_profile(job)))), 202
 
     try:
         if not re.fullmatch(NAME_PATTERN, name):
             raise HookNotFound(f"no hook {name!r}", {"hook": name})
         await check_hook_rate(request.app, name)
-        job, status_code = await run_in_threadpool(accept, await request.body())
+        answer, status_code = await run_in_threadpool(accept, await request.body())
     except FlowbeatError as exc:
         WEBHOOK_DELIVERIES.labels(exc.code).inc()
         raise
     WEBHOOK_DELIVERIES.labels("accepted" if status_code == 202 else "replayed").inc()
     return Response(
-        JobEnvelope(job=job).model_dump_json(),
+        answer.model_dump_json(),
         status_code=status_code,
         media_type="application/json",
     )

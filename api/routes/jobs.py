@@ -15,9 +15,9 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, ViaDep, Writer
 from api.errors import ApiError
 from api.openapi import errors
-from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, RerunCreate
+from api.schemas import JobCreate, JobEnvelope, JobList, JobPublic, JobSubmitted, RerunCreate
 from api.streams import listener_of, wait_until_final
-from api.submit import LoopIO, accept_job, accept_job_on_loop
+from api.submit import Accepted, LoopIO, accept_job, accept_job_on_loop
 from service.engine.filters import JobFilter
 from service.engine.jobs import cancel_job, get_job, job_view, list_jobs
 from service.engine.reruns import RerunRequest, rerun_job
@@ -63,13 +63,14 @@ def visible_to(principal: Principal) -> str | None:
 @router.post(
     "",
     status_code=202,
-    response_model=JobEnvelope,
+    response_model=JobSubmitted,
     responses={
-        200: {"model": JobEnvelope},
+        200: {"model": JobSubmitted},
         **errors(
             {
                 404: "pipeline_not_found",
-                409: "idempotency_conflict",
+                409: "idempotency_conflict, duplicate_job: the pipeline's dedupe key matched "
+                "an open or recent job (details: job_id) under on_duplicate: reject",
                 422: "validation_error, params_invalid, profile_invalid, notify_url_invalid, "
                 "egress_refused",
                 429: "open_jobs_limit: the owner has FLOWBEAT_MAX_OPEN_JOBS_PER_OWNER open jobs",
@@ -81,22 +82,24 @@ def visible_to(principal: Principal) -> str | None:
 async def create_job(
     request: Request, body: JobCreate, principal: Writer, runtime: RuntimeDep, via: ViaDep
 ) -> Response:
-    """202 for a new job; 200 with the first job when the idempotency key was seen before.
+    """202 for a new job; 200 with the first job when the idempotency key was seen before
+    (within ``FLOWBEAT_IDEMPOTENCY_TTL_S``); 200 with ``deduplicated: true`` and the job it
+    duplicates when the pipeline's dedupe key matches an open or recent one.
 
     With ``"mode": "sync"`` the request waits, up to ``wait_s``, for the job to be final:
     200 with the final job, else 202 with the job as it stands."""
-    job, status_code = await accept(request.app, body, principal, via.actor(principal))
+    job, status_code, deduplicated = await accept(
+        request.app, body, principal, via.actor(principal)
+    )
     if body.mode == "async" or job.status in JOB_FINAL:
-        return job_response(job, status_code)
+        return job_response(job, status_code, deduplicated)
     listener = await run_in_threadpool(listener_of, request.app)
     await wait_until_final(runtime, listener, job.id, body.wait_s)
     job = await run_in_threadpool(_read, runtime, job.id)
-    return job_response(job, 200 if job.status in JOB_FINAL else 202)
+    return job_response(job, 200 if job.status in JOB_FINAL else 202, deduplicated)
 
 
-async def accept(
-    app: FastAPI, body: JobCreate, principal: Principal, actor: Actor
-) -> tuple[JobPublic, int]:
+async def accept(app: FastAPI, body: JobCreate, principal: Principal, actor: Actor) -> Accepted:
     """On the event loop where the job can be taken there, else in the thread pool. The route
     and ``api.lane.SubmitLane`` both accept jobs through here; ``actor`` is recorded with a
     new job, in the statement that stores it."""
@@ -120,7 +123,7 @@ def _accept(
     settings: Settings,
     celery_app: Celery,
     actor: Actor,
-) -> tuple[JobPublic, int]:
+) -> Accepted:
     """``accept_job`` in a session of its own: a job accepted on the event loop needs none,
     and the session a route declares is made for every request."""
     with runtime.sessions() as session:
@@ -132,8 +135,8 @@ def _read(runtime: Runtime, job_id: uuid.UUID) -> JobPublic:
         return JobPublic.of(job_view(session, get_job(session, job_id)))
 
 
-def job_response(job: JobPublic, status_code: int) -> Response:
-    body = JobEnvelope(job=job).model_dump_json()
+def job_response(job: JobPublic, status_code: int, deduplicated: bool = False) -> Response:
+    body = JobSubmitted(job=job, deduplicated=deduplicated).model_dump_json()
     return Response(body, status_code=status_code, media_type="application/json")
 
 

@@ -4,10 +4,11 @@
 import os
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
+from rich.markup import escape
 
 from service.cli.app import (
     FINAL,
@@ -34,6 +35,9 @@ from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import FlowbeatError, ParamsInvalid
 from service.platform.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from service.platform.models import JobRow
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -93,7 +97,8 @@ def run(
         list[str], typer.Option("--label", metavar="KEY=VALUE", help="a label of the job")
     ] = [],  # noqa: B006
 ) -> None:
-    """Run a pipeline once and follow its steps; exits non-zero when the job fails."""
+    """Run a pipeline once and follow its steps; exits non-zero when the job fails. When the
+    pipeline's dedupe key matches an open or recent job, it follows that job instead."""
     from service.language.labels import parse_labels
 
     embedded = get_settings().embedded()
@@ -108,7 +113,6 @@ def run(
         priority,
         parse_labels(label),
     )
-    console.print(f"job [bold]{job_id}[/bold] queued")
     if wait:
         worker = local_worker or (local_worker is None and embedded)
         follow_to_the_end(settings, job_id, worker, timeout_s)
@@ -161,14 +165,14 @@ def submit(
     labels: dict[str, str] | None = None,
 ) -> uuid.UUID:
     from service.engine.runtime import Runtime
-    from service.engine.submission import JobRequest, submit_job
+    from service.engine.submission import JobRequest, Outcome, submit_job
     from service.platform.secrets import secrets_of
     from tasks.dispatch import send_new_job
 
     rt = Runtime.start(settings)
     try:
         with unit_of_work(rt.sessions) as session:
-            job, _ = submit_job(
+            job, outcome = submit_job(
                 session,
                 JobRequest(
                     pipeline=pipeline,
@@ -186,9 +190,23 @@ def submit(
     except FlowbeatError as exc:
         print_refusal(exc)
         raise typer.Exit(code=2) from exc
+    if outcome is Outcome.DEDUPLICATED:
+        print_duplicate(job)
+        return job.id
+    console.print(f"job [bold]{job.id}[/bold] queued")
     if not send_new_job(celery_app(settings), rt, job):
         console.print(f"job {job.id} waits for a slot of its concurrency key", markup=False)
     return job.id
+
+
+def print_duplicate(job: "JobRow") -> None:
+    """Says that no job was started, and which job answers instead."""
+    state = f"ended {job.status}" if job.finished_at is not None else f"is {job.status}"
+    console.print(
+        f"deduplicated: job [bold]{job.id}[/bold] has the same dedupe key "
+        f"{escape(repr(job.dedupe_key))} and {state}; no new job was started",
+        highlight=False,
+    )
 
 
 def print_changes(view: Any, seen: dict[str, str], *, errors: bool = False) -> None:

@@ -42,7 +42,7 @@ from service.engine.completion import record_failure, succeed_step, unresolvable
 from service.engine.jobs import cancel_job
 from service.engine.leases import HeldRows, due_rows, parked_rows
 from service.engine.steps import StepKey, Unresolvable
-from service.engine.submission import JobRequest, submit_job
+from service.engine.submission import JobRequest, Outcome, submit_job
 from service.engine.waits import TIMED_RETRY
 from service.language.plan import JobPlan, steps_plan
 from service.language.snapshots import job_profile
@@ -181,7 +181,7 @@ def _start(
     record_event(
         session, job.id, "child_started", {"step_id": row.step_id, "child_job_id": str(child.id)}
     )
-    if created:
+    if created is Outcome.NEW:
         work.started.append(child)
     if not call.wait or child.status == JobStatus.SUCCEEDED:
         output = child.result if call.wait else {"job_id": str(child.id)}
@@ -191,9 +191,10 @@ def _start(
 
 def _submitted(
     session: Session, job: JobRow, call: ChildCallRow, starter: Starter
-) -> tuple[JobRow, bool]:
+) -> tuple[JobRow, Outcome]:
     """The call's child, stored through the API's own submission under the parent's owner; a
-    second submission for the same attempt finds the first (its idempotency key)."""
+    second submission for the same attempt finds the first (its idempotency key). A child
+    pipeline's dedupe window applies: the call may take an open or recent job of it."""
     depth = job_depth(session, job.id, starter.max_depth) + 1
     if depth > starter.max_depth:
         raise PipelineDepthExceeded(
@@ -217,7 +218,7 @@ def _submitted(
         )
 
 
-def _reused(session: Session, job: JobRow, call: ChildCallRow) -> tuple[JobRow, bool] | None:
+def _reused(session: Session, job: JobRow, call: ChildCallRow) -> tuple[JobRow, Outcome] | None:
     """A rerun's call takes the child that the same call of the job it reruns (or of that
     job's own parent, and so on) ran to success, rather than running it again."""
     if job.trigger != TRIGGER_RERUN or job.parent_job_id is None:
@@ -235,7 +236,7 @@ def _reused(session: Session, job: JobRow, call: ChildCallRow) -> tuple[JobRow, 
         .order_by(ChildCallRow.attempt.desc())
         .limit(1)
     ).first()
-    return None if earlier is None else (earlier, False)
+    return None if earlier is None else (earlier, Outcome.REPLAYED)
 
 
 _DEPTH = """

@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 from service.catalogue.pipelines import own_or_shared
 from service.catalogue.resolution import ResolvedPipeline
 from service.engine.concurrency import SLOT_ROOM, WAITING_FOR_SLOT, admitted
+from service.engine.dedupe import DEDUPE_TWIN, dedupe_of
 from service.engine.submission import (
     JOB_COLUMNS,
     JobRequest,
@@ -37,7 +38,7 @@ _JOB_TYPES = {
 }  # fmt: skip
 _BATCH_COLUMNS = ", ".join(
     [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in JOB_COLUMNS]
-    + ["ord int", "name text", "seen text", "steps jsonb"]
+    + ["ord int", "name text", "seen text", "steps jsonb", "dedupe_since timestamptz"]
     + [f"{column} text" for column in audit_columns(None)]
 )
 _OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
@@ -46,18 +47,37 @@ _INSERT_JOBS_IF_RESOLVED = (
     f"""
     WITH batch AS (
         SELECT b.* FROM jsonb_to_recordset(%(jobs)s) AS b({_BATCH_COLUMNS})
+    ), twins AS (
+        SELECT keys.owner, keys.pipeline, keys.dedupe_key,
+               {DEDUPE_TWIN}(keys.owner, keys.pipeline, keys.dedupe_key, keys.dedupe_since)
+               AS id
+          FROM (SELECT DISTINCT ON (owner, pipeline, dedupe_key)
+                       owner, pipeline, dedupe_key, dedupe_since
+                  FROM batch WHERE dedupe_since IS NOT NULL
+                 ORDER BY owner, pipeline, dedupe_key, ord) AS keys
     ), fresh AS (
         SELECT batch.*, row_number() OVER (PARTITION BY batch.owner ORDER BY batch.ord)
                         AS owner_rank
           FROM batch
-         WHERE batch.idempotency_key IS NULL
-            OR (NOT EXISTS (SELECT 1 FROM jobs
-                             WHERE jobs.owner = batch.owner
-                               AND jobs.idempotency_key = batch.idempotency_key)
-                AND NOT EXISTS (SELECT 1 FROM batch AS earlier
-                                 WHERE earlier.owner = batch.owner
-                                   AND earlier.idempotency_key = batch.idempotency_key
-                                   AND earlier.ord < batch.ord))
+         WHERE (batch.idempotency_key IS NULL
+                OR (NOT EXISTS (SELECT 1 FROM jobs
+                                 WHERE jobs.owner = batch.owner
+                                   AND jobs.idempotency_key = batch.idempotency_key)
+                    AND NOT EXISTS (SELECT 1 FROM batch AS earlier
+                                     WHERE earlier.owner = batch.owner
+                                       AND earlier.idempotency_key = batch.idempotency_key
+                                       AND earlier.ord < batch.ord)))
+           AND (batch.dedupe_since IS NULL
+                OR (NOT EXISTS (SELECT 1 FROM twins
+                                 WHERE twins.owner = batch.owner
+                                   AND twins.pipeline = batch.pipeline
+                                   AND twins.dedupe_key = batch.dedupe_key
+                                   AND twins.id IS NOT NULL)
+                    AND NOT EXISTS (SELECT 1 FROM batch AS earlier
+                                     WHERE earlier.owner = batch.owner
+                                       AND earlier.pipeline = batch.pipeline
+                                       AND earlier.dedupe_key = batch.dedupe_key
+                                       AND earlier.ord < batch.ord)))
     ), allowed AS (
         SELECT * FROM fresh
          WHERE coalesce((SELECT id::text || ' ' || current_version
@@ -99,10 +119,14 @@ _INSERT_JOBS_IF_RESOLVED = (
     )
     + " SELECT id, waiting_for, dispatched_at FROM new_job"
 )
-"""``rooms`` asks ``SLOT_ROOM`` once a key of the batch, in the keys' order (so two batches
-take their keys' locks in one order), and a key's jobs of the batch take its free slots by
-priority, then in their order (as ``flowbeat_let_in`` lets in waiting ones), before any job is
-inserted; the locks are held until the statement commits."""
+"""``twins`` asks ``DEDUPE_TWIN`` once a dedupe key of the batch, in the keys' order, and a
+job is left out when it finds a job the new one duplicates, or an earlier job of the batch has
+its key (``submit_job`` then answers it, finding that job); every ``twins`` lock is taken
+before any slot's, as ``submit_job``'s statement takes them. ``rooms`` asks ``SLOT_ROOM`` once
+a key of the batch, in the keys' order (so two batches take their keys' locks in one order),
+and a key's jobs of the batch take its free slots by priority, then in their order (as
+``flowbeat_let_in`` lets in waiting ones), before any job is inserted; the locks are held until
+the statement commits."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +138,8 @@ class NewJob:
     steps: list[dict[str, Any]]
     name: str
     audit: Actor | None = None
+    dedupe_since: datetime | None = None
+    """With a dedupe key: from when an ended job of the key is one this job duplicates."""
 
     @property
     def id(self) -> uuid.UUID:
@@ -139,7 +165,9 @@ def new_job(
     params = resolve_params(resolved.profile, request.params)
     request_hash = request_hash_of(resolved.profile, params, request)
     values = job_values(request, resolved, params, request_hash, owner, True)
-    return NewJob(values, step_rows(resolved.profile), name, audit)
+    dedupe = dedupe_of(resolved.profile, values)
+    since = None if dedupe is None else dedupe.since
+    return NewJob(values, step_rows(resolved.profile), name, audit, since)
 
 
 async def insert_jobs_if_resolved(
@@ -147,7 +175,8 @@ async def insert_jobs_if_resolved(
 ) -> set[uuid.UUID]:
     """The ids of the jobs stored, in one statement on an autocommitted connection. A job is
     stored only if its idempotency key is free (not stored, nor taken by an earlier job of the
-    batch), its name still resolves for its owner to the saved pipeline and version of its row
+    batch), its dedupe key matches no open or recent job (nor an earlier job of the batch),
+    its name still resolves for its owner to the saved pipeline and version of its row
     (or still to no saved pipeline), and its owner is under ``open_jobs_limit`` counting the
     batch's earlier jobs with a free key: a replay starts nothing, so it takes no place under
     the cap from a new job beside it.
@@ -187,6 +216,7 @@ def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
     seen = "" if pipeline_id is None else f"{pipeline_id} {values['pipeline_version']}"
     row = {column: _json_value(values[column]) for column in JOB_COLUMNS}
     row.update(ord=ord_, name=job.name, seen=seen, steps=job.steps, **audit_columns(job.audit))
+    row["dedupe_since"] = _json_value(job.dedupe_since)
     return row
 
 

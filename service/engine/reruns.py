@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from service.engine.checkpoints import copy_checkpoints
 from service.engine.concurrency import WAITING_FOR_TURN, slot_values
+from service.engine.dedupe import dedupe_key
 from service.engine.jobs import get_job
 from service.engine.signals import carry_signals
 from service.engine.submission import check_open_jobs, insert_job, step_rows, take_turn
@@ -83,11 +84,12 @@ def rerun_job(
     job = _job_of(parent, profile, params, request)
     job["created_at"] = job["dispatched_at"] = now
     job.update(slot_values(profile, parent.owner, params))
+    job["dedupe_key"] = dedupe_key(profile, params)
     job["deadline_at"] = _deadline_of_rerun(parent, now)
     job["traceparent"] = tracing.traceparent()
     if fair_share_ahead and job["waiting_for"] is None:
         job.update(waiting_for=WAITING_FOR_TURN, dispatched_at=None)
-    stored = insert_job(session, job, step_rows(profile, reused, now))
+    stored = insert_job(session, job, step_rows(profile, reused, now)).stored
     if stored is None:
         raise JobConflict(
             f"job {parent.id} was already rerun under this key",

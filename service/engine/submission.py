@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,14 @@ from service.engine.concurrency import (
     admitted,
     slot_values,
     take_turns,
+)
+from service.engine.dedupe import (
+    DEDUPE_TWIN,
+    Dedupe,
+    dedupe_key,
+    dedupe_of,
+    duplicate_of,
+    find_twin,
 )
 from service.language.checks import validate_profile
 from service.language.labels import job_labels
@@ -42,6 +51,16 @@ from service.platform.errors import (
 from service.platform.models import JobRow
 from service.platform.secrets import Secrets
 from service.platform.states import JOB_OPEN, JobStatus, StepStatus
+
+
+class Outcome(StrEnum):
+    """What a submission came to: a new job, or an existing one it was answered with."""
+
+    NEW = "new"
+    REPLAYED = "replayed"
+    """The job first stored under the request's ``idempotency_key``."""
+    DEDUPLICATED = "deduplicated"
+    """The open or recent job its profile's ``dedupe`` key matched."""
 
 
 @dataclass(frozen=True)
@@ -134,15 +153,21 @@ def submit_job(
     fair_share_ahead: int = 0,
     secrets: Secrets | None = None,
     audit: Actor | None = None,
-) -> tuple[JobRow, bool]:
-    """Store a queued job and its steps. Returns the job and whether it is new.
+    idempotency_ttl_s: float | None = None,
+) -> tuple[JobRow, Outcome]:
+    """Store a queued job and its steps. Returns the job and whether it is new, or which
+    existing job answers instead.
 
     With ``publish_now`` the job is recorded as sent: the caller publishes right after the
     commit and marks it unsent if that fails. Should the caller die in between, the
     sweeper finds the job as stalled.
 
     The same idempotency key with the same request returns the first job; with a different
-    request it is refused, so a client retrying a timeout cannot start a second run.
+    request it is refused, so a client retrying a timeout cannot start a second run. A key
+    answers for ``idempotency_ttl_s`` from its job's submission (``None``: until retention
+    prunes the job); the first submission with it after that frees it and stores a new job.
+    A job whose profile's ``dedupe`` key matches an open or recent job of the owner's pipeline
+    is answered with that job, or refused ``DuplicateJob`` (``service.engine.dedupe``).
     With ``fair_share_ahead``, a job without a concurrency key waits its turn
     (``concurrency.take_turns``) unless it comes now.
     A new job counts against the owner's ``open_jobs_limit`` (``check_open_jobs``, 0: none); a
@@ -170,25 +195,31 @@ def submit_job(
     params = resolve_params(profile, request.params)
     request_hash = request_hash_of(profile, params, request)
     if request.idempotency_key:
-        existing = _by_idempotency_key(session, owner, request.idempotency_key)
+        existing = _by_idempotency_key(session, owner, request.idempotency_key, idempotency_ttl_s)
         if existing is not None:
-            return _same_request(existing, request_hash), False
+            return _same_request(existing, request_hash), Outcome.REPLAYED
+    job = job_values(request, resolved, params, request_hash, owner, publish_now)
+    dedupe = dedupe_of(profile, job)
+    if dedupe is not None and (twin := find_twin(session, dedupe)) is not None:
+        return duplicate_of(session, twin, dedupe), Outcome.DEDUPLICATED
     if secrets is not None:
         secrets.require(profile_secrets(profile), owner)
     check_open_jobs(session, owner, open_jobs_limit)
-    job = job_values(request, resolved, params, request_hash, owner, publish_now)
     if fair_share_ahead and job["waiting_for"] is None:
         job.update(waiting_for=WAITING_FOR_TURN, dispatched_at=None)
-    stored = insert_job(session, job, step_rows(profile), audit)
-    if stored is not None:
-        return JobRow(**take_turn(session, stored, fair_share_ahead, publish_now)), True
-    raced = _by_idempotency_key(session, owner, request.idempotency_key or "")
+    inserted = insert_job(session, job, step_rows(profile), audit, dedupe)
+    if inserted.stored is not None:
+        stored = take_turn(session, inserted.stored, fair_share_ahead, publish_now)
+        return JobRow(**stored), Outcome.NEW
+    if inserted.twin is not None and dedupe is not None:
+        return duplicate_of(session, inserted.twin, dedupe), Outcome.DEDUPLICATED
+    raced = _by_idempotency_key(session, owner, request.idempotency_key or "", None)
     if raced is None:
         raise IdempotencyConflict(
             "the job first stored under this idempotency_key is gone; use a new key",
             {"idempotency_key": request.idempotency_key},
         )
-    return _same_request(raced, request_hash), False
+    return _same_request(raced, request_hash), Outcome.REPLAYED
 
 
 def job_values(
@@ -225,6 +256,7 @@ def job_values(
         "schedule_id": request.schedule_id,
         "scheduled_for": request.scheduled_for,
         **slot_values(profile, owner, params),
+        "dedupe_key": dedupe_key(profile, params),
         "deadline_at": None if timeout_s is None else now + timedelta(seconds=timeout_s),
         "traceparent": tracing.traceparent(),
         "labels": job_labels(profile.labels, params, request.labels),
@@ -237,7 +269,7 @@ JOB_COLUMNS = (
     "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
     "concurrency_key", "concurrency_limit", "waiting_for",
-    "deadline_at", "traceparent", "labels",
+    "deadline_at", "traceparent", "labels", "dedupe_key",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
                     waiting_on int, finished_at timestamptz"""
@@ -259,14 +291,20 @@ def new_steps(steps_from: str) -> str:
 _STORED_AS = admitted(
     "(SELECT let FROM slot)", "%(waiting_for)s::text", "%(dispatched_at)s::timestamptz"
 )
+_NO_TWIN = "NOT EXISTS (SELECT FROM twin WHERE id IS NOT NULL)"
 _INSERT_JOB = (
     f"""
-    WITH slot AS (
+    WITH twin AS (
+        SELECT {DEDUPE_TWIN}(%(owner)s::text, %(pipeline)s::text, %(dedupe_key)s::text,
+                             %(dedupe_since)s::timestamptz) AS id
+         WHERE %(dedupe_since)s::timestamptz IS NOT NULL
+    ), slot AS (
         SELECT {SLOT_ROOM}(%(concurrency_key)s::text, %(concurrency_limit)s::int) > 0 AS let
-         WHERE %(waiting_for)s::text = '{WAITING_FOR_SLOT}'
+         WHERE %(waiting_for)s::text = '{WAITING_FOR_SLOT}' AND {_NO_TWIN}
     ), new_job AS (
         INSERT INTO jobs ({", ".join(JOB_COLUMNS)})
-        VALUES ({", ".join(_STORED_AS.get(column, f"%({column})s") for column in JOB_COLUMNS)})
+        SELECT {", ".join(_STORED_AS.get(column, f"%({column})s") for column in JOB_COLUMNS)}
+         WHERE {_NO_TWIN}
         ON CONFLICT (owner, idempotency_key) DO NOTHING
         RETURNING id, waiting_for, dispatched_at"""
     + new_steps("new_job, jsonb_to_recordset(%(steps)s)")
@@ -275,10 +313,21 @@ _INSERT_JOB = (
         " %(audit_actor)s::text, %(owner)s::text, %(pipeline)s::text, %(pipeline_version)s::int",
         "new_job WHERE %(audit_channel)s::text IS NOT NULL",
     )
-    + " SELECT waiting_for, dispatched_at FROM new_job"
+    + " SELECT waiting_for, dispatched_at, NULL::uuid FROM new_job"
+    + " UNION ALL SELECT NULL, NULL, id FROM twin WHERE id IS NOT NULL"
 )
-"""A keyed job is stored let in or waiting by this statement, which asks ``SLOT_ROOM`` before
-it inserts; the key's lock it takes is held until the caller commits the job."""
+"""A job with a dedupe key is stored only if ``DEDUPE_TWIN``, asked first, finds no job it
+duplicates; a keyed job is then stored let in or waiting by asking ``SLOT_ROOM``. The locks
+they take, in that order, are held until the caller commits the job."""
+
+
+@dataclass(frozen=True)
+class Inserted:
+    stored: dict[str, Any] | None
+    """The job's values as stored; ``None`` when its idempotency key was taken first or it
+    duplicates ``twin``."""
+    twin: uuid.UUID | None = None
+    """The job its dedupe key matched, which kept it out."""
 
 
 def step_rows(
@@ -318,17 +367,23 @@ def insert_job(
     job: dict[str, Any],
     steps: list[dict[str, Any]],
     audit: Actor | None = None,
-) -> dict[str, Any] | None:
-    """The job and its steps (and, with ``audit``, its audit event) in one constant statement;
-    the job's values as stored (a keyed job let in or left waiting), or ``None`` if its
-    idempotency key was taken first. ``ON CONFLICT`` waits for a concurrent holder of the key
-    to commit or roll back, so a key is never stored twice and no savepoint is needed."""
-    row = driver(session).execute(_INSERT_JOB, _insert_values(job, steps, audit)).fetchone()
+    dedupe: Dedupe | None = None,
+) -> Inserted:
+    """The job and its steps (and, with ``audit``, its audit event) in one constant statement:
+    the job's values as stored (a keyed job let in or left waiting), or nothing if its
+    idempotency key was taken first or, with ``dedupe``, the job it duplicates. ``ON CONFLICT``
+    waits for a concurrent holder of the key to commit or roll back, so a key is never stored
+    twice and no savepoint is needed."""
+    values = _insert_values(job, steps, audit)
+    values["dedupe_since"] = None if dedupe is None else dedupe.since
+    row = driver(session).execute(_INSERT_JOB, values).fetchone()
     if row is None:
-        return None
+        return Inserted(None)
+    if row[2] is not None:
+        return Inserted(None, row[2])
     counter = metrics.JOBS_SUBMITTED.labels(job["pipeline"], job["trigger"])
     metrics.after_commit(session, counter.inc)
-    return {**job, "waiting_for": row[0], "dispatched_at": row[1]}
+    return Inserted({**job, "waiting_for": row[0], "dispatched_at": row[1]})
 
 
 def take_turn(
@@ -343,10 +398,22 @@ def take_turn(
     return {**job, "waiting_for": None, "dispatched_at": sent_at}
 
 
-def _by_idempotency_key(session: Session, owner: str, key: str) -> JobRow | None:
-    return session.scalars(
+def _by_idempotency_key(
+    session: Session, owner: str, key: str, ttl_s: float | None
+) -> JobRow | None:
+    """The job that answers for ``key``; one stored more than ``ttl_s`` ago no longer does,
+    and gives the key up (the unique (owner, key) would refuse the new job)."""
+    job = session.scalars(
         select(JobRow).where(JobRow.owner == owner, JobRow.idempotency_key == key)
     ).one_or_none()
+    if job is None or ttl_s is None or job.created_at > utcnow() - timedelta(seconds=ttl_s):
+        return job
+    session.execute(
+        update(JobRow)
+        .where(JobRow.id == job.id, JobRow.idempotency_key == key)
+        .values(idempotency_key=None)
+    )
+    return None
 
 
 def _same_request(job: JobRow, request_hash: str) -> JobRow:

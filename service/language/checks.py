@@ -17,7 +17,7 @@ from pydantic import (
 from service.language import dag
 from service.language.actionnames import closest_actions, did_you_mean
 from service.language.cron import normalize
-from service.language.expressions import Ref, parse_refs
+from service.language.expressions import CONCURRENCY_ROOTS, Ref, parse_refs
 from service.language.params import resolve_params
 from service.language.profiles import LoopSpec, Profile
 from service.language.secretrefs import secret_errors
@@ -207,6 +207,17 @@ def _until_errors(
         if problem is not None:
             errors.append(_error("bad_reference", problem, f"loops[{index}].until"))
     return errors
+
+
+def _dedupe_errors(profile: Profile) -> list[ErrorEntry]:
+    """A dedupe key reads declared params only, which every job of the pipeline has."""
+    if profile.dedupe is None:
+        return []
+    return [
+        _error("bad_reference", f"{ref} refers to undeclared param {ref.name!r}", "dedupe.key")
+        for ref in parse_refs(profile.dedupe.key, roots=CONCURRENCY_ROOTS)
+        if ref.name not in profile.params
+    ]
 
 
 def _trigger_errors(profile: Profile) -> list[ErrorEntry]:
@@ -400,6 +411,7 @@ def validate_profile(
         *_wait_errors(profile),
         *_cycle_errors(profile, deps),
         *_trigger_errors(profile),
+        *_dedupe_errors(profile),
         *_reference_errors(profile, deps),
         *secret_errors(profile),
         *_loop_errors(profile, deps),

@@ -32,6 +32,7 @@ from service.language.specs import (
     NAME_PATTERN,
     UNTIL_ROOTS,
     ConcurrencySpec,
+    DedupeSpec,
     ParamSpec,
     ResultSpec,
     StepSpec,
@@ -141,6 +142,8 @@ class Profile(BaseModel):
     priority: int = Field(default=0, ge=0, le=MAX_PRIORITY, exclude_if=lambda p: p == 0)
     concurrency: ConcurrencySpec | None = Field(default=None, exclude_if=lambda c: c is None)
     """A job's priority when its submission gives none: higher runs first within a queue."""
+    dedupe: DedupeSpec | None = Field(default=None, exclude_if=lambda d: d is None)
+    """Left out of the stored form when unset, as ``concurrency`` is, so hashes stay."""
     labels: dict[str, str] = Field(
         default_factory=dict,
         exclude_if=lambda labels: not labels,

@@ -28,7 +28,7 @@ from service.language.expressions import (
     parse_refs,
     whole_ref,
 )
-from service.platform.constants import QUEUE_PATTERN
+from service.platform.constants import DEDUPE_WINDOW_MAX_S, QUEUE_PATTERN
 from service.platform.errors import (
     ExpressionError,
 )
@@ -290,6 +290,41 @@ class ConcurrencySpec(BaseModel):
 
     key: str = Field(min_length=1, max_length=200)
     limit: int = Field(ge=1, le=10_000)
+
+    @field_validator("key")
+    @classmethod
+    def _key_reads_params_only(cls, value: str) -> str:
+        try:
+            parse_refs(value, roots=CONCURRENCY_ROOTS)
+        except ExpressionError as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+
+class DedupeSpec(BaseModel):
+    """On a profile: a job whose ``key`` resolves to the value of an open job of the same owner
+    and pipeline, or of one that ended less than ``window_s`` ago, is not stored; the
+    submission gets that job back (``return``) or is refused ``duplicate_job`` naming it
+    (``reject``), so a burst of the same request reaches its source once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(
+        min_length=1,
+        max_length=200,
+        description='what makes two jobs the same, read from params ("${{ params.query }}")',
+    )
+    window_s: int = Field(
+        default=0,
+        ge=0,
+        le=DEDUPE_WINDOW_MAX_S,
+        description="how long after a job ends it still answers for its key (0: while open)",
+    )
+    on_duplicate: Literal["return", "reject"] = Field(
+        default="return",
+        description="return: the submission gets the job (200, deduplicated: true); "
+        "reject: 409 duplicate_job naming it",
+    )
 
     @field_validator("key")
     @classmethod

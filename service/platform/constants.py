@@ -100,6 +100,13 @@ STEP_LOG_PAGE_MAX_ROWS: Final = 5000
 STEP_LOGS_LOCK_SPACE: Final = 30_001
 """The first key of the two-key advisory locks that order one job's step log writes (the
 second is the job id's hash); two-key locks never meet the one-key locks used elsewhere."""
+DEDUPE_LOCK_SPACE: Final = 30_002
+"""The first key of the two-key advisory locks under which a job with a dedupe key is
+checked and stored (migration 0044; the second is the hash of owner, pipeline and key)."""
+DEDUPE_WINDOW_MAX_S: Final = 90 * 86_400
+DEDUPE_KEY_MAX_CHARS: Final = 200
+"""A resolved dedupe key longer than this is stored as its SHA-256 (``sha256:<hex>``), so a
+long query still fits the key's index."""
 EVENT_KEEPALIVE_S: Final = 15.0
 """An open stream writes a comment this often when nothing happens, so proxies keep it open."""
 EVENT_LISTEN_RETRY_S: Final = 1.0

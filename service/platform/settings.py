@@ -168,6 +168,9 @@ class Settings(BaseSettings):
     to Redis for every request."""
     max_open_jobs_per_owner: int = Field(default=10_000, ge=0)
     """Queued, running and waiting jobs an owner may have before a new one is refused; 0: none."""
+    idempotency_ttl_s: float = Field(default=86_400.0, gt=0)
+    """How long a job answers for its ``idempotency_key``, from its submission: a submission
+    with the key after that stores a new job (a job pruned by retention frees its key sooner)."""
     max_fanout_items: int = Field(default=100_000, ge=1)
     max_pipeline_depth: int = Field(default=5, ge=1, le=100)
     """How deep ``pipeline.run`` may nest jobs: a step whose child would be deeper fails with

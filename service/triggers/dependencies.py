@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.diffs import DiffKind, diff_page
-from service.engine.submission import JobRequest, submit_job
+from service.engine.submission import JobRequest, Outcome, submit_job
 from service.platform.constants import (
     DEPENDENCY_BATCH,
     DEPENDENCY_NEW_ITEMS_MAX,
@@ -70,11 +70,16 @@ def _fire(
     profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> list[JobRow]:
+    """The downstream jobs of one success, started in the pipelines' name order: two
+    transactions firing at once, or one and a batch of the API's, take the locks of their
+    dedupe keys in one order."""
     waiting = session.execute(
-        select(PipelineTriggerRow.downstream, PipelineTriggerRow.kind).where(
+        select(PipelineTriggerRow.downstream, PipelineTriggerRow.kind)
+        .where(
             PipelineTriggerRow.owner == upstream.owner,
             PipelineTriggerRow.upstream == upstream.pipeline,
         )
+        .order_by(PipelineTriggerRow.downstream)
     ).all()
     has_new = bool(upstream.new_count)
     started = []
@@ -110,7 +115,7 @@ def _start(
     )
     try:
         with session.begin_nested():
-            job, _ = submit_job(
+            job, outcome = submit_job(
                 session,
                 request,
                 owner=upstream.owner,
@@ -122,18 +127,27 @@ def _start(
             "%s did not start after job %s: %s %s", downstream, upstream.id, exc.code, exc.message
         )
         return None
+    if outcome is not Outcome.NEW:
+        log.info("%s after job %s duplicates job %s", downstream, upstream.id, job.id)
+        _fired(session, upstream.id, downstream, job.id)
+        return None
     data = trigger_data(upstream.id, upstream.result, _new_items(session, upstream))
     session.execute(update(JobRow).where(JobRow.id == job.id).values(trigger_data=data))
     job.trigger_data = data
+    _fired(session, upstream.id, downstream, job.id)
+    return job
+
+
+def _fired(session: Session, upstream_id: uuid.UUID, downstream: str, job_id: uuid.UUID) -> None:
+    """The fence row names the job the fire came to: its own, or the one it duplicates."""
     session.execute(
         update(DependencyFireRow)
         .where(
-            DependencyFireRow.upstream_job_id == upstream.id,
+            DependencyFireRow.upstream_job_id == upstream_id,
             DependencyFireRow.downstream == downstream,
         )
-        .values(job_id=job.id)
+        .values(job_id=job_id)
     )
-    return job
 
 
 def _new_items(session: Session, upstream: JobRow) -> list[Any]:

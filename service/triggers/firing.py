@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.engine.compensations import unfinished as unfinished_compensations
 from service.engine.jobs import cancel_job
-from service.engine.submission import JobRequest, submit_job
+from service.engine.submission import JobRequest, Outcome, submit_job
 from service.language.cron import (
     Catchup,
     due_fires,
@@ -30,9 +30,7 @@ from service.language.cron import (
     next_fire,
 )
 from service.platform.constants import TRIGGER_SCHEDULE
-from service.platform.errors import (
-    FlowbeatError,
-)
+from service.platform.errors import DuplicateJob, FlowbeatError
 from service.platform.models import JobRow, ScheduleFireRow, ScheduleRow
 from service.triggers.schedules import OPEN_STATUSES, timing_of
 
@@ -117,20 +115,26 @@ def _start(
     profiles_dir: Path | None,
     known_actions: Collection[str],
 ) -> JobRow | None:
-    """Create the job for one fire together with its fence row, or nothing at all."""
+    """Create the job for one fire together with its fence row, or nothing at all. A fire
+    whose job would duplicate an open or recent one (its pipeline's dedupe window) records that
+    job as ``deduplicated`` and starts nothing; under ``reject`` it records ``duplicate``."""
     request = fire_request(row, fire)
     try:
         with session.begin_nested():
-            job, _ = submit_job(
+            job, outcome = submit_job(
                 session,
                 request,
                 owner=row.owner,
                 profiles_dir=profiles_dir,
                 known_actions=known_actions,
             )
+            created = outcome is Outcome.NEW
             session.execute(
                 insert(ScheduleFireRow).values(
-                    schedule_id=row.id, fire_at=fire, job_id=job.id, outcome="created"
+                    schedule_id=row.id,
+                    fire_at=fire,
+                    job_id=job.id,
+                    outcome="created" if created else str(outcome),
                 )
             )
     except IntegrityError:
@@ -138,7 +142,10 @@ def _start(
         return None
     except FlowbeatError as exc:
         log.warning("schedule %s could not start %s: %s", row.id, row.pipeline, exc.message)
-        _record(session, row, fire, "error")
+        _record(session, row, fire, "duplicate" if isinstance(exc, DuplicateJob) else "error")
+        return None
+    if not created:
+        log.info("fire %s of schedule %s duplicates job %s", fire, row.id, job.id)
         return None
     row.last_job_id = job.id
     row.run_count += 1

@@ -25,7 +25,13 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.catalogue.notices import sign
-from service.engine.submission import JobRequest, check_open_jobs, resolve_request, submit_job
+from service.engine.submission import (
+    JobRequest,
+    Outcome,
+    check_open_jobs,
+    resolve_request,
+    submit_job,
+)
 from service.language.expressions import HOOK_ROOTS, ExprContext, parse_refs, resolve
 from service.platform.constants import HOOK_DELIVERIES_KEPT_S, HOOK_TOLERANCE_S, TRIGGER_WEBHOOK
 from service.platform.errors import (
@@ -173,6 +179,8 @@ def verify_signature(
 class Accepted:
     job: JobRow
     created: bool
+    deduplicated: bool = False
+    """The job is one the delivery duplicates (its pipeline's dedupe window), not its own."""
 
 
 def accept_delivery(
@@ -215,7 +223,7 @@ def accept_delivery(
                 {"hook": name, "delivery": delivery_id},
             )
         return Accepted(seen, False)
-    job, _ = submit_job(
+    job, outcome = submit_job(
         session,
         JobRequest(
             pipeline=hook.pipeline, params=params, trigger=TRIGGER_WEBHOOK, labels=hook.labels
@@ -229,7 +237,8 @@ def accept_delivery(
         .where(HookDeliveryRow.hook_id == hook.id, HookDeliveryRow.delivery_id == delivery_id)
         .values(job_id=job.id)
     )
-    return Accepted(job, True)
+    deduplicated = outcome is Outcome.DEDUPLICATED
+    return Accepted(job, not deduplicated, deduplicated)
 
 
 def _delivered(session: Session, hook_id: uuid.UUID, delivery_id: str) -> JobRow | None:

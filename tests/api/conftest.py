@@ -41,6 +41,16 @@ steps:
     action: noop
 """
 
+SEARCH = """\
+name: {name}
+params:
+  query: {{type: string, required: true}}
+dedupe: {{key: "${{{{ params.query }}}}", window_s: 3600, on_duplicate: {on_duplicate}}}
+steps:
+  - id: only
+    action: noop
+"""
+
 MAX_BODY = 20_000
 CLOSED_PORT_REDIS = "redis://127.0.0.1:1/0"
 CLOSED_PORT_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:1/flowbeat"
@@ -53,6 +63,9 @@ def profiles_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("profiles")
     (path / "greet.yaml").write_text(GREET, encoding="utf-8")
     (path / "tenants.yaml").write_text(TENANTS, encoding="utf-8")
+    for name, on_duplicate in (("search", "return"), ("search-once", "reject")):
+        profile = SEARCH.format(name=name, on_duplicate=on_duplicate)
+        (path / f"{name}.yaml").write_text(profile, encoding="utf-8")
     return path
 
 

@@ -114,6 +114,33 @@ def test_a_replayed_delivery_gets_the_first_job_back(
     }
 
 
+@pytest.mark.parametrize(("pipeline", "status"), [("search", 200), ("search-once", 409)])
+def test_a_delivery_that_duplicates_an_open_job_gets_it_back_or_is_refused(
+    client: TestClient,
+    make_key: KeyFactory,
+    stored: Callable[[], tuple[int, int]],
+    pipeline: str,
+    status: int,
+) -> None:
+    name, secret = _hook(client, make_key, pipeline=pipeline, params={"query": "${{ payload.q }}"})
+    payload = {"q": f"crispr-{uuid.uuid4().hex[:6]}"}
+    first = _deliver(client, name, secret, payload)
+    assert first.status_code == 202, first.text
+    jobs, seen = stored()
+
+    again = _deliver(client, name, secret, payload)
+
+    assert again.status_code == status, again.text
+    job_id = first.json()["job"]["id"]
+    if status == 200:
+        assert (again.json()["deduplicated"], again.json()["job"]["id"]) == (True, job_id)
+        assert stored() == (jobs, seen + 1)
+    else:
+        error = again.json()["error"]
+        assert (error["code"], error["details"]["job_id"]) == ("duplicate_job", job_id)
+        assert stored() == (jobs, seen)
+
+
 def _deliveries(outcome: str) -> float:
     series = {"outcome": outcome}
     return registry().get_sample_value("flowbeat_webhook_deliveries_total", series) or 0.0

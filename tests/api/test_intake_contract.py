@@ -45,6 +45,8 @@ INLINE = {
     "params": {},
 }
 TENANT = {"pipeline": "tenants", "params": {"tenant": "acme"}}
+SEARCH = {"pipeline": "search", "params": {"query": "crispr"}}
+SEARCH_ONCE = {"pipeline": "search-once", "params": {"query": "crispr"}}
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class Case:
 
 def _keyed(key: str, **params: Any) -> dict[str, Any]:
     return {**GREET, "params": {"who": "ada", **params}, "idempotency_key": key}
+
+
+def _query(query: str) -> dict[str, Any]:
+    return {**SEARCH, "params": {"query": query}}
 
 
 CASES = [
@@ -116,6 +122,18 @@ CASES = [
         _keyed("k2"),
         200,
         before=[_keyed("k1"), _keyed("k2")],
+    ),
+    Case("another dedupe key", SEARCH, 202, before=[_query("prime")], coalesced=True),
+    Case("duplicate of an open job", SEARCH, 200, before=[SEARCH], coalesced=True),
+    Case(
+        "duplicate refused", SEARCH_ONCE, 409, "duplicate_job", before=[SEARCH_ONCE], coalesced=True
+    ),
+    Case(
+        "duplicate at the open jobs limit",
+        SEARCH,
+        200,
+        before=[SEARCH, _query("prime")],
+        coalesced=True,
     ),
     Case(
         "rate limited",
@@ -246,7 +264,7 @@ def _run(client: TestClient, runtime: Runtime, way: str, case: Case) -> dict[str
     app: Any = client.app
     with unit_of_work(runtime.sessions) as session:
         token, _ = create_api_key(session, owner=owner, scopes=case.scopes)
-        for name in ("greet", "tenants"):
+        for name in ("greet", "tenants", "search", "search-once"):
             resolve_pipeline(
                 session,
                 name,

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -73,6 +74,29 @@ def test_idempotency(client: TestClient, writer: Headers, broker: redis.Redis) -
     _error(other, 409, "idempotency_conflict")
     elsewhere = _submit(client, writer, idempotency_key="k-1", notify_url="https://h.example/x")
     _error(elsewhere, 409, "idempotency_conflict")
+
+
+def test_a_duplicate_gets_the_open_job_back_or_is_refused_naming_it(
+    client: TestClient, writer: Headers, broker: redis.Redis
+) -> None:
+    query = {"query": f"crispr-{uuid.uuid4().hex[:6]}"}
+    first = _submit(client, writer, pipeline="search", params=query)
+    assert first.status_code == 202 and first.json()["deduplicated"] is False
+    assert first.json()["job"]["dedupe_key"] == query["query"]
+    published = broker.llen(QUEUE)
+    again = _submit(client, writer, pipeline="search", params=query)
+    assert again.status_code == 200, again.text
+    assert again.json()["deduplicated"] is True
+    assert again.json()["job"]["id"] == first.json()["job"]["id"]
+    assert broker.llen(QUEUE) == published
+
+    strict = _submit(client, writer, pipeline="search-once", params=query)
+    assert strict.status_code == 202
+    refused = _error(
+        _submit(client, writer, pipeline="search-once", params=query), 409, "duplicate_job"
+    )
+    assert refused["details"]["job_id"] == strict.json()["job"]["id"]
+    assert strict.json()["job"]["id"] in refused["message"]
 
 
 def test_inline_profiles(client: TestClient, writer: Headers) -> None:
@@ -292,6 +316,25 @@ def test_a_job_of_a_name_seen_before_is_accepted_on_the_event_loop_alike(
     ] * 2
     queued = [json.loads(raw)["headers"]["argsrepr"] for raw in broker.lrange(QUEUE, 0, -1)]
     assert f"job={jobs[1]['id']} step=first" in queued
+
+
+def test_a_batch_picked_to_break_a_deadlock_is_answered_from_the_thread_pool(
+    client: TestClient,
+    writer: Headers,
+    monkeypatch: pytest.MonkeyPatch,
+    job_count: Callable[[], int],
+) -> None:
+    _submit(client, writer)
+    before = job_count()
+
+    async def deadlocked(*_: object, **__: object) -> set[uuid.UUID]:
+        raise psycopg.errors.DeadlockDetected("deadlock detected")
+
+    monkeypatch.setattr("api.submit.insert_jobs_if_resolved", deadlocked)
+    answer = _submit(client, writer)
+
+    assert answer.status_code == 202, answer.text
+    assert job_count() == before + 1
 
 
 class HeldBatches:

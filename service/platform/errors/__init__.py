@@ -114,6 +114,13 @@ class IdempotencyConflict(FlowbeatError):
     code = "idempotency_conflict"
 
 
+class DuplicateJob(FlowbeatError):
+    """A job of the same owner, pipeline and dedupe key is open or ended within its profile's
+    ``dedupe.window_s``, and the profile says ``on_duplicate: reject``; details name it."""
+
+    code = "duplicate_job"
+
+
 class InvalidCursor(FlowbeatError):
     code = "invalid_cursor"
 

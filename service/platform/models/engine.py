@@ -113,6 +113,14 @@ class JobRow(Base):
             postgresql_where=text(f"labels <> {NO_LABELS}"),
         ),
         Index(
+            "ix_jobs_dedupe",
+            "owner",
+            "pipeline",
+            "dedupe_key",
+            text("finished_at DESC"),
+            postgresql_where=text("dedupe_key IS NOT NULL"),
+        ),
+        Index(
             "ix_jobs_error_code",
             text("(error ->> 'code')"),
             "created_at",
@@ -143,6 +151,10 @@ class JobRow(Base):
     concurrency_key: Mapped[str | None] = mapped_column(Text)
     """Its pipeline's ``concurrency`` key, resolved from its params, with owner and pipeline."""
     concurrency_limit: Mapped[int | None]
+    dedupe_key: Mapped[str | None] = mapped_column(Text)
+    """Its pipeline's ``dedupe`` key, resolved from its params: ``ix_jobs_dedupe`` finds the
+    key's open job, else its newest ended one, in two short range reads
+    (``flowbeat_dedupe_twin``)."""
     waiting_for: Mapped[str | None] = mapped_column(String(24))
     """What a queued job waits for before any of it is sent: ``concurrency``, a free slot of
     its key, or ``turn``, its owner's turn while enough jobs are sent ahead (fair share)."""

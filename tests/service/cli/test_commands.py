@@ -131,6 +131,24 @@ def test_run_refuses_bad_params_before_anything_is_stored(flowbeat: Cli) -> None
     assert "params_invalid" in done.stdout
 
 
+def test_run_says_which_job_a_duplicate_matched_and_follows_that_one(flowbeat: Cli) -> None:
+    query = f"query=crispr-{uuid.uuid4().hex[:6]}"
+    queued = flowbeat("run", "search", "-p", query, "--no-wait")
+    [job_id] = re.findall(r"job (\S+) queued", queued.stdout)
+
+    again = flowbeat("run", "search", "-p", query, "--no-wait")
+    refused = flowbeat("run", "search-once", "-p", query, "--no-wait")
+    refused_again = flowbeat("run", "search-once", "-p", query, "--no-wait")
+
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"deduplicated: job {job_id} has the same dedupe key" in again.stdout
+    assert "queued" in again.stdout and "no new job was started" in again.stdout
+    assert refused.returncode == 0
+    [strict_id] = re.findall(r"job (\S+) queued", refused.stdout)
+    assert refused_again.returncode == 2
+    assert f"duplicate_job: job {strict_id} of search-once" in refused_again.stdout
+
+
 @pytest.mark.parametrize(("scopes", "ok"), [("read,write", True), ("root", False)])
 def test_keys_create_prints_a_key_once(flowbeat: Cli, scopes: str, ok: bool) -> None:
     done = flowbeat("keys", "create", "--scopes", scopes, "--owner", "cli-test")

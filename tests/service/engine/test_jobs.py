@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from service.catalogue.resolution import ResolvedPipeline
 from service.engine.intake import NewJob, insert_jobs_if_resolved, new_job, plan_once
 from service.engine.runtime import Runtime
-from service.engine.submission import JobRequest, submit_job
+from service.engine.submission import JobRequest, Outcome, submit_job
 from service.language.loading import find_profile
 from service.platform.db import libpq_url, unit_of_work
 from service.platform.errors import IdempotencyConflict, OpenJobsLimit
@@ -26,7 +26,7 @@ def submit(
     rt: Runtime, owner: str, request: JobRequest, open_jobs_limit: int = 0
 ) -> tuple[uuid.UUID, bool]:
     with unit_of_work(rt.sessions) as session:
-        job, created = submit_job(
+        job, outcome = submit_job(
             session,
             request,
             owner=owner,
@@ -34,7 +34,7 @@ def submit(
             known_actions=rt.registry.names(),
             open_jobs_limit=open_jobs_limit,
         )
-        return job.id, created
+        return job.id, outcome is Outcome.NEW
 
 
 def stored(rt: Runtime, owner: str) -> tuple[int, int]:

@@ -335,6 +335,38 @@ def test_each_success_starts_its_own_job_and_other_owners_start_nothing(
     assert _downstream(runtime, stranger) == []
 
 
+DEDUPED_DOWN = """\
+name: down
+on:
+  succeeded: [up]
+dedupe: {key: digest, window_s: 3600}
+steps:
+  - {id: b, action: noop, with: {from: "${{ trigger.job_id }}"}}
+"""
+
+
+def test_a_success_whose_downstream_job_would_duplicate_an_open_one_starts_nothing(
+    runtime: Runtime,
+) -> None:
+    owner = _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, DEDUPED_DOWN)
+    first = _succeed_up(runtime, owner)
+    _fire(runtime)
+    second = _succeed_up(runtime, owner)
+
+    assert _fire(runtime) == []
+
+    [job] = _downstream(runtime, owner)
+    assert job.parent_job_id == first and job.trigger_data is not None
+    assert job.trigger_data["job_id"] == str(first)
+    with unit_of_work(runtime.sessions) as session:
+        fences = session.execute(
+            select(DependencyFireRow.upstream_job_id, DependencyFireRow.job_id)
+        ).all()
+    assert {(first, job.id), (second, job.id)} <= {tuple(fence) for fence in fences}
+
+
 def test_a_success_nothing_waits_for_is_not_queued(runtime: Runtime) -> None:
     owner = _owner()
     _save(runtime, owner, UP)

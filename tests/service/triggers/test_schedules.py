@@ -225,6 +225,28 @@ def test_overlap_policy_when_the_previous_run_is_still_open(
     assert session.get(JobRow, first.id).status == previous  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("pipeline", "outcome"), [("search", "deduplicated"), ("search-once", "duplicate")]
+)
+def test_a_fire_that_duplicates_the_open_run_starts_nothing_and_says_so(
+    session: Session, runtime: Runtime, settings: Settings, owner: str, pipeline: str, outcome: str
+) -> None:
+    row = save(session, settings, owner, pipeline, overlap="allow")
+    (first,) = fire(session, runtime, row, T0 + timedelta(hours=1)).jobs
+
+    second = fire(session, runtime, row, T0 + timedelta(hours=2))
+
+    assert second.jobs == []
+    fires = session.execute(
+        select(ScheduleFireRow.outcome, ScheduleFireRow.job_id)
+        .where(ScheduleFireRow.schedule_id == row.id)
+        .order_by(ScheduleFireRow.fire_at)
+    ).all()
+    twin = first.id if outcome == "deduplicated" else None
+    assert [tuple(f) for f in fires] == [("created", first.id), (outcome, twin)]
+    assert (row.last_job_id, row.run_count) == (first.id, 1)
+
+
 def test_a_buffered_fire_runs_once_the_previous_run_ends(
     session: Session, runtime: Runtime, settings: Settings, owner: str
 ) -> None:

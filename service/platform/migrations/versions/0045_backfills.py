@@ -6,7 +6,7 @@
   (schedule, fire time) fences it against the schedule's own fires and other backfills.
 
 Revision ID: 0045
-Revises: 0043
+Revises: 0044
 """
 
 import sqlalchemy as sa
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0045"
-down_revision = "0043"
+down_revision = "0044"
 branch_labels = None
 depends_on = None
 
