@@ -9,6 +9,8 @@ mark moved. Only autocommitted statements do this. The job's counter is the last
 statement takes, and a transaction would hold it while it takes others, where a trigger takes
 it at commit; a statement run inside a transaction leaves its changes to the triggers.
 
+The statements that store jobs log each job's first event the same way (``stored``).
+
 The events are those the triggers would have written: the same kinds and bodies, numbered
 from the job's counter in the order the triggers would have fired (the statement's changes in
 the order its CTEs make them), with the job's listeners notified.
@@ -45,6 +47,27 @@ def job_event(order: int, status: JobStatus, cte: str) -> str:
                || CASE WHEN {cte}.error IS NULL THEN '{{}}'::jsonb
                        ELSE jsonb_build_object('error', {cte}.error) END
           FROM {cte}"""
+
+
+STORED_LOGGED = "logged_inline"
+"""The column a statement that stores jobs and logs their first events itself sets true
+(``stored``): ``jobs_created_event`` fires only for a job stored otherwise."""
+
+
+def stored() -> str:
+    """The CTEs ``counted`` and ``queued`` that log the first event of each job the statement's
+    ``new_job`` CTE stored (returning its ``id``, ``status`` and ``trigger``) and start its
+    counter. Safe inside a transaction, unlike the other events here: no one else can see the
+    new job, so no one can wait for the counter's lock while the transaction takes others."""
+    return """, counted AS (
+        INSERT INTO job_event_seqs (job_id, seq) SELECT id, 1 FROM new_job
+    ), queued AS (
+        INSERT INTO job_events (job_id, seq, kind, step_id, data, created_at)
+        SELECT id, 1, 'job.' || status, NULL,
+               jsonb_build_object('status', status, 'trigger', trigger), clock_timestamp()
+          FROM new_job
+        RETURNING pg_notify('flowbeat_events', job_id::text)
+    )"""
 
 
 def dependents(cte: str) -> str:

@@ -16,6 +16,7 @@ from service.catalogue.pipelines import own_or_shared
 from service.catalogue.resolution import ResolvedPipeline
 from service.engine.concurrency import SLOT_ROOM, WAITING_FOR_SLOT, admitted
 from service.engine.dedupe import DEDUPE_TWIN, dedupe_of
+from service.engine.inline_events import STORED_LOGGED, stored
 from service.engine.submission import (
     JOB_COLUMNS,
     JobRequest,
@@ -106,17 +107,18 @@ _INSERT_JOBS_IF_RESOLVED = (
           LEFT JOIN rooms ON allowed.waiting_for = '{WAITING_FOR_SLOT}'
                          AND rooms.key = allowed.concurrency_key
     ), new_job AS (
-        INSERT INTO jobs ({", ".join(JOB_COLUMNS)})
-        SELECT {", ".join(_STORED_AS.get(column, column) for column in JOB_COLUMNS)}
+        INSERT INTO jobs ({", ".join(JOB_COLUMNS)}, {STORED_LOGGED})
+        SELECT {", ".join(_STORED_AS.get(column, column) for column in JOB_COLUMNS)}, true
           FROM placed ORDER BY ord
         ON CONFLICT (owner, idempotency_key) DO NOTHING
-        RETURNING id, waiting_for, dispatched_at"""
+        RETURNING id, waiting_for, dispatched_at, status, trigger"""
     + new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
     + submit_events(
         "allowed.created_at, allowed.audit_channel, allowed.audit_source, allowed.audit_actor,"
         " allowed.owner, allowed.pipeline, allowed.pipeline_version",
         "new_job JOIN allowed USING (id) WHERE allowed.audit_channel IS NOT NULL",
     )
+    + stored()
     + " SELECT id, waiting_for, dispatched_at FROM new_job"
 )
 """``twins`` asks ``DEDUPE_TWIN`` once a dedupe key of the batch, in the keys' order, and a

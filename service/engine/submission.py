@@ -34,6 +34,7 @@ from service.engine.dedupe import (
     duplicate_of,
     find_twin,
 )
+from service.engine.inline_events import STORED_LOGGED, stored
 from service.language.checks import validate_profile
 from service.language.labels import job_labels
 from service.language.params import resolve_params
@@ -302,17 +303,19 @@ _INSERT_JOB = (
         SELECT {SLOT_ROOM}(%(concurrency_key)s::text, %(concurrency_limit)s::int) > 0 AS let
          WHERE %(waiting_for)s::text = '{WAITING_FOR_SLOT}' AND {_NO_TWIN}
     ), new_job AS (
-        INSERT INTO jobs ({", ".join(JOB_COLUMNS)})
-        SELECT {", ".join(_STORED_AS.get(column, f"%({column})s") for column in JOB_COLUMNS)}
+        INSERT INTO jobs ({", ".join(JOB_COLUMNS)}, {STORED_LOGGED})
+        SELECT {", ".join(_STORED_AS.get(column, f"%({column})s") for column in JOB_COLUMNS)},
+               true
          WHERE {_NO_TWIN}
         ON CONFLICT (owner, idempotency_key) DO NOTHING
-        RETURNING id, waiting_for, dispatched_at"""
+        RETURNING id, waiting_for, dispatched_at, status, trigger"""
     + new_steps("new_job, jsonb_to_recordset(%(steps)s)")
     + submit_events(
         "%(created_at)s::timestamptz, %(audit_channel)s::text, %(audit_source)s::text,"
         " %(audit_actor)s::text, %(owner)s::text, %(pipeline)s::text, %(pipeline_version)s::int",
         "new_job WHERE %(audit_channel)s::text IS NOT NULL",
     )
+    + stored()
     + " SELECT waiting_for, dispatched_at, NULL::uuid FROM new_job"
     + " UNION ALL SELECT NULL, NULL, id FROM twin WHERE id IS NOT NULL"
 )

@@ -86,12 +86,15 @@ def test_the_claim_and_checkpoint_statements_log_their_own_changes_once(
     runtime: Runtime,
 ) -> None:
     """The statements of the step path append their events themselves and flip the rows'
-    marks, and the log's triggers skip those changes: each is logged once, not twice."""
+    marks (a job stored by such a statement is stored marked), and the log's triggers skip
+    those changes: each is logged once, not twice."""
     job_id = _submit(runtime, TWO_STEPS)
+    stored = _marks(runtime, job_id)
     with runtime.claims.connect() as conn:
         assert fast_claim(conn, StepKey(job_id, "a"), task_id="t", lease_s=30, now=utcnow())
 
-    assert _marks(runtime, job_id) == {None: True, "a": True, "b": False}
+    assert stored == {None: True, "a": False, "b": False}
+    assert _marks(runtime, job_id) == {None: False, "a": True, "b": False}
     assert [(e.seq, e.kind, e.step_id) for e in _log(runtime, job_id)] == [
         (1, "job.queued", None),
         (2, "step.running", "a"),

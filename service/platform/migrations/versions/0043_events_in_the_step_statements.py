@@ -4,7 +4,9 @@ label index holds labelled jobs only
 - ``jobs`` and ``step_runs`` get ``logged_inline``, which a statement that appends the events
   of its changes itself flips (the claim and checkpoint statements,
   ``service.engine.inline_events``); the log's triggers on those tables, and the dependency
-  trigger, skip a change whose mark moved. Every other change is logged as before.
+  trigger, skip a change whose mark moved. A job stored by a statement that logs its first
+  event itself is stored with the mark set, and ``jobs_created_event`` skips it. Every other
+  change is logged as before.
 - ``step_runs`` loses its foreign key to ``jobs``: its check ran a statement and wrote a row
   lock on the job's row for each step row inserted. The intake inserts a job's steps in the
   statement that inserts the job; the statement trigger that forgets a deleted job's events
@@ -36,8 +38,11 @@ _DEFERRED = "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
 _UNMARKED = " AND OLD.logged_inline = NEW.logged_inline"
 
 
-def _triggers(unmarked: str) -> str:
+def _triggers(unmarked: str, stored: str) -> str:
     return f"""
+DROP TRIGGER jobs_created_event ON jobs;
+CREATE CONSTRAINT TRIGGER jobs_created_event AFTER INSERT ON jobs {_DEFERRED}{stored}
+    EXECUTE FUNCTION flowbeat_job_event();
 DROP TRIGGER jobs_status_event ON jobs;
 CREATE CONSTRAINT TRIGGER jobs_status_event AFTER UPDATE OF status ON jobs {_DEFERRED}
     WHEN (OLD.status IS DISTINCT FROM NEW.status{unmarked})
@@ -85,7 +90,7 @@ def upgrade() -> None:
             table,
             sa.Column("logged_inline", sa.Boolean(), server_default=sa.false(), nullable=False),
         )
-    op.execute(_triggers(_UNMARKED))
+    op.execute(_triggers(_UNMARKED, "\n    WHEN (NOT NEW.logged_inline)"))
     op.drop_constraint("fk_step_runs_job_id_jobs", "step_runs", type_="foreignkey")
     op.execute(_FORGET.format(steps=_STEPS))
     _label_index("labels <> '{}'::jsonb")
@@ -110,6 +115,6 @@ def downgrade() -> None:
     op.create_foreign_key(
         "fk_step_runs_job_id_jobs", "step_runs", "jobs", ["job_id"], ["id"], ondelete="CASCADE"
     )
-    op.execute(_triggers(""))
+    op.execute(_triggers("", ""))
     for table in ("step_runs", "jobs"):
         op.drop_column(table, "logged_inline")
