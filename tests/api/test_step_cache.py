@@ -1,15 +1,20 @@
-"""The step cache through the API: a step that declares ``cache`` shows ``cached`` with the job
-and step it took its output from; ``refresh`` runs it again; a step on an action that refuses
-the cache is refused at submission naming the step and the field."""
+"""The step cache through the API and the dashboard: a step that declares ``cache`` shows
+``cached`` with the job and step it took its output from; ``refresh`` runs it again; a job
+deleted by retention takes its cache rows with it; a step on an action that refuses the cache
+is refused at submission naming the step and the field."""
 
 import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import delete, func, select
 
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow, StepCacheRow
+from tests.api.conftest import KeyFactory
 
 Headers = dict[str, str]
 
@@ -49,6 +54,42 @@ def test_a_second_run_shows_its_step_cached_with_its_source_and_refresh_runs_it(
     assert cached["cached_from"] == {"job_id": first["id"], "step_id": "s"}
     assert (again["status"], again["cached_from"]) == ("succeeded", None)
     assert second["result"] == first["result"]
+
+
+def test_the_dashboard_links_a_cached_step_to_its_source(
+    client: TestClient, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    key = make_key("write")
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"pipeline": _profile(), "params": {"topic": uuid.uuid4().hex}}
+    first = _ran(client, runtime, headers, **body)
+    second = _ran(client, runtime, headers, **body)
+    login = client.post("/ui/login", data={"key": key, "next": "/ui/jobs"}, follow_redirects=False)
+    assert login.status_code == 303, login.text
+
+    page = client.get(f"/ui/jobs/{second['id']}/panel").text
+
+    assert 'class="status cached"' in page
+    assert f'href="/ui/jobs/{first["id"]}#step-s"' in page
+
+
+def test_a_deleted_job_takes_its_cache_rows_with_it(
+    client: TestClient, runtime: Runtime, writer: Headers
+) -> None:
+    body = {"pipeline": _profile(), "params": {"topic": uuid.uuid4().hex}}
+    first = _ran(client, runtime, writer, **body)
+    second = _ran(client, runtime, writer, **body)
+    ids = [uuid.UUID(first["id"]), uuid.UUID(second["id"])]
+
+    def rows() -> int:
+        with unit_of_work(runtime.sessions) as session:
+            count = select(func.count()).where(StepCacheRow.job_id.in_(ids))
+            return int(session.scalar(count) or 0)
+
+    assert rows() == 2
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(delete(JobRow).where(JobRow.id.in_(ids)))
+    assert rows() == 0
 
 
 def test_a_step_on_an_action_that_refuses_the_cache_is_refused_naming_step_and_field(
