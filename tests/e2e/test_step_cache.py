@@ -1,7 +1,8 @@
 """The step cache on real workers: a job run twice with the same params runs its cached
 step's action once, the second job's step showing ``cached`` with the job and step it came
 from (in its view and in its event log); another param value, another owner, ``refresh`` or
-a lapsed TTL run the action again. A fan-out's items are cached one by one."""
+a lapsed TTL run the action again. A fan-out's items are cached one by one. The Python client
+reads a step's source and asks for a refresh through a live API process."""
 
 import time
 import uuid
@@ -10,9 +11,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from flowbeat_client import Client as ApiClient
+from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
 from service.platform.models import JobEventRow
-from tests.e2e.conftest import Client
+from tests.e2e.conftest import Client, Cluster
 
 pytestmark = pytest.mark.usefixtures("shared_worker")
 
@@ -124,3 +127,20 @@ def test_a_fan_out_takes_the_items_it_has_seen_from_the_cache(client: Client) ->
         {"name": f"each-{tag}-1", "value": f"{tag}-1"},
         {"name": f"each-{tag}-3", "value": f"{tag}-3"},
     ]
+
+
+def test_the_client_reads_a_cached_steps_source_and_asks_for_a_refresh(
+    cluster: Cluster, client: Client
+) -> None:
+    with unit_of_work(client.rt.sessions) as session:
+        key, _ = create_api_key(session, owner=f"sc-{uuid.uuid4().hex[:6]}", scopes=["write"])
+    profile, params = _profile(), {"topic": f"t-{uuid.uuid4().hex[:6]}"}
+    with ApiClient(cluster.api(), key) as api:
+        first = api.jobs.wait(api.jobs.create(profile, params)["id"], timeout_s=60)
+        second = api.jobs.wait(api.jobs.create(profile, params)["id"], timeout_s=60)
+        again = api.jobs.create(profile, params, refresh=True)
+        refreshed = api.jobs.wait(again["id"], timeout_s=60)
+
+    assert second["steps"][0]["status"] == "cached"
+    assert second["steps"][0]["cached_from"] == {"job_id": first["id"], "step_id": "fetch"}
+    assert refreshed["steps"][0]["status"] == "succeeded"
