@@ -6,6 +6,7 @@ is refused at submission naming the step and the field."""
 import uuid
 from typing import Any
 
+import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, func, select
 
@@ -15,6 +16,8 @@ from service.engine.steps import StepKey
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, StepCacheRow
 from tests.api.conftest import KeyFactory
+from tests.api.test_audit import Caller
+from tests.api.test_mcp_audit import _tools
 
 Headers = dict[str, str]
 
@@ -54,6 +57,25 @@ def test_a_second_run_shows_its_step_cached_with_its_source_and_refresh_runs_it(
     assert cached["cached_from"] == {"job_id": first["id"], "step_id": "s"}
     assert (again["status"], again["cached_from"]) == ("succeeded", None)
     assert second["result"] == first["result"]
+
+
+def test_the_mcp_run_pipeline_tool_asks_for_a_refresh(
+    client: TestClient, runtime: Runtime, make_key: KeyFactory
+) -> None:
+    caller = Caller(make_key, "read", "write")
+    call = _tools(client, runtime, caller)
+    body = {"pipeline": _profile(), "params": {"topic": uuid.uuid4().hex}}
+    first = _ran(client, runtime, caller.headers, **body)
+
+    inline = yaml.safe_dump(body["pipeline"])
+    job_id = call("run_pipeline", pipeline=inline, params=body["params"], refresh=True)["job"]["id"]
+    run_step(runtime, StepKey(uuid.UUID(job_id), "s"), task_id=uuid.uuid4().hex)
+
+    refreshed = client.get(f"/v1/jobs/{job_id}", headers=caller.headers).json()["job"]
+    assert refreshed["steps"][0]["status"] == "succeeded"
+    again = _ran(client, runtime, caller.headers, **body)
+    assert again["steps"][0]["cached_from"] == {"job_id": job_id, "step_id": "s"}
+    assert first["id"] != job_id
 
 
 def test_the_dashboard_links_a_cached_step_to_its_source(
