@@ -7,7 +7,9 @@ follows or succeeds the job, and appends the events of those changes (``inline_e
 WHERE clause carries the rules, so a redelivered message that finds the step settled writes
 nothing and counts nothing twice. A checkpoint that a transaction
 must decide on (a loop's round, a fan-out's gathered items) is written in that transaction
-(``write_checkpoint``); a rerun copies its parent's (``copy_checkpoints``).
+(``write_checkpoint``); a rerun copies its parent's (``copy_checkpoints``). A step that
+declares ``cache`` runs a variant of the same statement that also writes its row of the step
+cache (``_with_cache_row``, ADR 17); every other step's statement is as it was.
 """
 
 import uuid
