@@ -28,7 +28,7 @@ from service.language.expressions import (
     parse_refs,
     whole_ref,
 )
-from service.platform.constants import DEDUPE_WINDOW_MAX_S, QUEUE_PATTERN
+from service.platform.constants import CACHE_TTL_MAX_S, DEDUPE_WINDOW_MAX_S, QUEUE_PATTERN
 from service.platform.errors import (
     ExpressionError,
 )
@@ -281,6 +281,20 @@ class CompensateSpec(BaseModel):
     timeout_s: int = Field(default=300, ge=1, le=86400)
 
 
+class CacheSpec(BaseModel):
+    """On a step: before its action runs, its resolved inputs (secrets by name), the action's
+    name and version form a key; a succeeded step of the same owner with that key, no older
+    than ``ttl_s``, gives its output instead, unless the job was submitted with ``refresh``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: int = Field(
+        ge=1,
+        le=CACHE_TTL_MAX_S,
+        description="how long a step's output may be reused by a step with the same key",
+    )
+
+
 class ConcurrencySpec(BaseModel):
     """On a profile: at most ``limit`` of its jobs with the same ``key`` open at once; on a
     step: at most ``limit`` steps with the same ``key`` running at once, across every job.
@@ -385,6 +399,7 @@ class StepSpec(BaseModel):
     """The worker pool that runs this step (``flowbeat worker --queues``); else the profile's."""
     description: str = ""
     wait_for: WaitForSpec | None = Field(default=None, exclude_if=_never_null)
+    cache: CacheSpec | None = Field(default=None, exclude_if=_never_null)
 
     @field_validator("when")
     @classmethod

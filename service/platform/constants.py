@@ -200,3 +200,7 @@ TRIGGER_RERUN: Final = "rerun"
 """The trigger of a job that reruns another (``service.engine.reruns``)."""
 CHILD_BATCH: Final = 100
 """Child calls the beat leader starts, settles or cancels in one transaction."""
+
+CACHE_TTL_MAX_S: Final = 90 * 86400
+"""The longest ``cache.ttl_s`` a step may declare: retention prunes step cache entries older
+than this, since no step can take them any more."""

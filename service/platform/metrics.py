@@ -64,6 +64,11 @@ STEP_RETRIES = Counter(
     "Failed attempts that will be tried again, by action.",
     ["action"],
 )
+STEP_CACHE_HITS = Counter(
+    "flowbeat_step_cache_hits_total",
+    "Steps settled with an output from the step cache instead of running, by action.",
+    ["action"],
+)
 FANOUT_ITEMS = Counter(
     "flowbeat_fanout_items_total",
     "Items of for_each steps run to an outcome, by action.",

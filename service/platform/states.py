@@ -33,6 +33,9 @@ class StepStatus(StrEnum):
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
     REUSED = "reused"
+    CACHED = "cached"
+    """It took the output of a succeeded step of the same owner whose action ran with the same
+    inputs within its ``cache.ttl_s``, instead of running (``service.engine.stepcache``)."""
     AWAITING_APPROVAL = "awaiting_approval"
     REJECTED = "rejected"
     AWAITING_SLOT = "awaiting_slot"
@@ -86,6 +89,7 @@ STEP_FINAL = frozenset(
         StepStatus.SKIPPED,
         StepStatus.CANCELLED,
         StepStatus.REUSED,
+        StepStatus.CACHED,
         StepStatus.REJECTED,
     }
 )
@@ -104,11 +108,11 @@ STEP_PARKED = frozenset(PARKED_AS.values())
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
 COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStatus.FAILED})
-STEP_SUCCESSFUL = frozenset({StepStatus.SUCCEEDED, StepStatus.REUSED})
-"""What a downstream step and the job's result take as done: run here, or reused from the
-checkpoint of the job this one reruns."""
+STEP_SUCCESSFUL = frozenset({StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.CACHED})
+"""What a downstream step and the job's result take as done: run here, reused from the
+checkpoint of the job this one reruns, or taken from the step cache."""
 JOB_OPEN_SQL = sql_in((JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))
-STEP_SUCCESSFUL_SQL = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED))
+STEP_SUCCESSFUL_SQL = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.CACHED))
 STEP_DUE_SQL = sql_in((StepStatus.PENDING, StepStatus.RETRYING))
 """A row whose next attempt a message may take now."""
 JOB_INITIAL = frozenset({JobStatus.QUEUED})
@@ -156,6 +160,12 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_RUN, _RUN, "service.engine.claims.fast_claim", "its lease lapsed: another worker"),
     Transition(_RUN, _OK, "service.engine.checkpoints.complete_step", "the checkpoint is written"),
     Transition(_RUN, _OK, "service.engine.loops.close_round", "a loop ends or goes round"),
+    Transition(
+        _RUN,
+        StepStatus.CACHED,
+        "service.engine.checkpoints.complete_step",
+        "an entry of the step cache with its key, of its owner, within its TTL, gave its output",
+    ),
     Transition(
         _OK, _P, "service.engine.loops.next_round", "its loop goes round again", reopens=True
     ),

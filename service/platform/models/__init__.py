@@ -36,6 +36,7 @@ from service.platform.models.engine import (
     StepRoundRow,
     StepRunRow,
 )
+from service.platform.models.stepcache import StepCacheRow
 
 __all__ = [
     "NO_LABELS",
@@ -68,6 +69,7 @@ __all__ = [
     "ScheduleFireRow",
     "ScheduleRow",
     "SignalWaitRow",
+    "StepCacheRow",
     "StepLogRow",
     "StepRoundRow",
     "StepRunRow",

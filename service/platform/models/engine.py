@@ -167,6 +167,9 @@ class JobRow(Base):
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
     )
     diff_mode: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    refresh: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Submitted with ``refresh``: its cache-declaring steps run their actions again instead of
+    taking an output from the step cache, and what they return is cached anew."""
     notify_url: Mapped[str | None] = mapped_column(Text)
     pipeline_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="SET NULL"), index=True
