@@ -32,6 +32,7 @@ from service.engine.completion import fail_step
 from service.engine.inputs import ready_claim, ready_shard, use_shard_claim
 from service.engine.leases import release_lease
 from service.engine.loops import complete_round
+from service.engine.rates import parks_for_rate
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job, sink_settles_job
 from service.engine.shards import FannedOut, fan_out, finish_fanout
@@ -282,6 +283,8 @@ def _run_claim(
         return JobPlan(asked.job_id), None
     if not isinstance(claim, Claimed):
         return claim.ready, None
+    if parks_for_rate(rt, claim):
+        return JobPlan(asked.job_id), None
     with (
         logs.bound(attempt=claim.lease.attempt),
         tracing.span(
