@@ -1,0 +1,126 @@
+"""Step rate limits: a step whose key's window has room runs; one that finds none parks
+``awaiting_rate`` without its lease, its attempt uncounted, in a row of ``rate_waits``; the
+beat's let-in sends the due ones back as many as the window has room for, and no sooner."""
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+import redis
+from sqlalchemy import select
+
+from service.engine.claims import fast_claim
+from service.engine.inputs import ready_claim
+from service.engine.rates import next_rate_wake, parks_for_rate, step_rate, wake_due_rates
+from service.engine.runtime import Runtime
+from service.engine.steps import Claimed, StepKey
+from service.language.specs import RateLimitSpec
+from service.platform.clock import utcnow
+from service.platform.constants import NCBI_RATE_LIMIT_NAME, NCBI_RATE_WINDOW_S
+from service.platform.db import unit_of_work
+from service.platform.models import JobRow, RateWaitRow, StepRunRow
+from service.platform.ratelimit import redis_client
+from service.platform.states import JOB_OPEN, JobStatus, StepStatus
+from tests.support.arrange import walk
+from tests.support.fanouts import submitted
+
+LEASE_S = 30.0
+OPEN = [status.value for status in JOB_OPEN]
+
+
+def _profile(key: str, limit: int = 1) -> dict[str, object]:
+    rate = {"key": "${{ params.source }}", "limit": limit, "per_s": 60}
+    step = {"id": "call", "action": "noop", "rate_limit": rate}
+    return {"name": "rated", "params": {"source": {"type": "string"}}, "steps": [step]}
+
+
+def _claimed(rt: Runtime, job_id: uuid.UUID, now: datetime) -> Claimed:
+    key = StepKey(job_id, "call")
+    with rt.claims.connect() as conn:
+        fast = fast_claim(conn, key, task_id="t", lease_s=LEASE_S, now=now)
+    assert fast is not None
+    claim = ready_claim(key, fast)
+    assert claim is not None, "a rate-limited step is claimed as a plain one"
+    return claim
+
+
+def _row(rt: Runtime, job_id: uuid.UUID) -> StepRunRow:
+    with unit_of_work(rt.sessions) as session:
+        row = session.scalars(select(StepRunRow).where(StepRunRow.job_id == job_id)).one()
+        session.expunge(row)
+        return row
+
+
+def _wait(rt: Runtime, job_id: uuid.UUID) -> RateWaitRow | None:
+    with unit_of_work(rt.sessions) as session:
+        row = session.get(RateWaitRow, (job_id, "call"))
+        if row is not None:
+            session.expunge(row)
+        return row
+
+
+@pytest.fixture
+def source(runtime: Runtime) -> Iterator[str]:
+    """A key of this test's own; its jobs end cancelled, as in the slots' tests."""
+    yield f"src-{uuid.uuid4().hex[:8]}"
+    with unit_of_work(runtime.sessions) as session:
+        walk(session, JobRow, JobRow.status.in_(OPEN), to=JobStatus.CANCELLED)
+
+
+def _client(rt: Runtime) -> redis.Redis:
+    return redis_client(rt.settings.broker())
+
+
+def test_a_step_over_its_keys_limit_parks_without_its_lease(runtime: Runtime, source: str) -> None:
+    first = submitted(runtime, _profile(source), {"source": source})
+    second = submitted(runtime, _profile(source), {"source": source})
+    now = utcnow()
+
+    assert not parks_for_rate(runtime, _claimed(runtime, first, now))
+    assert parks_for_rate(runtime, _claimed(runtime, second, now))
+
+    row = _row(runtime, second)
+    assert row.status == StepStatus.AWAITING_RATE
+    assert (row.lease_token, row.attempts, row.started_at) == (None, 0, None)
+    wait = _wait(runtime, second)
+    assert wait is not None and (wait.key, wait.units, wait.rate_limit) == (source, 1, 1)
+    assert timedelta(seconds=59) < wait.wake_at - now <= timedelta(seconds=61)
+    with unit_of_work(runtime.sessions) as session:
+        assert next_rate_wake(session) is not None
+
+
+def test_the_let_in_waits_for_the_window_then_sends_the_oldest_first(
+    runtime: Runtime, source: str
+) -> None:
+    holder, *waiting = (submitted(runtime, _profile(source), {"source": source}) for _ in range(3))
+    now = utcnow()
+    assert not parks_for_rate(runtime, _claimed(runtime, holder, now))
+    for job_id in waiting:
+        assert parks_for_rate(runtime, _claimed(runtime, job_id, now))
+    due = now + timedelta(seconds=61)
+
+    with unit_of_work(runtime.sessions) as session:
+        assert wake_due_rates(session, _client(runtime), now) == []
+        assert wake_due_rates(session, _client(runtime), due) == []
+    assert _row(runtime, waiting[0]).status == StepStatus.AWAITING_RATE, "the window is full"
+    put_off = _wait(runtime, waiting[0])
+    assert put_off is not None and put_off.wake_at > due, "due again when the window has room"
+
+    _client(runtime).delete(f"flowbeat:ratelimit:key:{source}")
+    due = put_off.wake_at
+    with unit_of_work(runtime.sessions) as session:
+        plans = wake_due_rates(session, _client(runtime), due)
+
+    assert [(p.job_id, [s.step_id for s in p.steps]) for p in plans] == [(waiting[0], ["call"])]
+    assert _row(runtime, waiting[0]).status == StepStatus.PENDING
+    assert _wait(runtime, waiting[0]) is None
+    later = _wait(runtime, waiting[1])
+    assert later is not None and later.wake_at > due, "its turn is a window after the first's"
+
+
+def test_the_ncbi_key_takes_its_limit_from_the_settings(runtime: Runtime) -> None:
+    spec = RateLimitSpec(key=NCBI_RATE_LIMIT_NAME, limit=100)
+    rate = step_rate(spec, {}, runtime.settings)
+    assert rate.limit == runtime.settings.ncbi_rate_per_s
+    assert rate.window_s == NCBI_RATE_WINDOW_S + runtime.settings.step_rate_guard_s
