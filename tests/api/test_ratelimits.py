@@ -2,8 +2,10 @@
 for it, the steps listed only to those who may see their jobs; the NCBI limit is a key too."""
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from service.engine.claims import fast_claim
@@ -13,8 +15,18 @@ from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.platform.clock import utcnow
 from service.platform.constants import NCBI_RATE_LIMIT_NAME
+from service.platform.settings import Settings
+from tests.api.test_ui import _login
+from tests.support.apps import api_client
 
 Headers = dict[str, str]
+
+
+@pytest.fixture
+def ui(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
+    with api_client(settings, runtime) as client:
+        client.follow_redirects = False
+        yield client
 
 
 def _rated(limit: int) -> dict[str, Any]:
@@ -64,3 +76,23 @@ def test_a_key_shows_its_use_and_its_waiting_steps(
 def test_the_ncbi_limit_is_listed_as_a_configured_key(client: TestClient, writer: Headers) -> None:
     ncbi = _key(client, writer, NCBI_RATE_LIMIT_NAME)
     assert ncbi["configured"] and ncbi["limit"] >= 1
+
+
+def test_the_dashboard_lists_a_key_with_the_viewers_waiting_steps(
+    ui: TestClient, runtime: Runtime, make_key: Any
+) -> None:
+    key = make_key("read", "write")
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    body = {"pipeline": _rated(1), "params": {"tenant": tenant}}
+    headers = {"Authorization": f"Bearer {key}"}
+    first, second = (
+        ui.post("/v1/jobs", json=body, headers=headers).json()["job"]["id"] for _ in "ab"
+    )
+    assert not _start(runtime, first) and _start(runtime, second)
+    _login(ui, key)
+
+    page = ui.get("/ui/rate-limits")
+
+    assert page.status_code == 200
+    row = page.text.split(f"<code>{tenant}-lims</code>", 1)[1]
+    assert 'class="status awaiting_rate">1<' in row and second[:8] in row
