@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import lru_cache
 from itertools import groupby
 
 import redis
@@ -68,7 +69,13 @@ class StepRate:
     """The key as the profile writes it, before params resolve it: the metrics' label."""
 
     def window(self, client: redis.Redis) -> KeyWindow:
-        return KeyWindow(window_name(self.key), self.limit, self.window_s, client=client)
+        return key_window(client, window_name(self.key), self.limit, self.window_s)
+
+
+@lru_cache(maxsize=1024)
+def key_window(client: redis.Redis, name: str, limit: int, window_s: float) -> KeyWindow:
+    """One per key and process: registering its script costs as much as the call itself."""
+    return KeyWindow(name, limit, window_s, client=client)
 
 
 def configured(settings: Settings) -> dict[str, tuple[int, float]]:
@@ -191,7 +198,7 @@ def _let_in_key(
     session: Session, client: redis.Redis, waits: list[RateWaitRow], now: datetime
 ) -> list[RateWaitRow]:
     first = waits[0]
-    window = KeyWindow(window_name(first.key), first.rate_limit, first.window_s, client=client)
+    window = key_window(client, window_name(first.key), first.rate_limit, first.window_s)
     room = window.look(first.units)
     free = 0 if room.wait_s > 0 else first.rate_limit - room.used
     taken = 0
