@@ -69,14 +69,12 @@ def rate_keys(
 
 def _live_windows(client: redis.Redis) -> dict[str, tuple[int, float]]:
     names = [raw.decode() for raw in client.scan_iter(match=f"{RATE_LIMIT_META_PREFIX}*")]
-    with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.hmget(name, "limit", "window_us")
-        metas = pipe.execute()
+    metas = client.mget(names) if names else []
     live = {}
-    for name, (limit, window_us) in zip(names, metas, strict=True):
-        if limit is None or window_us is None:
+    for name, meta in zip(names, metas, strict=True):
+        if meta is None:
             continue
+        limit, window_us = meta.split()
         window = name.removeprefix(RATE_LIMIT_META_PREFIX)
         live[window.removeprefix(STEP_RATE_KEY_PREFIX)] = (int(limit), int(window_us) / 1e6)
     return live

@@ -91,10 +91,20 @@ def window_name(key: str) -> str:
 
 
 def step_rate(spec: RateLimitSpec, params: dict[str, object], settings: Settings) -> StepRate:
-    key = str(resolve(spec.key, ExprContext(params=params, outputs={}), CONCURRENCY_ROOTS))
-    limit, window_s = configured(settings).get(key, (spec.limit, float(spec.per_s)))
-    window_s += settings.step_rate_guard_s
-    return StepRate(key, limit, window_s, min(spec.units, limit), spec.key)
+    key = spec.key
+    if "${{" in key:
+        key = str(resolve(key, ExprContext(params=params, outputs={}), CONCURRENCY_ROOTS))
+    size = configured(settings).get(key, (spec.limit, float(spec.per_s)))
+    return _sized(key, size, spec.units, spec.key, settings.step_rate_guard_s)
+
+
+@lru_cache(maxsize=1024)
+def _sized(
+    key: str, size: tuple[int, float], units: int, declared: str, guard_s: float
+) -> StepRate:
+    """Made once per key and process: a step with room costs little more than its call."""
+    limit, window_s = size
+    return StepRate(key, limit, window_s + guard_s, min(units, limit), declared)
 
 
 def parks_for_rate(rt: Runtime, claim: Claimed) -> bool:

@@ -61,8 +61,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ttl = math.ceil(window_us / 1000) + 1000
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window_us)
 local used = redis.call('ZCARD', key)
-redis.call('HSET', KEYS[2], 'limit', limit, 'window_us', window_us)
-redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('SET', KEYS[2], limit .. ' ' .. window_us, 'PX', ttl)
 if ARGV[5] == '1' and used + units <= limit then
   local added = {}
   for i = 1, units do
