@@ -298,8 +298,12 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         """Steps parked for a rate limit whose window is due to have room: as many as it has
         room for go back to pending and out after the commit (``service.engine.rates``)."""
         client = ratelimit.redis_client(self.settings.broker())
-        with unit_of_work(self.runtime.sessions) as session:
-            ready = wake_due_rates(session, client, now)
+        try:
+            with unit_of_work(self.runtime.sessions) as session:
+                ready = wake_due_rates(session, client, now)
+        except RedisError as exc:
+            log.warning("beat: cannot look at the rate windows, steps wait a tick: %s", exc)
+            return
         for plan in ready:
             publish_or_defer(self.app, self.runtime, plan)
 

@@ -283,7 +283,9 @@ def _run_claim(
         return JobPlan(asked.job_id), None
     if not isinstance(claim, Claimed):
         return claim.ready, None
-    if parks_for_rate(rt, claim):
+    with _released_if_cut_short(rt, claim.key, claim.lease):
+        parked = parks_for_rate(rt, claim)
+    if parked:
         return JobPlan(asked.job_id), None
     with (
         logs.bound(attempt=claim.lease.attempt),

@@ -4,6 +4,7 @@ beat's let-in sends the due ones back as many as the window has room for, and no
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -13,6 +14,7 @@ from sqlalchemy import select
 from service.engine.claims import fast_claim
 from service.engine.inputs import ready_claim
 from service.engine.rates import next_rate_wake, parks_for_rate, step_rate, wake_due_rates
+from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import Claimed, StepKey
 from service.language.specs import RateLimitSpec
@@ -124,3 +126,16 @@ def test_the_ncbi_key_takes_its_limit_from_the_settings(runtime: Runtime) -> Non
     rate = step_rate(spec, {}, runtime.settings)
     assert rate.limit == runtime.settings.ncbi_rate_per_s
     assert rate.window_s == NCBI_RATE_WINDOW_S + runtime.settings.step_rate_guard_s
+
+
+def test_a_step_whose_window_cannot_be_asked_gives_its_lease_back(
+    runtime: Runtime, source: str
+) -> None:
+    job_id = submitted(runtime, _profile(source), {"source": source})
+    unreachable = runtime.settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+
+    with pytest.raises(redis.ConnectionError):
+        run_step(replace(runtime, settings=unreachable), StepKey(job_id, "call"), task_id="t")
+
+    row = _row(runtime, job_id)
+    assert row.lease_token is None, "the next delivery need not wait for the lease to lapse"
