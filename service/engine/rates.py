@@ -11,7 +11,8 @@ and that time in ``rate_waits``, in PostgreSQL. It holds no worker and no messag
 
 The beat leader sleeps no later than the first ``wake_at`` and lets the due steps in then
 (``wake_due_rates``), per key in the order they parked, as many as the window has room for
-now; the others of the key are due again when the units just let in leave the window. Those let
+now; the next of the key is due when the window's present grants leave room for it beside
+those just let in, or a window later if those fill it. Those let
 in go back to ``pending`` and are sent; each asks the window again when it starts, so a
 newcomer that took the room first only sends it back to wait, and the limit holds whoever
 takes it. Nothing polls: every wait is computed from the window.
@@ -52,7 +53,7 @@ from service.platform.constants import (
 )
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, RateWaitRow, StepRunRow
-from service.platform.ratelimit import KeyWindow, redis_client
+from service.platform.ratelimit import KeyWindow, Room, redis_client
 from service.platform.settings import Settings
 from service.platform.states import StepStatus
 
@@ -214,7 +215,7 @@ def _let_in_key(
     taken = 0
     for index, wait in enumerate(waits):
         if taken + wait.units > free:
-            again = now + timedelta(seconds=room.wait_s if taken == 0 else wait.window_s)
+            again = now + timedelta(seconds=_next_turn(window, room, taken, wait))
             rest = [(w.job_id, w.step_id) for w in waits[index:]]
             session.execute(
                 update(RateWaitRow)
@@ -224,6 +225,17 @@ def _let_in_key(
             return waits[:index]
         taken += wait.units
     return waits
+
+
+def _next_turn(window: KeyWindow, room: Room, taken: int, next_up: RateWaitRow) -> float:
+    """Seconds until the window has room for the next waiting step, once the steps just let
+    in have taken theirs: when enough of its present grants leave it, or, if those steps fill
+    it, a window from now, by when their own grants leave."""
+    if taken == 0:
+        return room.wait_s
+    if taken + next_up.units <= window.limit:
+        return window.look(taken + next_up.units).wait_s
+    return window.window_s
 
 
 def _plans(session: Session, woken: list[tuple[uuid.UUID, str]]) -> Iterator[JobPlan]:

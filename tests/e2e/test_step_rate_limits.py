@@ -77,7 +77,8 @@ def test_sixty_steps_of_a_key_at_five_a_second_never_start_six_in_a_second(
     times = starts(client, key)
     assert len(times) == STEPS
     assert most_in_a_window(times, PER_S) <= LIMIT
-    assert times[-1] - times[0] >= (STEPS / LIMIT - 1) * PER_S
+    ideal_s = (STEPS / LIMIT - 1) * PER_S
+    assert ideal_s <= times[-1] - times[0] < 1.6 * ideal_s, "the steps wasted the key's limit"
     assert quick.job.status == "succeeded"
     waited = (quick.job.finished_at - quick.job.created_at).total_seconds()
     assert waited < 3, f"the plain job took {waited:.1f}s behind the parked steps"
