@@ -4,10 +4,14 @@ seconds, shared by every worker, job and owner that names the key (ADR 16).
 A claimed step with a ``rate_limit`` asks its key's window in Redis for its units just before
 its action runs (``parks_for_rate``): all of them or none, in one script call, on Redis's
 clock. With room it runs at once; a step with no rate limit asks nothing, so the common path
-costs not one statement more. With no room, the script answers when enough of the window's
-oldest grants leave it, and the step parks ``awaiting_rate`` in one transaction
-(``park_for_rate``): it gives its lease back, its attempt uncounted, and keeps its key, units
-and that time in ``rate_waits``, in PostgreSQL. It holds no worker and no message.
+costs not one statement more. A worker process that starts many steps of a key with a large
+limit asks for several at once and spends them itself for a moment (``_Lease``): less than the
+start guard after their grant, so the limit on starts holds as exactly as step by step.
+
+With no room, the script answers when enough of the window's oldest grants leave it, and the
+step parks ``awaiting_rate`` in one transaction (``park_for_rate``): it gives its lease back,
+its attempt uncounted, and keeps its key, units and that time in ``rate_waits``, in
+PostgreSQL. It holds no worker and no message.
 
 The beat leader sleeps no later than the first ``wake_at`` and lets the due steps in then
 (``wake_due_rates``), per key in the order they parked, as many as the window has room for
@@ -23,6 +27,8 @@ killed while its step holds units leaks nothing: units are grant times, which le
 window ``per_s`` after they were granted whatever becomes of the step.
 """
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,6 +56,9 @@ from service.platform.constants import (
     RATE_WAKE_BATCH,
     SCHEDULES_CHANNEL,
     STEP_RATE_KEY_PREFIX,
+)
+from service.platform.constants import (
+    RATE_LEASE_PARTS as LEASE_PARTS,
 )
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, RateWaitRow, StepRunRow
@@ -115,10 +124,9 @@ def parks_for_rate(rt: Runtime, claim: Claimed) -> bool:
     if spec is None:
         return False
     rate = step_rate(spec, claim.params, rt.settings)
-    client = redis_client(rt.settings.broker())
     member = f"{claim.key.job_id}:{claim.key.step_id}:{claim.lease.attempt}"
-    room = rate.window(client).take(rate.units, member)
-    if room.granted:
+    room = _take(rate, member, rt.settings)
+    if room is None:
         metrics.RATE_LIMIT_STEPS.labels(rate.declared, "granted").inc()
         return False
     now = utcnow()
@@ -126,6 +134,59 @@ def parks_for_rate(rt: Runtime, claim: Claimed) -> bool:
         park_for_rate(session, claim, rate, now + timedelta(seconds=room.wait_s), now)
     metrics.RATE_LIMIT_STEPS.labels(rate.declared, "parked").inc()
     return True
+
+
+@dataclass
+class _Lease:
+    """Units of one grant that this process spends on its own steps of the key, each as it
+    starts, until ``expires_at``: half the start guard after it asked. A unit is then spent
+    less than the guard after its grant, which the window's length already allows for, so the
+    limit on starts stays exact; what is unspent by then is wasted, never spent late."""
+
+    granted: int
+    spent: int
+    expires_at: float
+    size: int
+    """The grants of a step's units it asked for; doubled when it was spent in time, halved
+    when units were left, at most ``limit // LEASE_PARTS``: 1 for a limit under that."""
+
+    def take(self, units: int, now: float) -> bool:
+        if now >= self.expires_at or self.spent + units > self.granted:
+            return False
+        self.spent += units
+        return True
+
+    def next_size(self, units: int, cap: int) -> int:
+        if self.spent + units > self.granted:
+            return min(self.size * 2, cap)
+        return max(1, self.size // 2)
+
+
+_LEASES: dict[tuple[str, int, float], _Lease] = {}
+_LEASES_LOCK = threading.Lock()
+
+
+def _take(rate: StepRate, member: str, settings: Settings) -> Room | None:
+    """``None`` when the step may start: a unit of this process's lease of the key, or a grant
+    of the window; else the window's answer. A busy process asks the window once for several
+    steps, so a limit that does not bind costs few round trips."""
+    key = (rate.key, rate.limit, rate.window_s)
+    asked_at = time.monotonic()
+    with _LEASES_LOCK:
+        lease = _LEASES.get(key)
+        if lease is not None and lease.take(rate.units, asked_at):
+            return None
+        size = (
+            1 if lease is None else lease.next_size(rate.units, max(1, rate.limit // LEASE_PARTS))
+        )
+    window = rate.window(redis_client(settings.broker()))
+    room = window.take(rate.units, member, extra=(size - 1) * rate.units)
+    if not room.granted:
+        return room
+    expires_at = asked_at + settings.step_rate_guard_s / 2
+    with _LEASES_LOCK:
+        _LEASES[key] = _Lease(room.granted, rate.units, expires_at, size)
+    return None
 
 
 def park_for_rate(

@@ -76,6 +76,9 @@ RATE_LIMIT_META_PREFIX: Final = "flowbeat:ratelimit-meta:"
 STEP_RATE_KEY_PREFIX: Final = "key:"
 """A step's rate-limit key names its window under this, apart from the API's own limits; a
 key the settings configure (``service.engine.rates.configured``) names it as is."""
+RATE_LEASE_PARTS: Final = 20
+"""A worker process leases at most a step key's limit divided by this at once: a limit under
+it is asked of the window step by step."""
 RATE_WAKE_BATCH: Final = 500
 """Most steps parked for a rate limit the beat leader looks at in one tick."""
 RATE_LIMIT_REDIS_TIMEOUT_S: Final = 1.0

@@ -63,6 +63,7 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window_us)
 local used = redis.call('ZCARD', key)
 redis.call('SET', KEYS[2], limit .. ' ' .. window_us, 'PX', ttl)
 if ARGV[5] == '1' and used + units <= limit then
+  units = units + math.min(tonumber(ARGV[6]), limit - used - units)
   local added = {}
   for i = 1, units do
     added[2 * i - 1] = now
@@ -80,10 +81,11 @@ local nth = redis.call('ZRANGE', key, gone, gone, 'WITHSCORES')
 return {0, tonumber(nth[2]) + window_us - now + 1, used}
 """
 """All of ``units`` or none, unlike ``_ACQUIRE``: a step that takes three units of a call
-starts only when the window holds three. With no room, the wait is until enough of the oldest
-grants have left the window, which is exact while nobody else takes the room first. With
-``ARGV[5]`` not ``1`` it only looks (the beat's let-in). The limit and window are kept beside
-the window, for as long as it lives, for whoever lists the keys in use."""
+starts only when the window holds three; with them it takes up to ``ARGV[6]`` more if there
+is room, for a short lease (``service.engine.rates``). With no room, the wait is until enough
+of the oldest grants have left the window, which is exact while nobody else takes the room
+first. With ``ARGV[5]`` not ``1`` it only looks (the beat's let-in). The limit and window are
+kept beside the window, for as long as it lives, for whoever lists the keys in use."""
 
 
 @lru_cache(maxsize=8)
@@ -211,7 +213,8 @@ class Room:
     """A key's window as one call found it: whether it granted, the units it now holds, and
     when it next has room for the units asked (0 when it has room now)."""
 
-    granted: bool
+    granted: int
+    """Units granted: none, or those asked and as many of the extra as there was room for."""
     used: int
     wait_s: float
 
@@ -232,16 +235,16 @@ class KeyWindow(_Window):
     def meta_key(self) -> str:
         return f"{RATE_LIMIT_META_PREFIX}{self.name}"
 
-    def take(self, units: int, member: str) -> Room:
-        return self._call(units, member, take=True)
+    def take(self, units: int, member: str, extra: int = 0) -> Room:
+        return self._call(units, member, "1", extra)
 
     def look(self, units: int) -> Room:
         """Whether ``units`` would fit now, taking nothing."""
-        return self._call(units, "", take=False)
+        return self._call(units, "", "0", 0)
 
-    def _call(self, units: int, member: str, *, take: bool) -> Room:
-        args = [*self._args(units, member), "1" if take else "0"]
+    def _call(self, units: int, member: str, take: str, extra: int) -> Room:
+        args = [*self._args(units, member), take, extra]
         reply = self._script(keys=[self.key, self.meta_key], args=args)
         assert isinstance(reply, list)
         granted, wait_us, used = (int(value) for value in reply)
-        return Room(granted > 0, used, 0.0 if granted else wait_us / 1_000_000)
+        return Room(granted, used, 0.0 if granted else wait_us / 1_000_000)

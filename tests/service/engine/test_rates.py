@@ -13,16 +13,24 @@ from sqlalchemy import select
 
 from service.engine.claims import fast_claim
 from service.engine.inputs import ready_claim
-from service.engine.rates import next_rate_wake, parks_for_rate, step_rate, wake_due_rates
+from service.engine.rates import (
+    StepRate,
+    _take,
+    next_rate_wake,
+    parks_for_rate,
+    step_rate,
+    wake_due_rates,
+)
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import Claimed, StepKey
 from service.language.specs import RateLimitSpec
 from service.platform.clock import utcnow
 from service.platform.constants import NCBI_RATE_LIMIT_NAME, NCBI_RATE_WINDOW_S
+from service.platform.constants import RATE_LEASE_PARTS as LEASE_PARTS
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, RateWaitRow, StepRunRow
-from service.platform.ratelimit import redis_client
+from service.platform.ratelimit import KeyWindow, Room, redis_client
 from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 from tests.support.arrange import walk
 from tests.support.fanouts import submitted
@@ -139,3 +147,27 @@ def test_a_step_whose_window_cannot_be_asked_gives_its_lease_back(
 
     row = _row(runtime, job_id)
     assert row.lease_token is None, "the next delivery need not wait for the lease to lapse"
+
+
+def test_a_busy_process_leases_a_large_limit_for_a_moment_and_a_small_one_not_at_all(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Units leased are spent within half the start guard of their grant, or never."""
+    asks: list[int] = []
+    take = KeyWindow.take
+
+    def counted(window: KeyWindow, units: int, member: str, extra: int = 0) -> Room:
+        asks.append(units + extra)
+        return take(window, units, member, extra)
+
+    monkeypatch.setattr(KeyWindow, "take", counted)
+    big = StepRate(f"big-{uuid.uuid4().hex[:8]}", 1000, 60.05, 1, "big")
+    assert all(_take(big, f"m{n}", runtime.settings) is None for n in range(40))
+    assert len(asks) < 10, "a busy process asked the window once for several steps"
+    assert max(asks) <= 1000 // LEASE_PARTS
+
+    asks.clear()
+    small = StepRate(f"small-{uuid.uuid4().hex[:8]}", 5, 60.05, 1, "small")
+    started = [_take(small, f"m{n}", runtime.settings) is None for n in range(6)]
+    assert started == [True] * 5 + [False]
+    assert asks == [1] * 6, "a limit under LEASE_PARTS is asked step by step"

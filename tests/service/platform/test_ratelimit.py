@@ -184,3 +184,11 @@ def test_a_look_at_a_key_window_takes_nothing(stack: Stack) -> None:
     assert window.look(1).wait_s == 0 and window.look(1).used == 0
     assert window.take(1, "a").granted
     assert window.look(1).wait_s > 59
+
+
+def test_a_key_window_grants_extra_units_only_from_the_room_left(stack: Stack) -> None:
+    window = _key_window(stack, 5, 60.0)
+
+    assert window.take(2, "a", extra=2).granted == 4
+    assert window.take(1, "b", extra=9).granted == 1
+    assert window.take(1, "c", extra=9).granted == 0
