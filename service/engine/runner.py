@@ -33,6 +33,7 @@ from service.engine.completion import fail_step
 from service.engine.inputs import ready_claim, ready_shard, use_shard_claim
 from service.engine.leases import release_lease
 from service.engine.loops import complete_round
+from service.engine.rates import parks_for_rate
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job, sink_settles_job
 from service.engine.shards import FannedOut, fan_out, finish_fanout
@@ -284,6 +285,11 @@ def _run_claim(
         return JobPlan(asked.job_id), None
     if not isinstance(claim, Claimed):
         return claim.ready, None
+    with _released_if_cut_short(rt, claim.key, claim.lease):
+        cache = stepcache.probe(rt, claim, utcnow())
+        parked = (cache is None or cache.source is None) and parks_for_rate(rt, claim)
+    if parked:
+        return JobPlan(asked.job_id), None
     with (
         logs.bound(attempt=claim.lease.attempt),
         tracing.span(
@@ -294,22 +300,24 @@ def _run_claim(
             attempt=claim.lease.attempt,
         ),
     ):
-        return _settled(rt, claim, timeout_errors, inline, task_id, lane)
+        return _settled(rt, claim, cache, timeout_errors, inline, task_id, lane)
 
 
 def _settled(
     rt: Runtime,
     claim: Claimed,
+    cache: stepcache.Probe | None,
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None,
     task_id: str,
     lane: _Lane | None = None,
 ) -> tuple[JobPlan, _Next | None]:
     """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round;
-    and the step that follows, or the lane's next shard, when the checkpoint claimed it."""
+    and the step that follows, or the lane's next shard, when the checkpoint claimed it. A
+    step the cache answers (``cache``, probed before its rate limit) runs no action and so
+    takes no unit of its rate limit."""
     key = claim.key
     with _released_if_cut_short(rt, key, claim.lease):
-        cache = stepcache.probe(rt, claim, utcnow())
         outcome = _attempt(rt, claim, cache, timeout_errors, inline)
         if isinstance(outcome, Failure):
             return _settle_failure(rt, claim, outcome), None

@@ -315,6 +315,45 @@ class ConcurrencySpec(BaseModel):
         return value
 
 
+class RateLimitSpec(BaseModel):
+    """On a step: at most ``limit`` units of ``key`` started in any window of ``per_s``
+    seconds, counted across every worker, job and owner that names the key; each attempt of
+    the step takes ``units``. A step that finds no room waits ``awaiting_rate``, holding no
+    worker and no message, until the window has room (``service.engine.rates``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(
+        min_length=1,
+        max_length=200,
+        description='what the limit is shared under; may read params ("${{ params.tenant }}-lims")',
+    )
+    limit: int = Field(ge=1, le=100_000, description="units let through in any window")
+    per_s: Literal[1, 60, 3600] = Field(
+        default=1, description="the window in seconds: 1 (a second), 60 (a minute), 3600"
+    )
+    units: int = Field(default=1, ge=1, description="units one attempt of the step takes")
+
+    @field_validator("key")
+    @classmethod
+    def _key_reads_params_only(cls, value: str) -> str:
+        try:
+            parse_refs(value, roots=CONCURRENCY_ROOTS)
+        except ExpressionError as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+    @model_validator(mode="after")
+    def _units_fit(self) -> "RateLimitSpec":
+        if self.units > self.limit:
+            raise PydanticCustomError(
+                "rate_units_over_limit",
+                "units ({units}) must not exceed limit ({limit}): the step could never start",
+                {"units": self.units, "limit": self.limit},
+            )
+        return self
+
+
 class DedupeSpec(BaseModel):
     """On a profile: a job whose ``key`` resolves to the value of an open job of the same owner
     and pipeline, or of one that ended less than ``window_s`` ago, is not stored; the
@@ -400,6 +439,7 @@ class StepSpec(BaseModel):
     description: str = ""
     wait_for: WaitForSpec | None = Field(default=None, exclude_if=_never_null)
     cache: CacheSpec | None = Field(default=None, exclude_if=_never_null)
+    rate_limit: RateLimitSpec | None = Field(default=None, exclude_if=_never_null)
 
     @field_validator("when")
     @classmethod
@@ -418,6 +458,12 @@ class StepSpec(BaseModel):
                 "concurrency_with_for_each",
                 "a for_each step has no concurrency of its own; bound its items with "
                 "for_each.max_parallel",
+            )
+        if self.rate_limit is not None and self.for_each is not None:
+            raise PydanticCustomError(
+                "rate_limit_with_for_each",
+                "a for_each step takes no rate limit of its own; put rate_limit on a step "
+                "that runs once per call to the source",
             )
         return self
 

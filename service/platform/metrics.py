@@ -116,6 +116,12 @@ WEBHOOK_DELIVERIES = Counter(
     "Incoming webhook deliveries by outcome (accepted, replayed, refused code).",
     ["outcome"],
 )
+RATE_LIMIT_STEPS = Counter(
+    "flowbeat_rate_limit_steps_total",
+    "Step attempts that asked a rate limit for room, by the key as the profile writes it "
+    "(before params resolve it) and outcome (granted, parked).",
+    ["key", "outcome"],
+)
 LLM_TOKENS = Counter(
     "flowbeat_llm_tokens_total",
     "Tokens of llm.chat and llm.embed calls by provider, model and kind (prompt, completion).",

@@ -46,6 +46,9 @@ class StepStatus(StrEnum):
     AWAITING_SIGNAL = "awaiting_signal"
     """Its ``wait_for`` signal has not arrived: it holds no lease and no message until the
     signal, or its timeout, sends it again (``service.engine.signals``)."""
+    AWAITING_RATE = "awaiting_rate"
+    """Its rate-limit key had no room in its window: it holds no lease and no message until the
+    beat leader lets it in once the window has room (``service.engine.rates``)."""
     AWAITING_CHILD = "awaiting_child"
     """A ``pipeline.run`` step whose child job the beat leader starts and, with ``wait: true``,
     waits for: no lease, no message, until the child ends (``service.engine.children``)."""
@@ -103,8 +106,10 @@ PARKED_AS: Mapping[ParkReason, StepStatus] = MappingProxyType(
     }
 )
 """The status each reason parks a step in: a new reason is a new status and a row here."""
-STEP_PARKED = frozenset(PARKED_AS.values())
-"""Open, with no lease and no message: a decision, a signal or the beat leader moves it on."""
+STEP_PARKED = frozenset({*PARKED_AS.values(), StepStatus.AWAITING_RATE})
+"""Open, with no lease and no message: a decision, a signal or the beat leader moves it on.
+A step parks for its rate limit outside ``parking``, once it is about to run
+(``service.engine.rates``): a step that finds room then has cost no statement more."""
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
 COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStatus.FAILED})
@@ -135,6 +140,7 @@ class Transition:
 _P, _RUN, _RETRY = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
 _WAIT, _REJECT = StepStatus.AWAITING_APPROVAL, StepStatus.REJECTED
 _SLOT = StepStatus.AWAITING_SLOT
+_RATE = StepStatus.AWAITING_RATE
 _SLEEP = StepStatus.SLEEPING
 _SIGNAL = StepStatus.AWAITING_SIGNAL
 _CHILD = StepStatus.AWAITING_CHILD
@@ -201,6 +207,9 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_RUN, _SLOT, "service.engine.parking.park", "its key has no slot free"),
     Transition(_SLOT, _P, "service.engine.slots.let_in_steps", "a slot of its key freed"),
     Transition(_SLOT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RUN, _RATE, "service.engine.rates.park_for_rate", "its key's window is full"),
+    Transition(_RATE, _P, "service.engine.rates.wake_due_rates", "its key's window has room"),
+    Transition(_RATE, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RUN, _SIGNAL, "service.engine.parking.park", "its signal has not arrived"),
     Transition(_SIGNAL, _P, "service.engine.signals.send_signal", "its signal arrived"),
     Transition(

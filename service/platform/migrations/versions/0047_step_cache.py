@@ -11,7 +11,7 @@
   ``cached`` step's own event, with its source, is written by its checkpoint statement.)
 
 Revision ID: 0047
-Revises: 0045
+Revises: 0046
 """
 
 import importlib.util
@@ -23,7 +23,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0047"
-down_revision = "0045"
+down_revision = "0046"
 branch_labels = None
 depends_on = None
 
