@@ -59,6 +59,11 @@ class JobCreate(BaseModel):
     diff_mode: bool = Field(
         default=False, description="mark runs without new result items; notify only on new ones"
     )
+    refresh: bool = Field(
+        default=False,
+        description="run every step again: steps that declare cache take nothing from the step "
+        "cache, and what they return is cached anew",
+    )
     notify_url: str | None = Field(
         default=None, description="http(s) URL that receives a signed POST when new items appear"
     )
@@ -129,6 +134,11 @@ class StepPublic(BaseModel):
             "retrying after a failed child starts its next attempt, its backoff over"
         ),
     )
+    cached_from: dict[str, str] | None = Field(
+        default=None,
+        description="a cached step's source: the job_id and step_id whose output it took "
+        "from the step cache instead of running",
+    )
 
     @classmethod
     def of(cls, step: StepView) -> "StepPublic":
@@ -143,6 +153,7 @@ class StepPublic(BaseModel):
             round=step.round,
             rounds=[RoundPublic(**vars(r)) for r in step.rounds],
             wake_at=step.wake_at,
+            cached_from=step.cached_from,
         )
 
 

@@ -97,6 +97,7 @@ def accept_job(
         params=body.params,
         idempotency_key=body.idempotency_key,
         diff_mode=body.diff_mode,
+        refresh=body.refresh,
         priority=body.priority,
         notify_url=body.notify_url,
         labels=body.labels,
@@ -242,6 +243,7 @@ async def accept_job_on_loop(
         params=body.params,
         idempotency_key=body.idempotency_key,
         diff_mode=body.diff_mode,
+        refresh=body.refresh,
         priority=body.priority,
         labels=body.labels,
     )

@@ -1,6 +1,6 @@
 """The dashboard's catalogue pages: the pipelines (each with its YAML as saved, its versions,
-its runs drawn as bars and its schedules), every schedule, the deployment's queues and the
-actions its steps may name."""
+its runs drawn as bars and its schedules), every schedule, the deployment's queues and rate
+limits, and the actions its steps may name."""
 
 import json
 from typing import Any
@@ -13,6 +13,7 @@ from api.deps import RuntimeDep, SessionDep, SettingsDep
 from api.routes import backfills, pipelines, runs, schedules
 from api.routes.actions import catalogue
 from api.routes.queues import QueuePublic, read_queues
+from api.routes.ratelimits import list_rate_limits
 from api.ui import PAGE_SIZE, Viewer, page
 from service.actions.signature import input_rows
 from service.platform.clock import utcnow
@@ -70,6 +71,14 @@ def queue_list(request: Request, viewer: Viewer) -> Response:
     now = utcnow()
     states = read_queues(request.app.state.settings)
     return page(request, "queues.html", queues=[QueuePublic.of(state, now) for state in states])
+
+
+@router.get("/rate-limits", response_class=HTMLResponse)
+def rate_limit_list(request: Request, viewer: Viewer, session: SessionDep) -> Response:
+    """Every rate-limit key, as ``GET /v1/rate-limits`` lists it, with the viewer's steps
+    waiting for each."""
+    found = list_rate_limits(request, viewer, session)
+    return page(request, "rate_limits.html", keys=found.keys)
 
 
 @router.get("/actions", response_class=HTMLResponse)

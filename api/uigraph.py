@@ -15,8 +15,15 @@ from service.platform.constants import DEFAULT_QUEUE
 NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 176, 50, 56, 16, 12
 LABEL_W, PLOT_W, ROW_H, AXIS_H = 150, 760, 22, 24
 
-SETTLED = {"succeeded", "failed", "skipped", "reused", "cancelled", "rejected"}
-PARKED = {"awaiting_approval", "awaiting_signal", "awaiting_slot", "awaiting_child", "sleeping"}
+SETTLED = {"succeeded", "failed", "skipped", "reused", "cached", "cancelled", "rejected"}
+PARKED = {
+    "awaiting_approval",
+    "awaiting_signal",
+    "awaiting_slot",
+    "awaiting_rate",
+    "awaiting_child",
+    "sleeping",
+}
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,16 @@ class Jobs(_Section):
         params: dict[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
+        refresh: bool = False,
     ) -> Job:
-        """``pipeline``: a saved pipeline's name (or ``owner/name``), or an inline profile."""
-        body = _query(pipeline=pipeline, params=params or {}, idempotency_key=idempotency_key)
+        """``pipeline``: a saved pipeline's name (or ``owner/name``), or an inline profile;
+        ``refresh`` runs every step again, taking nothing from the step cache."""
+        body = _query(
+            pipeline=pipeline,
+            params=params or {},
+            idempotency_key=idempotency_key,
+            refresh=refresh or None,
+        )
         return cast(Job, self._call("POST", "/v1/jobs", json=body)["job"])
 
     def get(self, job_id: str) -> Job:

@@ -13,6 +13,8 @@ class Step(TypedDict):
     shards: dict[str, int] | None
     round: int
     rounds: list[dict[str, Any]]
+    cached_from: dict[str, str] | None
+    """For a ``cached`` step, the ``job_id`` and ``step_id`` whose output it took."""
 
 
 class Parent(TypedDict):

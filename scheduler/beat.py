@@ -33,12 +33,13 @@ from service.engine.approvals import expire_due
 from service.engine.children import Starter, advance_children, next_retry
 from service.engine.concurrency import let_in_all, take_turns, waiting_turns
 from service.engine.deadlines import EXPIRE_BATCH, expire_deadlines, next_deadline
+from service.engine.rates import next_rate_wake, wake_due_rates
 from service.engine.runtime import Runtime
 from service.engine.signals import expire_waits, next_signal_due, resume_signalled
 from service.engine.slots import let_in_steps, steps_waiting
 from service.engine.waits import next_wake, wake_due
 from service.language.plan import JobPlan
-from service.platform import tracing
+from service.platform import ratelimit, tracing
 from service.platform.brokers import redis_client
 from service.platform.clock import utcnow
 from service.platform.constants import BEAT_LOCK_KEY, LEADER_POLL_S
@@ -144,6 +145,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.expire_signal_waits(now)
         self.expire_deadlines(now)
         self.wake_sleepers(now)
+        self.let_in_rate_waits(now)
         self.advance_children(now)
         self.fire_dependents()
         turns_waiting = self.let_in_waiting(now)
@@ -154,7 +156,8 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             sleeper = next_wake(session)
             signal_due = next_signal_due(session)
             retry = next_retry(session)
-        timers = (wake, deadline, sleeper, signal_due, retry, *held.values())
+            rate = next_rate_wake(session)
+        timers = (wake, deadline, sleeper, signal_due, retry, rate, *held.values())
         wakes = [w for w in timers if w is not None]
         if not wakes:
             return TURN_POLL_S if turns_waiting else self.tick_s
@@ -288,6 +291,19 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
         broker is back."""
         with unit_of_work(self.runtime.sessions) as session:
             ready = wake_due(session, now)
+        for plan in ready:
+            publish_or_defer(self.app, self.runtime, plan)
+
+    def let_in_rate_waits(self, now: datetime) -> None:
+        """Steps parked for a rate limit whose window is due to have room: as many as it has
+        room for go back to pending and out after the commit (``service.engine.rates``)."""
+        client = ratelimit.redis_client(self.settings.broker())
+        try:
+            with unit_of_work(self.runtime.sessions) as session:
+                ready = wake_due_rates(session, client, now)
+        except RedisError as exc:
+            log.warning("beat: cannot look at the rate windows, steps wait a tick: %s", exc)
+            return
         for plan in ready:
             publish_or_defer(self.app, self.runtime, plan)
 

@@ -60,6 +60,24 @@ def count(ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0) -
     return {"name": name, "value": value}
 
 
+@action("drill.stamp")
+def stamp(ctx: StepContext, name: str, hold_s: float = 0.0) -> dict[str, Any]:
+    """Note when the action started, on this machine's clock, in the list ``drill:stamps:<name>``
+    of Redis DB 0: a test reads the start times of every step that named ``name``."""
+    started = time.time()
+    client = _redis()
+    _note_job(client, ctx)
+    with client.pipeline() as pipe:
+        pipe.rpush(f"drill:stamps:{name}", started)
+        pipe.expire(f"drill:stamps:{name}", KEY_TTL_S)
+        pipe.execute()
+    client.set(_key(ctx, f"{name}:pid"), os.getpid(), ex=KEY_TTL_S)
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        ctx.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
+    return {"started": started}
+
+
 @action("drill.fail_on")
 def fail_on(ctx: StepContext, name: str, value: Any = None, bad: Any = ()) -> dict[str, Any]:
     """Count the run, then fail for good when ``value`` is one of ``bad``."""

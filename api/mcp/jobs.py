@@ -70,12 +70,14 @@ def job_tools(server: MCPServer, deps: McpDeps) -> None:
         diff_mode: bool = False,
         priority: int | None = None,
         labels: dict[str, str] | None = None,
+        refresh: bool = False,
     ) -> dict[str, Any]:
         """Start a job of a saved pipeline (name or owner/name) or of inline YAML; the same
         ``idempotency_key`` twice gives back the first job. When the pipeline's dedupe key
         matches an open or recent job, that job comes back with ``deduplicated: true``.
         ``priority`` 0-9, higher is taken first within a queue (default: the profile's);
-        ``labels`` say whom it is for ({"tenant": "acme"}), for ``find_jobs``."""
+        ``labels`` say whom it is for ({"tenant": "acme"}), for ``find_jobs``. ``refresh``
+        runs every step again, taking nothing from the step cache."""
         body = JobCreate(
             pipeline=pipeline,
             params=params or {},
@@ -83,6 +85,7 @@ def job_tools(server: MCPServer, deps: McpDeps) -> None:
             diff_mode=diff_mode,
             priority=priority,
             labels=labels or {},
+            refresh=refresh,
         )
 
         def work(session: Session, principal: Principal) -> dict[str, Any]:

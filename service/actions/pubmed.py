@@ -116,7 +116,7 @@ def _item(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@action("pubmed.summary", cache=False)
+@action("pubmed.summary")
 def summary(ctx: StepContext, ids: list[str], batch_size: int = SUMMARY_BATCH) -> list[Any]:
     """One item per PMID, in the order given; ids PubMed does not know are left out.
 

@@ -1,5 +1,7 @@
 """Actions: Python callables registered by name, called by the engine as ``fn(ctx, **inputs)``."""
 
+import functools
+import hashlib
 import importlib
 import inspect
 import json
@@ -11,6 +13,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
 
+from service.language.actionnames import ActionNames
 from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 from service.platform.errors import ActionError, ActionModuleUnimportable, ActionNotFound
 
@@ -80,19 +83,26 @@ class _Shape:
 class Registration:
     """An action as registered: its callable and what the engine may do with its steps.
 
-    ``cache``: its output depends only on its inputs, so a step cache may reuse an earlier
+    ``cache``: its output depends only on its inputs, so the step cache may reuse an earlier
     output for the same inputs; ``False`` for an action whose point is its side effect or the
-    moment it runs (a send, a fetch of what changes). ``retry``: a failed attempt may run again
-    under the step's ``retry`` policy; ``False`` makes every failure permanent, for an action
-    that is not safe to run twice (a payment, a message), whatever the policy says. Either way
-    an attempt the action itself fails with ``ActionError(retryable=False)``, or one called
-    with bad inputs, is never retried.
+    moment it runs (a send, a fetch of what changes), or that reads what is not an input
+    (``ctx.params``): a step that declares ``cache`` on it is refused at save. ``retry``: a
+    failed attempt may run again under the step's ``retry`` policy; ``False`` makes every
+    failure permanent, for an action that is not safe to run twice (a payment, a message),
+    whatever the policy says. Either way an attempt the action itself fails with
+    ``ActionError(retryable=False)``, or one called with bad inputs, is never retried.
+    ``version``: part of a step cache key, so outputs of an earlier version are not reused;
+    when not given, a digest of the function's source.
     """
 
     name: str
     fn: ActionFn
     cache: bool = True
     retry: bool = True
+    version: str = ""
+
+    def cache_version(self) -> str:
+        return self.version or _source_digest(self.fn)
 
 
 class ActionRegistry:
@@ -105,7 +115,13 @@ class ActionRegistry:
         self._loaded_plugins: set[str] = set()
 
     def register(
-        self, name: str, fn: ActionFn, *, cache: bool = True, retry: bool = True
+        self,
+        name: str,
+        fn: ActionFn,
+        *,
+        cache: bool = True,
+        retry: bool = True,
+        version: str = "",
     ) -> ActionFn:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise ValueError(f"invalid action name {name!r}: must match {NAME_PATTERN.pattern}")
@@ -123,7 +139,7 @@ class ActionRegistry:
                     f"action {name!r} is already registered by "
                     f"{_describe(existing.fn)}; refusing {_describe(fn)}"
                 )
-            self._actions[name] = Registration(name, fn, cache=cache, retry=retry)
+            self._actions[name] = Registration(name, fn, cache, retry, version)
             self._shapes[name] = shape
         return fn
 
@@ -140,8 +156,9 @@ class ActionRegistry:
         """Every action, by name."""
         return [self._actions[name] for name in sorted(self._actions)]
 
-    def names(self) -> frozenset[str]:
-        return frozenset(self._actions)
+    def names(self) -> ActionNames:
+        uncacheable = (name for name, held in self._actions.items() if not held.cache)
+        return ActionNames(self._actions, uncacheable)
 
     def __contains__(self, name: object) -> bool:
         return name in self._actions
@@ -177,6 +194,16 @@ class ActionRegistry:
         return result
 
 
+@functools.cache
+def _source_digest(fn: ActionFn) -> str:
+    """An action's version when it names none: its source changed, its outputs may too."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = _describe(fn)
+    return "src:" + hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
 def _describe(fn: ActionFn) -> str:
     module = getattr(fn, "__module__", None) or "?"
     qualname = getattr(fn, "__qualname__", None) or repr(fn)
@@ -186,12 +213,15 @@ def _describe(fn: ActionFn) -> str:
 REGISTRY = ActionRegistry()
 
 
-def action(name: str, *, cache: bool = True, retry: bool = True) -> Callable[[F], F]:
-    """Register the decorated function in the default registry under ``name``; ``cache`` and
-    ``retry`` are as ``Registration`` describes them, and the action catalogue shows both."""
+def action(
+    name: str, *, cache: bool = True, retry: bool = True, version: str = ""
+) -> Callable[[F], F]:
+    """Register the decorated function in the default registry under ``name``; ``cache``,
+    ``retry`` and ``version`` are as ``Registration`` describes them, and the action catalogue
+    shows the first two."""
 
     def decorate(fn: F) -> F:
-        REGISTRY.register(name, fn, cache=cache, retry=retry)
+        REGISTRY.register(name, fn, cache=cache, retry=retry, version=version)
         return fn
 
     return decorate
@@ -237,4 +267,6 @@ def load_plugins(
         registry._loaded_plugins.add(key)
     if registry is not REGISTRY:
         for held in REGISTRY.registrations():
-            registry.register(held.name, held.fn, cache=held.cache, retry=held.retry)
+            registry.register(
+                held.name, held.fn, cache=held.cache, retry=held.retry, version=held.version
+            )

@@ -16,6 +16,7 @@ from service.catalogue.pipelines import (
     _version_row,
     _visible_row,
 )
+from service.language.actionnames import action_names
 from service.language.checks import validate_profile
 from service.language.loading import (
     find_profile,
@@ -81,7 +82,7 @@ def resolve_pipeline(
         shipped = find_profile(profiles_dir, bare, known_actions=known_actions)
         _remember(_SEEN, (owner, name), None)
         return ResolvedPipeline(shipped, None, None)
-    actions = frozenset(known_actions)
+    actions = action_names(known_actions)
     key = (row.id, row.current_version, actions)
     profile = _RESOLVED.get(key)
     if profile is None:
@@ -120,5 +121,5 @@ def seen_resolution(
             return None
         return ResolvedPipeline(profile, None, None)
     pipeline_id, version = seen
-    saved = _RESOLVED.get((pipeline_id, version, frozenset(known_actions)))
+    saved = _RESOLVED.get((pipeline_id, version, action_names(known_actions)))
     return None if saved is None else ResolvedPipeline(saved, pipeline_id, version)

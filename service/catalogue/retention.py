@@ -10,9 +10,10 @@ kept: the fire records a schedule still needs as its fence, and the dependency f
 upstream jobs that still exist (a rerun can make one succeed again; a deleted one never will).
 
 Steps, checkpoints, result items, rounds and logs go with a job through their foreign keys, its
-event log through the trigger of migration 0011. Open jobs are never deleted. A deleted job
-leaves a tombstone in ``pruned_jobs``, written by the statement that deletes it, so that a read
-answers ``job_expired`` rather than ``job_not_found``.
+event log (migration 0011) and its rows of the step cache (0047) through the trigger that
+forgets a deleted job's rows: a cached output outlives no job of its own. Open jobs are never
+deleted. A deleted job leaves a tombstone in ``pruned_jobs``, written by the statement that
+deletes it, so that a read answers ``job_expired`` rather than ``job_not_found``.
 """
 
 from collections.abc import Iterable

@@ -18,6 +18,7 @@ from service.cli import (
     mcp,
     pipelines,
     queues,
+    ratelimits,
     schedules,
     servers,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "mcp",
     "pipelines",
     "queues",
+    "ratelimits",
     "schedules",
     "servers",
 ]

@@ -96,6 +96,9 @@ def run(
     label: Annotated[
         list[str], typer.Option("--label", metavar="KEY=VALUE", help="a label of the job")
     ] = [],  # noqa: B006
+    refresh: Annotated[
+        bool, typer.Option(help="run every step again, taking nothing from the step cache")
+    ] = False,
 ) -> None:
     """Run a pipeline once and follow its steps; exits non-zero when the job fails. When the
     pipeline's dedupe key matches an open or recent job, it follows that job instead."""
@@ -112,6 +115,7 @@ def run(
         acting_owner(settings, owner),
         priority,
         parse_labels(label),
+        refresh=refresh,
     )
     if wait:
         worker = local_worker or (local_worker is None and embedded)
@@ -163,6 +167,8 @@ def submit(
     owner: str,
     priority: int | None = None,
     labels: dict[str, str] | None = None,
+    *,
+    refresh: bool = False,
 ) -> uuid.UUID:
     from service.engine.runtime import Runtime
     from service.engine.submission import JobRequest, Outcome, submit_job
@@ -180,6 +186,7 @@ def submit(
                     trigger="cli",
                     priority=priority,
                     labels=labels or {},
+                    refresh=refresh,
                 ),
                 owner=owner,
                 profiles_dir=settings.profiles_dir,
@@ -214,10 +221,13 @@ def print_changes(view: Any, seen: dict[str, str], *, errors: bool = False) -> N
         if seen.get(step.step_id) != step.status:
             seen[step.step_id] = step.status
             shards = step.shards or {}
-            items = f" ({shards.get('succeeded', 0)}/{shards['total']} items)" if shards else ""
+            done = shards.get("succeeded", 0) + shards.get("cached", 0)
+            items = f" ({done}/{shards['total']} items)" if shards else ""
             rounds = f" (round {step.round})" if step.rounds else ""
             wakes = f" until {step.wake_at.isoformat()}" if step.status == "sleeping" else ""
-            line = f"  {step.step_id:<24} {step.status}{items}{rounds}{wakes}"
+            source = step.cached_from
+            came = f" from job {source['job_id']} step {source['step_id']}" if source else ""
+            line = f"  {step.step_id:<24} {step.status}{items}{rounds}{wakes}{came}"
             console.print(line, highlight=False, markup=False)
             if errors and step.error:
                 error = step.error

@@ -399,6 +399,7 @@ def view_document(view: Any) -> dict[str, Any]:
             "shards": step.shards,
             "round": step.round,
             "wake_at": step.wake_at.isoformat() if step.wake_at else None,
+            "cached_from": step.cached_from,
         }
         for step in view.steps
     ]

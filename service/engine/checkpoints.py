@@ -7,7 +7,9 @@ follows or succeeds the job, and appends the events of those changes (``inline_e
 WHERE clause carries the rules, so a redelivered message that finds the step settled writes
 nothing and counts nothing twice. A checkpoint that a transaction
 must decide on (a loop's round, a fan-out's gathered items) is written in that transaction
-(``write_checkpoint``); a rerun copies its parent's (``copy_checkpoints``).
+(``write_checkpoint``); a rerun copies its parent's (``copy_checkpoints``). A step that
+declares ``cache`` runs a variant of the same statement that also writes its row of the step
+cache (``_with_cache_row``, ADR 17); every other step's statement is as it was.
 """
 
 import uuid
@@ -29,14 +31,28 @@ from service.engine.inline_events import (
     step_event,
 )
 from service.engine.leases import TAKE_LEASE, take_next_shard
-from service.engine.steps import Completion, Follow, Lease, ShardClaim, StepKey, Taken
+from service.engine.steps import (
+    CacheWrite,
+    Completion,
+    Follow,
+    Lease,
+    ShardClaim,
+    StepKey,
+    Taken,
+)
 from service.language.plan import steps_plan
 from service.language.profiles import Profile
 from service.language.snapshots import step_facts
 from service.platform.constants import SHARD_NONE
 from service.platform.db import driver
 from service.platform.models import CheckpointRow
-from service.platform.states import JOB_OPEN_SQL, STEP_DUE_SQL, JobStatus, StepStatus, sql_in
+from service.platform.states import (
+    JOB_OPEN_SQL,
+    STEP_DUE_SQL,
+    JobStatus,
+    StepStatus,
+    sql_in,
+)
 
 
 def _insert(rows: str) -> str:
@@ -69,7 +85,9 @@ def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dic
     return {step_id: output for step_id, output in rows}
 
 
-_SUCCEEDED_OR_SKIPPED = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.SKIPPED))
+_SUCCEEDED_OR_SKIPPED = sql_in(
+    (StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.CACHED, StepStatus.SKIPPED)
+)
 _OF_THE_ATTEMPT = "%(step_id)s, %(shard)s, %(attempt)s, %(output)s, %(now)s"
 """A checkpoint's columns after its job, from the parameters of the attempt that wrote it."""
 
@@ -173,6 +191,69 @@ _COMPLETE_SHARD_AND_TAKE = (
 commit: what the lane's next claim statement would have done, under the same conditions,
 once this checkpoint is written."""
 
+_SAVED = "RETURNING job_id\n    )"
+_SETTLED = f"SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token"
+_STEP_CACHED = step_event(
+    1,
+    StepStatus.CACHED,
+    "done",
+    "jsonb_build_object('cached_from', jsonb_build_object("
+    "'job_id', %(source_job)s::text, 'step_id', %(source_step)s::text))",
+)
+
+
+def _once(statement: str, old: str, new: str) -> str:
+    assert statement.count(old) == 1, old
+    return statement.replace(old, new)
+
+
+def _with_cache_row(statement: str, *, use: bool) -> str:
+    """``statement`` for a step that declares ``cache`` (``steps.CacheWrite``): the same
+    statement, which also writes the step's row of ``step_cache`` once its checkpoint is
+    saved; for a ``use``, the step settles ``cached`` and its event names the source. The
+    statements of every other step stay as they are."""
+    sources = "%(source_job)s, %(source_step)s, %(source_shard)s" if use else "NULL, NULL, NULL"
+    row = f""", cache_row AS (
+        INSERT INTO step_cache (job_id, step_id, shard, owner, cache_key, created_at,
+                                source_job_id, source_step_id, source_shard)
+        SELECT job_id, %(step_id)s, %(shard)s, %(owner)s, %(cache_key)s, %(now)s, {sources}
+          FROM saved
+        ON CONFLICT DO NOTHING
+    )"""
+    written = _once(statement, _SAVED, _SAVED + row)
+    if not use:
+        return written
+    cached = _once(written, _SETTLED, _SETTLED.replace(StepStatus.SUCCEEDED, StepStatus.CACHED))
+    return cached.replace(_STEP_SUCCEEDED, _STEP_CACHED)
+
+
+_CACHE_VARIANTS = {
+    (plain, use): _with_cache_row(plain, use=use)
+    for plain in (
+        _COMPLETE,
+        _COMPLETE_SHARD,
+        _COMPLETE_AND_TAKE,
+        _COMPLETE_AND_SUCCEED_JOB,
+        _COMPLETE_SHARD_AND_TAKE,
+    )
+    for use in (False, True)
+}
+
+
+def _cached(plain: str, params: dict[str, Any], cache: CacheWrite | None) -> str:
+    """The statement to run for ``plain``, with ``cache``'s parameters bound into ``params``."""
+    if cache is None:
+        return plain
+    job, step, shard = cache.source or (None, None, None)
+    params |= {
+        "owner": cache.owner,
+        "cache_key": cache.key,
+        "source_job": job,
+        "source_step": step,
+        "source_shard": shard,
+    }
+    return _CACHE_VARIANTS[(plain, cache.source is not None)]
+
 
 def _checkpoint(key: StepKey, lease: Lease, output: Any, now: datetime) -> dict[str, Any]:
     """What every checkpointing statement binds: the attempt, its lease and its output."""
@@ -197,12 +278,14 @@ def complete_step(
     profile: Profile,
     succeeds_job: bool = False,
     follow: Follow | None = None,
+    cache: CacheWrite | None = None,
 ) -> Completion:
     """Checkpoint a finished attempt in one statement, unless its lease was lost meanwhile.
 
     With ``succeeds_job`` (the job's sole sink, whose output is the job's result, see
     ``settle.sink_settles_job``) the same statement succeeds the job; a sink has no children.
-    With ``follow`` it also claims that child for the caller.
+    With ``follow`` it also claims that child for the caller. With ``cache`` it writes the
+    step's row of the step cache, and for an output the cache gave settles the step ``cached``.
     """
     params = _checkpoint(key, lease, output, now)
     if succeeds_job:
@@ -211,12 +294,12 @@ def complete_step(
         children = step_facts(profile, key.step_id).children if key.shard == SHARD_NONE else ()
         params["children"] = list(children)
     if follow is not None and not succeeds_job:
-        return _complete_and_take(conn, key, params, profile, follow)
+        return _complete_and_take(conn, key, params, profile, follow, cache)
     if succeeds_job:
         statement = _COMPLETE_AND_SUCCEED_JOB
     else:
         statement = _COMPLETE if key.shard == SHARD_NONE else _COMPLETE_SHARD
-    row = conn.execute(statement, params).fetchone()
+    row = conn.execute(_cached(statement, params, cache), params).fetchone()
     assert row is not None
     written, ready, succeeded_trigger = row
     return Completion(written, steps_plan(profile, key.job_id, ready), succeeded_trigger)
@@ -228,6 +311,7 @@ def _complete_and_take(
     params: dict[str, Any],
     profile: Profile,
     follow: Follow,
+    cache: CacheWrite | None,
 ) -> Completion:
     child = StepKey(key.job_id, follow.step_id)
     token = uuid.uuid4().hex
@@ -237,7 +321,7 @@ def _complete_and_take(
         "until": params["now"] + timedelta(seconds=follow.lease_s),
         "task_id": follow.task_id,
     }
-    row = conn.execute(_COMPLETE_AND_TAKE, params).fetchone()
+    row = conn.execute(_cached(_COMPLETE_AND_TAKE, params, cache), params).fetchone()
     assert row is not None
     written, ready, _, attempts, outputs = row
     taken = None if attempts is None else Taken(child, Lease(token, attempts), outputs)
@@ -254,6 +338,7 @@ def complete_shard_and_take(
     profile: Profile,
     task_id: str,
     lease_s: float,
+    cache: CacheWrite | None = None,
 ) -> Completion:
     """Checkpoint a shard as ``complete_step`` does, and take the lane's next open shard in
     the same statement; ``next_shard`` is ``None`` when none is left to this lane."""
@@ -263,7 +348,7 @@ def complete_shard_and_take(
         "until": now + timedelta(seconds=lease_s),
         "task_id": task_id,
     }
-    row = conn.execute(_COMPLETE_SHARD_AND_TAKE, params).fetchone()
+    row = conn.execute(_cached(_COMPLETE_SHARD_AND_TAKE, params, cache), params).fetchone()
     assert row is not None
     written, shard, attempts, item, outputs = row
     taken = None

@@ -31,11 +31,13 @@ RETURNS_JOB = "trigger, error, owner, pipeline"
 changes a step row returns its ``step_id``, ``attempts`` and ``round`` for ``step_event``."""
 
 
-def step_event(order: int, status: StepStatus, cte: str) -> str:
+def step_event(order: int, status: StepStatus, cte: str, more: str = "") -> str:
     """The event of each step row the CTE ``cte`` moved to ``status`` (non-shard rows only,
-    with no error: a claim or a success), as ``flowbeat_step_event`` builds it."""
+    with no error: a claim or a success), as ``flowbeat_step_event`` builds it; ``more``, a
+    ``jsonb`` expression, joins its body."""
+    body = f"jsonb_build_object('attempt', {cte}.attempts, 'round', {cte}.round)"
     return f"""SELECT {order} AS ord, 'step.{status}'::text AS kind, {cte}.step_id::text,
-               jsonb_build_object('attempt', {cte}.attempts, 'round', {cte}.round) AS data
+               {body}{f" || {more}" if more else ""} AS data
           FROM {cte}"""
 
 

@@ -35,7 +35,7 @@ _JOB_TYPES = {
     "created_at": "timestamptz", "dispatched_at": "timestamptz", "diff_mode": "boolean",
     "pipeline_id": "uuid", "pipeline_version": "integer", "schedule_id": "uuid",
     "scheduled_for": "timestamptz", "concurrency_limit": "integer", "deadline_at": "timestamptz",
-    "labels": "jsonb",
+    "labels": "jsonb", "refresh": "boolean",
 }  # fmt: skip
 _BATCH_COLUMNS = ", ".join(
     [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in JOB_COLUMNS]

@@ -26,7 +26,13 @@ from service.platform.errors import (
     JobExpired,
     JobNotFound,
 )
-from service.platform.models import JobRow, PrunedJobRow, StepRoundRow, StepRunRow
+from service.platform.models import (
+    JobRow,
+    PrunedJobRow,
+    StepCacheRow,
+    StepRoundRow,
+    StepRunRow,
+)
 from service.platform.states import JOB_FINAL, JobStatus, StepStatus
 
 
@@ -54,6 +60,8 @@ class StepView:
     """Earlier rounds of a step in a loop, oldest first; the row itself is the current one."""
     wake_at: datetime | None = None
     """When a ``wait`` step wakes, or woke."""
+    cached_from: dict[str, str] | None = None
+    """For a ``cached`` step, the ``job_id`` and ``step_id`` whose output it took."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,8 @@ def job_view(session: Session, job: JobRow) -> JobView:
     ).all()
     profile = job_profile(job)
     past = rounds_of(session, job.id) if profile.loops else {}
+    cached = any(row.status == StepStatus.CACHED for row in rows)
+    sources = cache_sources(session, job.id) if cached else {}
     shards: dict[str, dict[str, int]] = {}
     for row in rows:
         if row.shard != SHARD_NONE:
@@ -118,6 +128,7 @@ def job_view(session: Session, job: JobRow) -> JobView:
                 for r in past.get(row.step_id, [])
             ],
             wake_at=row.wake_at,
+            cached_from=sources.get(row.step_id),
         )
         for row in rows
         if row.shard == SHARD_NONE
@@ -125,6 +136,21 @@ def job_view(session: Session, job: JobRow) -> JobView:
     undoable = any(step.compensate is not None for step in profile.steps)
     compensation = compensation_of(session, job.id) if undoable else None
     return JobView(job, steps, compensation, job_family(session, job))
+
+
+def cache_sources(session: Session, job_id: uuid.UUID) -> dict[str, dict[str, str]]:
+    """Where each cached step of a job took its output from."""
+    rows = session.execute(
+        select(StepCacheRow.step_id, StepCacheRow.source_job_id, StepCacheRow.source_step_id).where(
+            StepCacheRow.job_id == job_id,
+            StepCacheRow.shard == SHARD_NONE,
+            StepCacheRow.source_job_id.is_not(None),
+        )
+    )
+    return {
+        step_id: {"job_id": str(source_job), "step_id": str(source_step)}
+        for step_id, source_job, source_step in rows
+    }
 
 
 def step_task_ids(session: Session, job_id: uuid.UUID) -> dict[str, str]:

@@ -177,6 +177,7 @@ def _job_of(
         "idempotency_key": request.idempotency_key,
         "request_hash": hashlib.sha256(f"rerun of {parent.id}".encode()).hexdigest(),
         "diff_mode": parent.diff_mode,
+        "refresh": parent.refresh,
         "notify_url": parent.notify_url,
         "pipeline_id": parent.pipeline_id,
         "pipeline_version": parent.pipeline_version,

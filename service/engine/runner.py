@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
+from service.engine import stepcache
 from service.engine.attempt import Failure, retry_in_s, run_attempt
 from service.engine.checkpoints import complete_shard_and_take, complete_step
 from service.engine.claims import (
@@ -32,10 +33,12 @@ from service.engine.completion import fail_step
 from service.engine.inputs import ready_claim, ready_shard, use_shard_claim
 from service.engine.leases import release_lease
 from service.engine.loops import complete_round
+from service.engine.rates import parks_for_rate
 from service.engine.runtime import Runtime
 from service.engine.settle import settle_job, sink_settles_job
 from service.engine.shards import FannedOut, fan_out, finish_fanout
 from service.engine.steps import (
+    CacheWrite,
     Claimed,
     Completion,
     FanOutDue,
@@ -282,6 +285,11 @@ def _run_claim(
         return JobPlan(asked.job_id), None
     if not isinstance(claim, Claimed):
         return claim.ready, None
+    with _released_if_cut_short(rt, claim.key, claim.lease):
+        cache = stepcache.probe(rt, claim, utcnow())
+        parked = (cache is None or cache.source is None) and parks_for_rate(rt, claim)
+    if parked:
+        return JobPlan(asked.job_id), None
     with (
         logs.bound(attempt=claim.lease.attempt),
         tracing.span(
@@ -292,22 +300,25 @@ def _run_claim(
             attempt=claim.lease.attempt,
         ),
     ):
-        return _settled(rt, claim, timeout_errors, inline, task_id, lane)
+        return _settled(rt, claim, cache, timeout_errors, inline, task_id, lane)
 
 
 def _settled(
     rt: Runtime,
     claim: Claimed,
+    cache: stepcache.Probe | None,
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None,
     task_id: str,
     lane: _Lane | None = None,
 ) -> tuple[JobPlan, _Next | None]:
     """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round;
-    and the step that follows, or the lane's next shard, when the checkpoint claimed it."""
+    and the step that follows, or the lane's next shard, when the checkpoint claimed it. A
+    step the cache answers (``cache``, probed before its rate limit) runs no action and so
+    takes no unit of its rate limit."""
     key = claim.key
     with _released_if_cut_short(rt, key, claim.lease):
-        outcome = run_attempt(rt, claim, timeout_errors, None if inline is None else inline.timed)
+        outcome = _attempt(rt, claim, cache, timeout_errors, inline)
         if isinstance(outcome, Failure):
             return _settle_failure(rt, claim, outcome), None
         now = utcnow()
@@ -316,9 +327,9 @@ def _settled(
                 plan = complete_round(session, key, claim.lease, outcome, claim.profile, now)
                 return plan, None
         succeeds_job = claim.sink and sink_settles_job(claim.profile, key.step_id)
-        done = _checkpoint(
-            rt, claim, outcome, now, succeeds_job, _follow(rt, claim, inline, task_id), lane
-        )
+        follow = _follow(rt, claim, inline, task_id)
+        written = None if cache is None else cache.write()
+        done = _checkpoint(rt, claim, outcome, now, succeeds_job, follow, lane, written)
     if done.written and key.shard != SHARD_NONE:
         metrics.FANOUT_ITEMS.labels(claim.action).inc()
     if done.succeeded_trigger is not None:
@@ -335,6 +346,20 @@ def _settled(
     return done.ready, (taken.key, fast)
 
 
+def _attempt(
+    rt: Runtime,
+    claim: Claimed,
+    cache: stepcache.Probe | None,
+    timeout_errors: tuple[type[BaseException], ...],
+    inline: Inline | None,
+) -> Any:
+    """The output the step cache gave, the action not run; else the attempt's outcome."""
+    if cache is not None and cache.source is not None:
+        metrics.STEP_CACHE_HITS.labels(claim.action).inc()
+        return cache.source.output
+    return run_attempt(rt, claim, timeout_errors, None if inline is None else inline.timed)
+
+
 def _checkpoint(
     rt: Runtime,
     claim: Claimed,
@@ -343,6 +368,7 @@ def _checkpoint(
     succeeds_job: bool,
     follow: Follow | None,
     lane: _Lane | None,
+    cache: CacheWrite | None,
 ) -> Completion:
     """The checkpoint's one statement: a shard's takes the lane's next shard while the lane's
     slice lasts, a step's may claim the child that ``follow`` names or succeed its job."""
@@ -358,6 +384,7 @@ def _checkpoint(
                 profile=profile,
                 task_id=lane.task_id,
                 lease_s=rt.settings.lease_s,
+                cache=cache,
             )
         return complete_step(
             conn,
@@ -368,6 +395,7 @@ def _checkpoint(
             profile=profile,
             succeeds_job=succeeds_job,
             follow=follow,
+            cache=cache,
         )
 
 

@@ -108,6 +108,17 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class CacheWrite:
+    """What the checkpoint of a step that declares ``cache`` writes to ``step_cache`` in its
+    own statement: an entry under ``key`` when the step ran its action, or, with ``source``
+    (job, step, shard), a use: the step took that entry's output and settles ``cached``."""
+
+    owner: str
+    key: str
+    source: tuple[uuid.UUID, str, int] | None = None
+
+
+@dataclass(frozen=True)
 class Taken:
     """The child a checkpoint claimed (``Follow``), and the outputs its inputs read."""
 

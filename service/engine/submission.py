@@ -81,6 +81,8 @@ class JobRequest:
     """The job's deadline from its submission (a schedule's); ``None`` takes the profile's."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Checked by ``check_labels`` when the job is built (``job_values``)."""
+    refresh: bool = False
+    """Its cache-declaring steps run their actions, whatever the step cache holds."""
 
 
 def resolve_request(
@@ -105,6 +107,7 @@ def request_hash_of(profile: Profile, params: Mapping[str, Any], request: JobReq
     """What makes two submissions the same request, for idempotency keys; labels count only
     when given, so the hash of a request without them is what it was before labels."""
     labels = {"labels": dict(request.labels)} if request.labels else {}
+    refresh = {"refresh": True} if request.refresh else {}
     canonical = json.dumps(
         {
             "profile": profile.content_hash(),
@@ -112,6 +115,7 @@ def request_hash_of(profile: Profile, params: Mapping[str, Any], request: JobReq
             "diff_mode": request.diff_mode,
             "notify_url": request.notify_url,
             **labels,
+            **refresh,
         },
         sort_keys=True,
         default=str,
@@ -251,6 +255,7 @@ def job_values(
         "created_at": now,
         "dispatched_at": now if publish_now else None,
         "diff_mode": request.diff_mode,
+        "refresh": request.refresh,
         "notify_url": request.notify_url,
         "pipeline_id": resolved.pipeline_id,
         "pipeline_version": resolved.version,
@@ -270,7 +275,7 @@ JOB_COLUMNS = (
     "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
     "concurrency_key", "concurrency_limit", "waiting_for",
-    "deadline_at", "traceparent", "labels", "dedupe_key",
+    "deadline_at", "traceparent", "labels", "dedupe_key", "refresh",
 )  # fmt: skip
 _STEP_COLUMNS = """step_id text, depends_on text[], inputs_from text[], status text,
                     waiting_on int, finished_at timestamptz"""

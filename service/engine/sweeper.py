@@ -217,7 +217,12 @@ def _parked() -> Exists:
         StepRunRow.job_id == JobRow.id,
         or_(
             StepRunRow.status.in_(
-                [StepStatus.SLEEPING, StepStatus.AWAITING_SIGNAL, StepStatus.AWAITING_CHILD]
+                [
+                    StepStatus.SLEEPING,
+                    StepStatus.AWAITING_SIGNAL,
+                    StepStatus.AWAITING_CHILD,
+                    StepStatus.AWAITING_RATE,
+                ]
             ),
             TIMED_RETRY,
         ),
@@ -226,7 +231,8 @@ def _parked() -> Exists:
 
 def _sendable() -> Exists:
     """A step of the job that a message could be carrying now. A job with a wait step asleep,
-    a step parked for a signal or for a child job, or backing off before its next child, and
+    a step parked for a signal, a child job or its rate limit's window, or backing off before
+    its next child, and
     none of these, is not idle but waiting for the beat leader, the signal or the child:
     nothing of it is lost, and nothing sent again would run."""
     return exists().where(

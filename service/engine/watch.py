@@ -25,7 +25,7 @@ from service.platform.db import sessions_of, unit_of_work
 from service.platform.listener import EventListener
 from service.platform.settings import Settings
 
-_STEP_FINAL = {"succeeded", "failed", "skipped", "cancelled", "reused", "rejected"}
+_STEP_FINAL = {"succeeded", "failed", "skipped", "cancelled", "reused", "cached", "rejected"}
 
 
 class _Printer:
@@ -58,6 +58,9 @@ class _Printer:
             extra += f" (round {event.data['round']})"
         if status in _STEP_FINAL:
             extra += self._settle_bar(event.job_id, event.step_id)
+        source = event.data.get("cached_from")
+        if isinstance(source, dict):
+            extra += f" from job {source.get('job_id')} step {source.get('step_id')}"
         self._line(f"  {event.step_id:<24} {status}{extra}")
         error = event.data.get("error")
         if isinstance(error, dict):
@@ -73,13 +76,14 @@ class _Printer:
         )
         bar = self.bars.pop(step_id, None)
         if bar is not None:
-            ended = int(shards.get("succeeded", 0)) + int(shards.get("failed", 0))
+            ended = sum(int(shards.get(status, 0)) for status in ("succeeded", "cached", "failed"))
             self.progress.update(bar, completed=ended, total=shards.get("total"))
             self.progress.refresh()
             self.progress.remove_task(bar)
         if not shards:
             return ""
-        return f" ({shards.get('succeeded', 0)}/{shards['total']} items)"
+        done = int(shards.get("succeeded", 0)) + int(shards.get("cached", 0))
+        return f" ({done}/{shards['total']} items)"
 
     def _advance(self, event: Event) -> None:
         assert event.step_id is not None

@@ -2,7 +2,7 @@
 or asked of the catalogue) names them rather than sending the writer to the source."""
 
 import difflib
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 from service.platform.constants import PIPELINE_RUN_ACTION, WAIT_ACTION
 
@@ -21,3 +21,22 @@ def closest_actions(name: str, known: Collection[str]) -> list[str]:
 def did_you_mean(closest: list[str]) -> str:
     """What a refusal adds to its message: the names, or nothing when none is close."""
     return f"; did you mean {', '.join(repr(n) for n in closest)}?" if closest else ""
+
+
+class ActionNames(frozenset[str]):
+    """The registered actions' names, with those whose registration refuses the step cache
+    (``cache=False``), which a step that declares ``cache`` may not name."""
+
+    uncacheable: frozenset[str]
+
+    def __new__(cls, names: Iterable[str], uncacheable: Iterable[str] = ()) -> "ActionNames":
+        made = super().__new__(cls, names)
+        made.uncacheable = frozenset(uncacheable)
+        return made
+
+
+def action_names(known: Collection[str]) -> ActionNames:
+    """``known`` as ``ActionNames``, keeping what it says of the cache when it says it."""
+    if isinstance(known, ActionNames):
+        return known
+    return ActionNames(known)

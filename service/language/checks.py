@@ -15,7 +15,7 @@ from pydantic import (
 )
 
 from service.language import dag
-from service.language.actionnames import closest_actions, did_you_mean
+from service.language.actionnames import action_names, closest_actions, did_you_mean
 from service.language.cron import normalize
 from service.language.expressions import CONCURRENCY_ROOTS, Ref, parse_refs
 from service.language.params import resolve_params
@@ -220,6 +220,26 @@ def _dedupe_errors(profile: Profile) -> list[ErrorEntry]:
     ]
 
 
+def _cache_errors(profile: Profile, known_actions: Collection[str] | None) -> list[ErrorEntry]:
+    """A step may declare ``cache`` only where reusing an output is what its action allows:
+    not the engine's own actions, not an action registered with ``cache=False`` (its point is
+    a side effect, or what it reads changes), not a step of a loop (each round runs again)."""
+    uncacheable = set() if known_actions is None else action_names(known_actions).uncacheable
+    looped = {step for loop in profile.loops for step in loop.steps}
+    errors = []
+    for i, step in enumerate(profile.steps):
+        if step.cache is None:
+            continue
+        if step.action in (WAIT_ACTION, PIPELINE_RUN_ACTION) or step.action in uncacheable:
+            problem = f"action {step.action!r} refuses the step cache (it has side effects)"
+        elif step.id in looped:
+            problem = "a step of a loop runs every round; it cannot be cached"
+        else:
+            continue
+        errors.append(_error("cache_refused", problem, f"steps[{i}].cache", step.id))
+    return errors
+
+
 def _trigger_errors(profile: Profile) -> list[ErrorEntry]:
     if profile.on is not None and profile.name in profile.on.upstream():
         return [_error("trigger_cycle", "a pipeline cannot start on its own success", "on")]
@@ -412,6 +432,7 @@ def validate_profile(
         *_cycle_errors(profile, deps),
         *_trigger_errors(profile),
         *_dedupe_errors(profile),
+        *_cache_errors(profile, known_actions),
         *_reference_errors(profile, deps),
         *secret_errors(profile),
         *_loop_errors(profile, deps),

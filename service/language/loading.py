@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from service.language.actionnames import action_names
 from service.language.checks import _error, _raise_invalid, validate_profile
 from service.language.profiles import Profile
 from service.language.specs import NAME_PATTERN
@@ -144,7 +145,7 @@ def find_profile(
     if found is None:
         raise ProfileNotFound(f"no profile named {name!r}", {"name": name})
     path, file_stat = found
-    actions = frozenset(known_actions) if known_actions is not None else None
+    actions = action_names(known_actions) if known_actions is not None else None
     profile = _load_file_cached(path, file_stat.st_mtime_ns, file_stat.st_size, actions)
     if profile.name != name:
         message = f"profile name {profile.name!r} does not match file name {name!r}"

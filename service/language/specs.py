@@ -28,7 +28,7 @@ from service.language.expressions import (
     parse_refs,
     whole_ref,
 )
-from service.platform.constants import DEDUPE_WINDOW_MAX_S, QUEUE_PATTERN
+from service.platform.constants import CACHE_TTL_MAX_S, DEDUPE_WINDOW_MAX_S, QUEUE_PATTERN
 from service.platform.errors import (
     ExpressionError,
 )
@@ -281,6 +281,20 @@ class CompensateSpec(BaseModel):
     timeout_s: int = Field(default=300, ge=1, le=86400)
 
 
+class CacheSpec(BaseModel):
+    """On a step: before its action runs, its resolved inputs (secrets by name), the action's
+    name and version form a key; a succeeded step of the same owner with that key, no older
+    than ``ttl_s``, gives its output instead, unless the job was submitted with ``refresh``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: int = Field(
+        ge=1,
+        le=CACHE_TTL_MAX_S,
+        description="how long a step's output may be reused by a step with the same key",
+    )
+
+
 class ConcurrencySpec(BaseModel):
     """On a profile: at most ``limit`` of its jobs with the same ``key`` open at once; on a
     step: at most ``limit`` steps with the same ``key`` running at once, across every job.
@@ -299,6 +313,45 @@ class ConcurrencySpec(BaseModel):
         except ExpressionError as exc:
             raise PydanticCustomError(exc.code, exc.message) from None
         return value
+
+
+class RateLimitSpec(BaseModel):
+    """On a step: at most ``limit`` units of ``key`` started in any window of ``per_s``
+    seconds, counted across every worker, job and owner that names the key; each attempt of
+    the step takes ``units``. A step that finds no room waits ``awaiting_rate``, holding no
+    worker and no message, until the window has room (``service.engine.rates``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(
+        min_length=1,
+        max_length=200,
+        description='what the limit is shared under; may read params ("${{ params.tenant }}-lims")',
+    )
+    limit: int = Field(ge=1, le=100_000, description="units let through in any window")
+    per_s: Literal[1, 60, 3600] = Field(
+        default=1, description="the window in seconds: 1 (a second), 60 (a minute), 3600"
+    )
+    units: int = Field(default=1, ge=1, description="units one attempt of the step takes")
+
+    @field_validator("key")
+    @classmethod
+    def _key_reads_params_only(cls, value: str) -> str:
+        try:
+            parse_refs(value, roots=CONCURRENCY_ROOTS)
+        except ExpressionError as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
+        return value
+
+    @model_validator(mode="after")
+    def _units_fit(self) -> "RateLimitSpec":
+        if self.units > self.limit:
+            raise PydanticCustomError(
+                "rate_units_over_limit",
+                "units ({units}) must not exceed limit ({limit}): the step could never start",
+                {"units": self.units, "limit": self.limit},
+            )
+        return self
 
 
 class DedupeSpec(BaseModel):
@@ -385,6 +438,8 @@ class StepSpec(BaseModel):
     """The worker pool that runs this step (``flowbeat worker --queues``); else the profile's."""
     description: str = ""
     wait_for: WaitForSpec | None = Field(default=None, exclude_if=_never_null)
+    cache: CacheSpec | None = Field(default=None, exclude_if=_never_null)
+    rate_limit: RateLimitSpec | None = Field(default=None, exclude_if=_never_null)
 
     @field_validator("when")
     @classmethod
@@ -403,6 +458,12 @@ class StepSpec(BaseModel):
                 "concurrency_with_for_each",
                 "a for_each step has no concurrency of its own; bound its items with "
                 "for_each.max_parallel",
+            )
+        if self.rate_limit is not None and self.for_each is not None:
+            raise PydanticCustomError(
+                "rate_limit_with_for_each",
+                "a for_each step takes no rate limit of its own; put rate_limit on a step "
+                "that runs once per call to the source",
             )
         return self
 

@@ -72,6 +72,7 @@ def problems(step: StepSpec) -> Iterator[tuple[str, str]]:
         "compensate": step.compensate,
         "verify": step.verify or None,
         "concurrency": step.concurrency,
+        "rate_limit": step.rate_limit,
     }
     for name, value in kept.items():
         if value is not None:

@@ -71,6 +71,16 @@ APPROVAL_LIST_MAX: Final = 500
 DIFF_PAGE_MAX_LIMIT: Final = 1000
 DIFF_PAGE_DEFAULT_LIMIT: Final = 100
 RATE_LIMIT_KEY_PREFIX: Final = "flowbeat:ratelimit:"
+RATE_LIMIT_META_PREFIX: Final = "flowbeat:ratelimit-meta:"
+"""Beside a step rate limit's window, while it lives: its limit and window, for the listing."""
+STEP_RATE_KEY_PREFIX: Final = "key:"
+"""A step's rate-limit key names its window under this, apart from the API's own limits; a
+key the settings configure (``service.engine.rates.configured``) names it as is."""
+RATE_LEASE_PARTS: Final = 20
+"""A worker process leases at most a step key's limit divided by this at once: a limit under
+it is asked of the window step by step."""
+RATE_WAKE_BATCH: Final = 500
+"""Most steps parked for a rate limit the beat leader looks at in one tick."""
 RATE_LIMIT_REDIS_TIMEOUT_S: Final = 1.0
 RATE_LIMIT_BATCH_MAX: Final = 64
 """Most rate-limit checks the API sends to Redis in one round trip (``api.batching``)."""
@@ -200,3 +210,7 @@ TRIGGER_RERUN: Final = "rerun"
 """The trigger of a job that reruns another (``service.engine.reruns``)."""
 CHILD_BATCH: Final = 100
 """Child calls the beat leader starts, settles or cancels in one transaction."""
+
+CACHE_TTL_MAX_S: Final = 90 * 86400
+"""The longest ``cache.ttl_s`` a step may declare: retention prunes step cache entries older
+than this, since no step can take them any more."""

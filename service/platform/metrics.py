@@ -64,6 +64,11 @@ STEP_RETRIES = Counter(
     "Failed attempts that will be tried again, by action.",
     ["action"],
 )
+STEP_CACHE_HITS = Counter(
+    "flowbeat_step_cache_hits_total",
+    "Steps settled with an output from the step cache instead of running, by action.",
+    ["action"],
+)
 FANOUT_ITEMS = Counter(
     "flowbeat_fanout_items_total",
     "Items of for_each steps run to an outcome, by action.",
@@ -110,6 +115,12 @@ WEBHOOK_DELIVERIES = Counter(
     "flowbeat_webhook_deliveries_total",
     "Incoming webhook deliveries by outcome (accepted, replayed, refused code).",
     ["outcome"],
+)
+RATE_LIMIT_STEPS = Counter(
+    "flowbeat_rate_limit_steps_total",
+    "Step attempts that asked a rate limit for room, by the key as the profile writes it "
+    "(before params resolve it) and outcome (granted, parked).",
+    ["key", "outcome"],
 )
 LLM_TOKENS = Counter(
     "flowbeat_llm_tokens_total",

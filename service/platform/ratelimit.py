@@ -22,7 +22,7 @@ from redis.exceptions import NoScriptError
 
 from service.platform import brokers
 from service.platform.brokers import BrokerAddress
-from service.platform.constants import RATE_LIMIT_KEY_PREFIX
+from service.platform.constants import RATE_LIMIT_KEY_PREFIX, RATE_LIMIT_META_PREFIX
 
 _ACQUIRE = """
 local key = KEYS[1]
@@ -48,6 +48,44 @@ end
 local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
 return {0, tonumber(oldest[2]) + window_us - now + 1}
 """
+
+
+_TAKE_ALL = """
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local window_us = tonumber(ARGV[2])
+local member = ARGV[3]
+local units = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local ttl = math.ceil(window_us / 1000) + 1000
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window_us)
+local used = redis.call('ZCARD', key)
+redis.call('SET', KEYS[2], limit .. ' ' .. window_us, 'PX', ttl)
+if ARGV[5] == '1' and used + units <= limit then
+  units = units + math.min(tonumber(ARGV[6]), limit - used - units)
+  local added = {}
+  for i = 1, units do
+    added[2 * i - 1] = now
+    added[2 * i] = member .. ':' .. i
+  end
+  redis.call('ZADD', key, unpack(added))
+  redis.call('PEXPIRE', key, ttl)
+  return {units, now, used + units}
+end
+if used + units <= limit then
+  return {0, 0, used}
+end
+local gone = used + units - limit - 1
+local nth = redis.call('ZRANGE', key, gone, gone, 'WITHSCORES')
+return {0, tonumber(nth[2]) + window_us - now + 1, used}
+"""
+"""All of ``units`` or none, unlike ``_ACQUIRE``: a step that takes three units of a call
+starts only when the window holds three; with them it takes up to ``ARGV[6]`` more if there
+is room, for a short lease (``service.engine.rates``). With no room, the wait is until enough
+of the oldest grants have left the window, which is exact while nobody else takes the room
+first. With ``ARGV[5]`` not ``1`` it only looks (the beat's let-in). The limit and window are
+kept beside the window, for as long as it lives, for whoever lists the keys in use."""
 
 
 @lru_cache(maxsize=8)
@@ -168,3 +206,45 @@ async def try_acquire_all(
         else:
             answers.append(_answer(reply))
     return answers
+
+
+@dataclass(frozen=True)
+class Room:
+    """A key's window as one call found it: whether it granted, the units it now holds, and
+    when it next has room for the units asked (0 when it has room now)."""
+
+    granted: int
+    """Units granted: none, or those asked and as many of the extra as there was room for."""
+    used: int
+    wait_s: float
+
+
+@dataclass
+class KeyWindow(_Window):
+    """A step rate limit's window: all of a step's units or none, never blocking; a step that
+    finds no room parks until ``wait_s`` has passed (``service.engine.rates``)."""
+
+    client: redis.Redis = field(kw_only=True)
+    _script: Callable[..., object] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._script = self.client.register_script(_TAKE_ALL)
+
+    @property
+    def meta_key(self) -> str:
+        return f"{RATE_LIMIT_META_PREFIX}{self.name}"
+
+    def take(self, units: int, member: str, extra: int = 0) -> Room:
+        return self._call(units, member, "1", extra)
+
+    def look(self, units: int) -> Room:
+        """Whether ``units`` would fit now, taking nothing."""
+        return self._call(units, "", "0", 0)
+
+    def _call(self, units: int, member: str, take: str, extra: int) -> Room:
+        args = [*self._args(units, member), take, extra]
+        reply = self._script(keys=[self.key, self.meta_key], args=args)
+        assert isinstance(reply, list)
+        granted, wait_us, used = (int(value) for value in reply)
+        return Room(granted, used, 0.0 if granted else wait_us / 1_000_000)

@@ -248,6 +248,9 @@ class Settings(BaseSettings):
     ncbi_email: str | None = None
     ncbi_rate_per_s: int = 3
     ncbi_rate_per_s_with_key: int = 10
+    step_rate_guard_s: float = Field(default=0.05, ge=0, le=1)
+    """Added to every step rate limit's window: a step starts a few milliseconds after its
+    grant, and this keeps those starts, not only the grants, within the limit."""
 
     upsert_schema: str = "datasets"
     download_max_bytes: int = 100_000_000

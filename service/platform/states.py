@@ -33,6 +33,9 @@ class StepStatus(StrEnum):
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
     REUSED = "reused"
+    CACHED = "cached"
+    """It took the output of a succeeded step of the same owner whose action ran with the same
+    inputs within its ``cache.ttl_s``, instead of running (``service.engine.stepcache``)."""
     AWAITING_APPROVAL = "awaiting_approval"
     REJECTED = "rejected"
     AWAITING_SLOT = "awaiting_slot"
@@ -43,6 +46,9 @@ class StepStatus(StrEnum):
     AWAITING_SIGNAL = "awaiting_signal"
     """Its ``wait_for`` signal has not arrived: it holds no lease and no message until the
     signal, or its timeout, sends it again (``service.engine.signals``)."""
+    AWAITING_RATE = "awaiting_rate"
+    """Its rate-limit key had no room in its window: it holds no lease and no message until the
+    beat leader lets it in once the window has room (``service.engine.rates``)."""
     AWAITING_CHILD = "awaiting_child"
     """A ``pipeline.run`` step whose child job the beat leader starts and, with ``wait: true``,
     waits for: no lease, no message, until the child ends (``service.engine.children``)."""
@@ -86,6 +92,7 @@ STEP_FINAL = frozenset(
         StepStatus.SKIPPED,
         StepStatus.CANCELLED,
         StepStatus.REUSED,
+        StepStatus.CACHED,
         StepStatus.REJECTED,
     }
 )
@@ -99,16 +106,18 @@ PARKED_AS: Mapping[ParkReason, StepStatus] = MappingProxyType(
     }
 )
 """The status each reason parks a step in: a new reason is a new status and a row here."""
-STEP_PARKED = frozenset(PARKED_AS.values())
-"""Open, with no lease and no message: a decision, a signal or the beat leader moves it on."""
+STEP_PARKED = frozenset({*PARKED_AS.values(), StepStatus.AWAITING_RATE})
+"""Open, with no lease and no message: a decision, a signal or the beat leader moves it on.
+A step parks for its rate limit outside ``parking``, once it is about to run
+(``service.engine.rates``): a step that finds room then has cost no statement more."""
 JOB_OPEN = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL})
 APPROVAL_WAITING = frozenset({ApprovalStatus.PENDING, ApprovalStatus.ESCALATED})
 COMPENSATION_FINAL = frozenset({CompensationStatus.COMPENSATED, CompensationStatus.FAILED})
-STEP_SUCCESSFUL = frozenset({StepStatus.SUCCEEDED, StepStatus.REUSED})
-"""What a downstream step and the job's result take as done: run here, or reused from the
-checkpoint of the job this one reruns."""
+STEP_SUCCESSFUL = frozenset({StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.CACHED})
+"""What a downstream step and the job's result take as done: run here, reused from the
+checkpoint of the job this one reruns, or taken from the step cache."""
 JOB_OPEN_SQL = sql_in((JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))
-STEP_SUCCESSFUL_SQL = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED))
+STEP_SUCCESSFUL_SQL = sql_in((StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.CACHED))
 STEP_DUE_SQL = sql_in((StepStatus.PENDING, StepStatus.RETRYING))
 """A row whose next attempt a message may take now."""
 JOB_INITIAL = frozenset({JobStatus.QUEUED})
@@ -131,6 +140,7 @@ class Transition:
 _P, _RUN, _RETRY = StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRYING
 _WAIT, _REJECT = StepStatus.AWAITING_APPROVAL, StepStatus.REJECTED
 _SLOT = StepStatus.AWAITING_SLOT
+_RATE = StepStatus.AWAITING_RATE
 _SLEEP = StepStatus.SLEEPING
 _SIGNAL = StepStatus.AWAITING_SIGNAL
 _CHILD = StepStatus.AWAITING_CHILD
@@ -156,6 +166,12 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_RUN, _RUN, "service.engine.claims.fast_claim", "its lease lapsed: another worker"),
     Transition(_RUN, _OK, "service.engine.checkpoints.complete_step", "the checkpoint is written"),
     Transition(_RUN, _OK, "service.engine.loops.close_round", "a loop ends or goes round"),
+    Transition(
+        _RUN,
+        StepStatus.CACHED,
+        "service.engine.checkpoints.complete_step",
+        "an entry of the step cache with its key, of its owner, within its TTL, gave its output",
+    ),
     Transition(
         _OK, _P, "service.engine.loops.next_round", "its loop goes round again", reopens=True
     ),
@@ -191,6 +207,9 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(_RUN, _SLOT, "service.engine.parking.park", "its key has no slot free"),
     Transition(_SLOT, _P, "service.engine.slots.let_in_steps", "a slot of its key freed"),
     Transition(_SLOT, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
+    Transition(_RUN, _RATE, "service.engine.rates.park_for_rate", "its key's window is full"),
+    Transition(_RATE, _P, "service.engine.rates.wake_due_rates", "its key's window has room"),
+    Transition(_RATE, _CANCEL, "service.engine.settle.close_open_steps", "its job ended first"),
     Transition(_RUN, _SIGNAL, "service.engine.parking.park", "its signal has not arrived"),
     Transition(_SIGNAL, _P, "service.engine.signals.send_signal", "its signal arrived"),
     Transition(

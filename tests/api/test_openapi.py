@@ -68,6 +68,7 @@ ANSWERS: dict[tuple[str, str], set[int]] = {
     ("get", "/health"): {200, 503},
     ("get", "/metrics"): {200} | KEYED,
     ("get", "/v1/queues"): {200} | KEYED,
+    ("get", "/v1/rate-limits"): {200} | KEYED,
     ("get", "/v1/overview"): {200, 400} | KEYED,
     ("get", "/v1/actions"): {200} | KEYED,
     ("get", "/v1/audit"): {200, 400} | KEYED,

@@ -199,10 +199,12 @@ class Client:
         owner: str = "tests",
         fair_share_ahead: int = 0,
         labels: Mapping[str, str] | None = None,
+        refresh: bool = False,
         **params: Any,
     ) -> uuid.UUID:
         """``submit`` with a priority (``None``: the profile's), as ``owner``, taking turns
-        with other owners' jobs as the API does with fair share on, with ``labels``."""
+        with other owners' jobs as the API does with fair share on, with ``labels``, and
+        with ``refresh`` taking nothing from the step cache."""
         from service.engine.submission import JobRequest, submit_job
         from service.language.plan import load_plan
         from service.platform.db import unit_of_work
@@ -212,7 +214,11 @@ class Client:
             job, _ = submit_job(
                 session,
                 JobRequest(
-                    pipeline=pipeline, params=params, priority=priority, labels=labels or {}
+                    pipeline=pipeline,
+                    params=params,
+                    priority=priority,
+                    labels=labels or {},
+                    refresh=refresh,
                 ),
                 owner=owner,
                 profiles_dir=self.settings.profiles_dir,

@@ -30,12 +30,14 @@ from service.platform.models.engine import (
     JobRow,
     JobSignalRow,
     PrunedJobRow,
+    RateWaitRow,
     ResultItemRow,
     SignalWaitRow,
     StepLogRow,
     StepRoundRow,
     StepRunRow,
 )
+from service.platform.models.stepcache import StepCacheRow
 
 __all__ = [
     "NO_LABELS",
@@ -64,10 +66,12 @@ __all__ = [
     "PipelineTriggerRow",
     "PipelineVersionRow",
     "PrunedJobRow",
+    "RateWaitRow",
     "ResultItemRow",
     "ScheduleFireRow",
     "ScheduleRow",
     "SignalWaitRow",
+    "StepCacheRow",
     "StepLogRow",
     "StepRoundRow",
     "StepRunRow",

@@ -167,6 +167,9 @@ class JobRow(Base):
         UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")
     )
     diff_mode: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    refresh: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Submitted with ``refresh``: its cache-declaring steps run their actions again instead of
+    taking an output from the step cache, and what they return is cached anew."""
     notify_url: Mapped[str | None] = mapped_column(Text)
     pipeline_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="SET NULL"), index=True
@@ -465,3 +468,24 @@ class SignalWaitRow(Base):
     waiting_since: Mapped[datetime]
     due_at: Mapped[datetime]
     timed_out_at: Mapped[datetime | None]
+
+
+class RateWaitRow(Base):
+    """A step parked for its rate-limit key (``awaiting_rate``): the key's resolved value and
+    its limit, the units the step takes, when it parked (its place in the key's line) and when
+    the window is next due to have room for it. Kept in PostgreSQL, so a Redis flush, which
+    loses the windows, loses no waiting step."""
+
+    __tablename__ = "rate_waits"
+    __table_args__ = (Index(None, "wake_at"), Index(None, "key"))
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(Text)
+    rate_limit: Mapped[int]
+    window_s: Mapped[float]
+    units: Mapped[int]
+    parked_at: Mapped[datetime]
+    wake_at: Mapped[datetime]

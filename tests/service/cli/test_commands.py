@@ -469,6 +469,16 @@ def test_queues_lists_the_default_queue_and_refuses_a_bad_worker_queue(flowbeat:
     assert "not a queue name: GPU!" in refused.stdout + refused.stderr
 
 
+def test_rate_limits_lists_the_ncbi_limit_as_a_configured_key(flowbeat: Cli) -> None:
+    listed = flowbeat("rate-limits", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert '"key": "ncbi-eutils"' in listed.stdout and '"configured": true' in listed.stdout
+
+    table = flowbeat("rate-limits")
+    assert table.returncode == 0, table.stderr
+    assert "ncbi-eutils" in table.stdout and "settings" in table.stdout
+
+
 def test_a_worker_whose_secrets_source_does_not_parse_does_not_start(flowbeat: Cli) -> None:
     done = flowbeat("worker", FLOWBEAT_SECRETS_JSON='{"TOKEN": "s3cr3t-value"', timeout_s=60)
 

@@ -302,3 +302,12 @@ def test_a_fan_out_waiting_for_its_items_longer_than_its_timeout_is_not_failed_b
     _sweep(runtime)
 
     assert errors() == {-1: None, 0: "timeout", 1: None, 2: None}
+
+
+def test_a_job_whose_step_waits_for_its_rate_limit_is_not_stalled(runtime: Runtime) -> None:
+    job_id = _submit(runtime)
+    _dispatched(runtime, job_id)
+    with unit_of_work(runtime.sessions) as session:
+        walk(session, StepRunRow, StepRunRow.job_id == job_id, to=StepStatus.AWAITING_RATE)
+
+    assert job_id not in _sweep(runtime, after_s=STALL_S + 1).redispatch

@@ -1073,3 +1073,66 @@ def test_a_job_of_more_than_200_steps_is_refused() -> None:
     [error] = info.value.details["errors"]
     assert error["field"] == "steps"
     assert "200" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("rate", "code", "field"),
+    [
+        pytest.param({"key": "src", "limit": 0}, "schema", "rate_limit.limit", id="no-limit"),
+        pytest.param({"key": "", "limit": 1}, "schema", "rate_limit.key", id="empty-key"),
+        pytest.param(
+            {"key": "src", "limit": 5, "per_s": 30}, "schema", "rate_limit.per_s", id="per-s"
+        ),
+        pytest.param(
+            {"key": "src", "limit": 2, "units": 3},
+            "schema",
+            "rate_limit",
+            id="units-over-limit",
+        ),
+        pytest.param(
+            {"key": "${{ steps.search.output }}", "limit": 1},
+            "bad_reference",
+            "rate_limit.key",
+            id="key-reads-an-output",
+        ),
+        pytest.param(
+            {"key": "s", "limit": 1, "burst": 2}, "schema", "rate_limit.burst", id="extra"
+        ),
+    ],
+)
+def test_rate_limit_errors_name_the_file_step_and_field(
+    rate: dict[str, Any], code: str, field: str
+) -> None:
+    data = valid()
+    data["steps"][2]["rate_limit"] = rate
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="profiles/x.yaml", known_actions=ACTIONS)
+
+    errors = info.value.details["errors"]
+    assert [(e["step"], e["field"], e["code"]) for e in errors] == [
+        ("merge", f"steps[2].{field}", code)
+    ]
+    assert info.value.message.startswith(f"profiles/x.yaml: step 'merge' field {field!r}: ")
+
+
+def test_a_for_each_step_takes_no_rate_limit() -> None:
+    data = valid()
+    data["steps"][1]["rate_limit"] = {"key": "src", "limit": 1}
+    with pytest.raises(ProfileInvalid) as info:
+        validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+    assert "takes no rate limit" in info.value.message
+
+
+def test_a_rate_limited_step_stays_plain_and_its_limit_is_stored_as_written() -> None:
+    data = valid()
+    rate = {"key": "${{ params.query }}-lims", "limit": 10, "per_s": 60, "units": 2}
+    data["steps"][2]["rate_limit"] = rate
+    profile = validate_profile(data, source="x.yaml", known_actions=ACTIONS)
+    assert profile.to_json()["steps"][2]["rate_limit"] == rate
+    assert (
+        step_facts(profile, "merge").plain
+        == step_facts(
+            validate_profile(valid(), source="x.yaml", known_actions=ACTIONS), "merge"
+        ).plain
+    )
+    assert "rate_limit" not in validate_profile(valid(), source="x").to_json()["steps"][2]

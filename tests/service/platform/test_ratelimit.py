@@ -10,7 +10,13 @@ import redis
 import redis.asyncio
 
 from service.platform.constants import RATE_LIMIT_KEY_PREFIX
-from service.platform.ratelimit import Ask, AsyncRateLimiter, RateLimiter, try_acquire_all
+from service.platform.ratelimit import (
+    Ask,
+    AsyncRateLimiter,
+    KeyWindow,
+    RateLimiter,
+    try_acquire_all,
+)
 from tests.conftest import Stack
 
 LIMIT = 5
@@ -155,3 +161,34 @@ def test_a_grant_of_several_units_takes_what_room_is_left_and_counts_each(stack:
     assert (first, second) == (4, 3)
     threads = RateLimiter(name, 7, 60, client=redis.Redis.from_url(stack.broker_url))
     assert not threads.try_acquire()[0]
+
+
+def _key_window(stack: Stack, limit: int, window_s: float) -> KeyWindow:
+    client = redis.Redis.from_url(stack.broker_url)
+    return KeyWindow(f"test-{uuid.uuid4().hex[:8]}", limit, window_s, client=client)
+
+
+def test_a_key_window_grants_all_of_a_steps_units_or_none(stack: Stack) -> None:
+    window = _key_window(stack, 3, 60.0)
+
+    assert window.take(2, "a").granted
+    refused = window.take(2, "b")
+    assert not refused.granted and refused.used == 2
+    assert 59 < refused.wait_s <= 60.001, "room for two once the oldest grant has left"
+    assert window.take(1, "c").granted
+
+
+def test_a_look_at_a_key_window_takes_nothing(stack: Stack) -> None:
+    window = _key_window(stack, 1, 60.0)
+
+    assert window.look(1).wait_s == 0 and window.look(1).used == 0
+    assert window.take(1, "a").granted
+    assert window.look(1).wait_s > 59
+
+
+def test_a_key_window_grants_extra_units_only_from_the_room_left(stack: Stack) -> None:
+    window = _key_window(stack, 5, 60.0)
+
+    assert window.take(2, "a", extra=2).granted == 4
+    assert window.take(1, "b", extra=9).granted == 1
+    assert window.take(1, "c", extra=9).granted == 0
