@@ -112,6 +112,27 @@ def _step_task(flower: str, job_id: uuid.UUID, name: str) -> dict[str, Any] | No
     return None
 
 
+def _step_task_seen(
+    flower: str, client: Client, job_id: uuid.UUID, name: str, running: bool = False
+) -> dict[str, Any]:
+    """The step's task once Flower shows it (``running``: as started), or a failure that says
+    where the job's steps were and which tasks Flower had, so a miss can be told apart from a
+    step that never ran."""
+
+    def seen() -> dict[str, Any] | None:
+        found = _step_task(flower, job_id, name)
+        return found if found and (not running or found.get("state") == "STARTED") else None
+
+    try:
+        task: dict[str, Any] = wait_for(seen, 60, f"{name} in Flower")
+    except AssertionError as missed:
+        steps = {s.step_id: s.status for s in client.view(job_id).steps}
+        names = sorted({str(t.get("name")) for t in _tasks(flower).values()})
+        where = f"the job's steps: {steps}; Flower's tasks: {names}"
+        raise AssertionError(f"{missed}; {where}") from missed
+    return task
+
+
 def _events_flow(flower: str, client: Client) -> bool:
     """Flower subscribes to the events a little after it answers: a job whose first step it
     sees ran after that."""
@@ -129,15 +150,7 @@ def test_a_running_jobs_step_shows_in_flower_by_pipeline_step_and_job(
 
     job_id = client.submit("slow", hold_s=30)
 
-    task = wait_for(
-        lambda: (
-            (found := _step_task(flower, job_id, "slow/slow"))
-            and found.get("state") == "STARTED"
-            and found
-        ),
-        60,
-        "the running step in Flower",
-    )
+    task = _step_task_seen(flower, client, job_id, "slow/slow", running=True)
     assert client.view(job_id).job.status == "running"
     assert task["args"] == f"job={job_id} step=slow"
     client.cancel(job_id)
@@ -151,7 +164,7 @@ def test_a_person_logs_into_flower_and_finds_the_running_jobs_task(
     cluster.worker(task_events="true")
     wait_for(lambda: _events_flow(flower, client), 90, "Flower to see the worker's events")
     job_id = client.submit("slow", hold_s=30)
-    task = wait_for(lambda: _step_task(flower, job_id, "slow/slow"), 60, "the step in Flower")
+    task = _step_task_seen(flower, client, job_id, "slow/slow")
 
     with pytest.raises(PlaywrightError, match="ERR_INVALID_AUTH_CREDENTIALS"):
         browser.new_page().goto(f"{flower}/tasks")
