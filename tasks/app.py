@@ -75,7 +75,7 @@ def create_celery(settings: Settings) -> Celery:
         task_routes=(message_router(broker_url, QUEUE_STEPS, {TASK_SWEEP: QUEUE_CONTROL}),),
         task_track_started=False,
         worker_send_task_events=settings.task_events,
-        task_send_sent_event=settings.task_events,
+        task_send_sent_event=False,
         worker_prefetch_multiplier=settings.worker_prefetch,
         worker_disable_prefetch=settings.worker_disable_prefetch,
         worker_concurrency=settings.worker_concurrency,

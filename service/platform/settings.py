@@ -289,7 +289,10 @@ class Settings(BaseSettings):
     task_events: bool = False
     """Celery task events, for Flower: each step then costs its worker three more publishes
     (about 9% of a no-op chain's throughput), and has a message of its own, so that Flower
-    shows it under its own name (``tasks.inline``); they are on only where Flower runs."""
+    shows it under its own name (``tasks.inline``); they are on only where Flower runs. The
+    workers send them; no producer sends ``task-sent``, which names the task and not the step:
+    arriving after the worker's ``task-received``, as events of two processes may, it renamed
+    the step's task in Flower to ``flowbeat.run_step``."""
     bulk_batch_jobs: int = Field(default=100, ge=1, le=1000)
     """How many jobs a bulk cancel or rerun changes in one transaction: a retry after a crash
     repeats at most one uncommitted batch, and a batch holds its jobs' locks until it commits."""

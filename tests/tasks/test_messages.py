@@ -177,6 +177,24 @@ def test_a_setting_that_would_change_the_message_keeps_celerys_publish(
     assert direct_broker(app) is None
 
 
+def test_task_events_for_flower_come_from_workers_and_keep_the_direct_push(
+    broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer's ``task-sent`` names the task, not the step: arriving after a worker's
+    ``task-received`` it renamed the step in Flower, so no producer sends it."""
+    from tasks import app as app_module
+
+    monkeypatch.setattr("tasks.runtime.configure", lambda _: None)
+    settings = get_settings().model_copy(update={"broker_url": broker_url, "task_events": True})
+    app = app_module.create_celery(settings)
+    try:
+        assert app.conf.worker_send_task_events
+        assert not app.conf.task_send_sent_event
+        assert direct_broker(app) == broker_url
+    finally:
+        app.close()
+
+
 def test_a_broker_other_than_plain_redis_keeps_celerys_publish(
     broker_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
