@@ -17,7 +17,6 @@ from api.openapi import errors
 from api.schemas import UtcDatetime
 from service.engine.runtime import Runtime
 from service.language.plan import JobPlan
-from service.platform.audit import Target, record
 from service.platform.clock import utcnow
 from service.triggers.backfills import (
     BackfillProgress,
@@ -151,18 +150,9 @@ def start_backfill(
         schedule=schedule,
         span=BackfillRange(body.from_, body.to, body.max_active),
         settings=settings,
-        created_by=actor.actor,
+        actor=actor,
         now=now,
     )
-    detail = {
-        "pipeline": name,
-        "schedule_id": str(row.schedule_id),
-        "from": row.range_from.isoformat(),
-        "to": row.range_to.isoformat(),
-        "max_active": row.max_active,
-        "total": row.total,
-    }
-    record(session, actor, "backfill.create", Target("backfill", str(row.id)), detail, at=now)
     envelope = BackfillEnvelope(backfill=BackfillPublic.of(progress(session, [row])[0]))
     session.commit()
     return envelope
@@ -224,18 +214,9 @@ def cancel(
         pipeline=name,
         schedule=schedule,
         backfill_id=backfill_id,
+        actor=via.actor(principal),
         now=now,
     )
-    if row.finished_at == now:
-        detail = {"pipeline": name, "cancelled_jobs": len(ended.cancelled)}
-        record(
-            session,
-            via.actor(principal),
-            "backfill.cancel",
-            Target("backfill", str(row.id)),
-            detail,
-            at=now,
-        )
     envelope = BackfillEnvelope(backfill=BackfillPublic.of(progress(session, [row])[0]))
     session.commit()
     send_cancels(celery_app, runtime, ended)

@@ -25,7 +25,6 @@ from service.cli.app import (
 from service.cli.schedules import ScheduleOption
 from service.cli.tables import print_table
 from service.language.cron import zone
-from service.platform.audit import Target, record
 from service.platform.db import sessions_of, unit_of_work
 from service.platform.errors import BackfillInvalid
 from service.triggers.backfills import BackfillFire, BackfillProgress
@@ -129,18 +128,9 @@ def schedules_backfill(
             schedule=schedule,
             span=span,
             settings=settings,
-            created_by=actor.actor,
+            actor=actor,
             now=now,
         )
-        detail = {
-            "pipeline": name,
-            "schedule_id": str(row.schedule_id),
-            "from": row.range_from.isoformat(),
-            "to": row.range_to.isoformat(),
-            "max_active": row.max_active,
-            "total": row.total,
-        }
-        record(session, actor, "backfill.create", Target("backfill", str(row.id)), detail, at=now)
         document = backfill_document(progress(session, [row])[0])
     if as_json:
         emit_json({"backfill": document})
@@ -236,13 +226,9 @@ def schedules_backfill_cancel(
             pipeline=name,
             schedule=None,
             backfill_id=_backfill_id(backfill),
+            actor=cli_actor(settings, "schedules backfill-cancel", owner),
             now=now,
         )
-        if row.finished_at == now:
-            detail = {"pipeline": name, "cancelled_jobs": len(ended.cancelled)}
-            actor = cli_actor(settings, "schedules backfill-cancel", owner)
-            target = Target("backfill", str(row.id))
-            record(session, actor, "backfill.cancel", target, detail, at=now)
     app = celery_app(settings)
     for job_id in ended.compensate:
         publish_or_defer(app, runtime, JobPlan(job_id, compensate=True))

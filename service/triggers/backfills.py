@@ -27,6 +27,7 @@ from service.engine.compensations import unfinished as unfinished_compensations
 from service.engine.jobs import cancel_job
 from service.engine.submission import submit_job
 from service.language.cron import Timing, next_fire
+from service.platform.audit import Actor, Target, record
 from service.platform.constants import SCHEDULES_CHANNEL
 from service.platform.errors import (
     BackfillConflict,
@@ -145,10 +146,11 @@ def create_backfill(
     schedule: str | None,
     span: BackfillRange,
     settings: Settings,
-    created_by: str,
+    actor: Actor,
     now: datetime,
 ) -> BackfillRow:
-    """Store a backfill to be started by the scheduler leader, which its commit wakes."""
+    """Store a backfill to be started by the scheduler leader, which its commit wakes, and
+    audit it as ``actor``'s."""
     row = find_schedule(session, owner=owner, pipeline=pipeline, schedule=schedule)
     total = _checked(row, span, settings, now)
     assert row.cron is not None
@@ -165,12 +167,21 @@ def create_backfill(
         total=total,
         skipped=0,
         status=RUNNING,
-        created_by=created_by,
+        created_by=actor.actor,
         created_at=now,
     )
     session.add(backfill)
     session.flush()
     session.execute(select(func.pg_notify(SCHEDULES_CHANNEL, str(backfill.id))))
+    detail = {
+        "pipeline": pipeline,
+        "schedule_id": str(backfill.schedule_id),
+        "from": backfill.range_from.isoformat(),
+        "to": backfill.range_to.isoformat(),
+        "max_active": backfill.max_active,
+        "total": backfill.total,
+    }
+    record(session, actor, "backfill.create", Target("backfill", str(backfill.id)), detail, at=now)
     return backfill
 
 
@@ -343,11 +354,12 @@ def cancel_backfill(
     pipeline: str,
     schedule: str | None,
     backfill_id: uuid.UUID,
+    actor: Actor,
     now: datetime,
 ) -> tuple[BackfillRow, Ended]:
-    """Start no more of its fires and cancel its open jobs; the jobs' running tasks and
-    compensations are the caller's to send after the commit. Cancelling a cancelled backfill
-    changes nothing; a completed one is refused."""
+    """Start no more of its fires and cancel its open jobs, audited as ``actor``'s; the jobs'
+    running tasks and compensations are the caller's to send after the commit. Cancelling a
+    cancelled backfill changes nothing; a completed one is refused."""
     backfill = find_backfill(
         session,
         owner=owner,
@@ -375,6 +387,8 @@ def cancel_backfill(
         if unfinished_compensations(session, job.id):
             result.compensate.append(job.id)
     session.flush()
+    detail = {"pipeline": pipeline, "cancelled_jobs": len(result.cancelled)}
+    record(session, actor, "backfill.cancel", Target("backfill", str(backfill.id)), detail, at=now)
     return backfill, result
 
 

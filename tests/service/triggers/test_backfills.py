@@ -14,6 +14,7 @@ from service.catalogue.retention import prune_fires
 from service.engine.runtime import Runtime
 from service.language.cron import ScheduleSpec
 from service.language.loading import find_profile
+from service.platform.audit import Actor
 from service.platform.db import unit_of_work
 from service.platform.errors import (
     BackfillConflict,
@@ -21,7 +22,13 @@ from service.platform.errors import (
     BackfillNotCron,
     BackfillTooLarge,
 )
-from service.platform.models import BackfillRow, JobRow, ScheduleFireRow, ScheduleRow
+from service.platform.models import (
+    AuditEventRow,
+    BackfillRow,
+    JobRow,
+    ScheduleFireRow,
+    ScheduleRow,
+)
 from service.platform.settings import Settings, get_settings
 from service.triggers.backfills import (
     BackfillRange,
@@ -91,9 +98,13 @@ def backfill(
         schedule=None,
         span=BackfillRange(start, end, max_active),
         settings=settings,
-        created_by="tester",
+        actor=_actor(owner),
         now=now,
     )
+
+
+def _actor(owner: str) -> Actor:
+    return Actor("cli", "flowbeat schedules backfill", "tester", owner)
 
 
 def fill(session: Session, runtime: Runtime, row: BackfillRow) -> list[datetime]:
@@ -246,15 +257,31 @@ def test_a_cancelled_backfill_cancels_its_open_jobs_and_starts_no_more(
     row = backfill(session, settings, owner, nine_berlin(1), nine_berlin(6), max_active=2)
     fill(session, runtime, row)
     cancelled, _ = cancel_backfill(
-        session, owner=owner, pipeline="slow", schedule=None, backfill_id=row.id, now=NOW
+        session,
+        owner=owner,
+        pipeline="slow",
+        schedule=None,
+        backfill_id=row.id,
+        actor=_actor(owner),
+        now=NOW,
     )
     assert cancelled.status == "cancelled"
     assert fill(session, runtime, row) == []
     (listed,) = progress(session, [row])
     assert listed.jobs == {"cancelled": 2}
     assert listed.pending == 3
+    audited = session.scalars(
+        select(AuditEventRow.action).where(AuditEventRow.target_id == str(row.id))
+    ).all()
+    assert sorted(audited) == ["backfill.cancel", "backfill.create"]
     again, _ = cancel_backfill(
-        session, owner=owner, pipeline="slow", schedule=None, backfill_id=row.id, now=NOW
+        session,
+        owner=owner,
+        pipeline="slow",
+        schedule=None,
+        backfill_id=row.id,
+        actor=_actor(owner),
+        now=NOW,
     )
     assert again.status == "cancelled"
 
@@ -269,7 +296,13 @@ def test_a_completed_backfill_cannot_be_cancelled(
     fill(session, runtime, row)
     with pytest.raises(BackfillConflict):
         cancel_backfill(
-            session, owner=owner, pipeline="slow", schedule=None, backfill_id=row.id, now=NOW
+            session,
+            owner=owner,
+            pipeline="slow",
+            schedule=None,
+            backfill_id=row.id,
+            actor=_actor(owner),
+            now=NOW,
         )
 
 
