@@ -4,12 +4,13 @@ compensations and verify rules, and the result; each checked on its own by pydan
 import math
 import random
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -295,6 +296,19 @@ class CacheSpec(BaseModel):
     )
 
 
+def _reads_params_only(value: str) -> str:
+    """A key shared across jobs is resolved before any step runs: it may read ``params`` only."""
+    try:
+        parse_refs(value, roots=CONCURRENCY_ROOTS)
+    except ExpressionError as exc:
+        raise PydanticCustomError(exc.code, exc.message) from None
+    return value
+
+
+ParamsKey = Annotated[str, AfterValidator(_reads_params_only)]
+"""The key of a concurrency limit, a rate limit or a dedupe window."""
+
+
 class ConcurrencySpec(BaseModel):
     """On a profile: at most ``limit`` of its jobs with the same ``key`` open at once; on a
     step: at most ``limit`` steps with the same ``key`` running at once, across every job.
@@ -302,17 +316,8 @@ class ConcurrencySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(min_length=1, max_length=200)
+    key: ParamsKey = Field(min_length=1, max_length=200)
     limit: int = Field(ge=1, le=10_000)
-
-    @field_validator("key")
-    @classmethod
-    def _key_reads_params_only(cls, value: str) -> str:
-        try:
-            parse_refs(value, roots=CONCURRENCY_ROOTS)
-        except ExpressionError as exc:
-            raise PydanticCustomError(exc.code, exc.message) from None
-        return value
 
 
 class RateLimitSpec(BaseModel):
@@ -323,7 +328,7 @@ class RateLimitSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(
+    key: ParamsKey = Field(
         min_length=1,
         max_length=200,
         description='what the limit is shared under; may read params ("${{ params.tenant }}-lims")',
@@ -333,15 +338,6 @@ class RateLimitSpec(BaseModel):
         default=1, description="the window in seconds: 1 (a second), 60 (a minute), 3600"
     )
     units: int = Field(default=1, ge=1, description="units one attempt of the step takes")
-
-    @field_validator("key")
-    @classmethod
-    def _key_reads_params_only(cls, value: str) -> str:
-        try:
-            parse_refs(value, roots=CONCURRENCY_ROOTS)
-        except ExpressionError as exc:
-            raise PydanticCustomError(exc.code, exc.message) from None
-        return value
 
     @model_validator(mode="after")
     def _units_fit(self) -> "RateLimitSpec":
@@ -362,7 +358,7 @@ class DedupeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(
+    key: ParamsKey = Field(
         min_length=1,
         max_length=200,
         description='what makes two jobs the same, read from params ("${{ params.query }}")',
@@ -378,15 +374,6 @@ class DedupeSpec(BaseModel):
         description="return: the submission gets the job (200, deduplicated: true); "
         "reject: 409 duplicate_job naming it",
     )
-
-    @field_validator("key")
-    @classmethod
-    def _key_reads_params_only(cls, value: str) -> str:
-        try:
-            parse_refs(value, roots=CONCURRENCY_ROOTS)
-        except ExpressionError as exc:
-            raise PydanticCustomError(exc.code, exc.message) from None
-        return value
 
 
 class WaitForSpec(BaseModel):
