@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"A: {result.tasks_per_s:.0f} tasks/s")
             return result
 
-        def side_b() -> FlowbeatResult:
+        def flowbeat_side(label: str, checkout: Checkout | None = None) -> FlowbeatResult:
             result = run_flowbeat(
                 args.jobs,
                 args.warmup,
@@ -413,26 +413,16 @@ def main(argv: list[str] | None = None) -> int:
                 args.py_spy,
                 args.workers,
                 args.without_event_log,
+                checkout,
             )
-            log(f"B: {result.steps_per_s:.0f} persisted steps/s")
+            log(f"{label}: {result.steps_per_s:.0f} persisted steps/s")
             return result
 
+        def side_b() -> FlowbeatResult:
+            return flowbeat_side("B")
+
         def side_c() -> FlowbeatResult:
-            result = run_flowbeat(
-                args.jobs,
-                args.warmup,
-                args.clients,
-                ws.fresh_redis(1),
-                ws.admin_db,
-                ws.tmp,
-                args.timeout,
-                args.py_spy,
-                args.workers,
-                args.without_event_log,
-                base,
-            )
-            log(f"base: {result.steps_per_s:.0f} persisted steps/s")
-            return result
+            return flowbeat_side("base", base)
 
         for number in range(args.rounds):
             log(f"round {number + 1} of {args.rounds}")
