@@ -1,12 +1,13 @@
 """Engine and session factory. The caller of a unit of work owns its transaction."""
 
+import select
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.platform.settings import Settings
@@ -52,14 +53,49 @@ def connect_kwargs(url: str, pooled: bool, timeout_s: float = NETWORK_TIMEOUT_S)
 def make_engine(
     url: str, *, pool_size: int = 5, pooled: bool = False, timeout_s: float = NETWORK_TIMEOUT_S
 ) -> Engine:
-    """No pre-ping: a dead connection fails one unit of work, which callers already retry (tasks)
-    or answer with 503 (the API), and SQLAlchemy then drops the whole stale pool."""
-    return create_engine(
+    """No pre-ping round trip: a connection its server hung up on is replaced at checkout
+    (``hung_up``); one that dies later fails one unit of work, which callers already retry
+    (tasks) or answer with 503 (the API), and SQLAlchemy then drops the whole stale pool."""
+    engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=10,
         connect_args=connect_kwargs(url, pooled, timeout_s),
     )
+    event.listen(engine, "checkout", _refuse_hung_up)
+    return engine
+
+
+def _refuse_hung_up(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    if isinstance(dbapi_connection, psycopg.Connection) and hung_up(dbapi_connection):
+        raise exc.DisconnectionError("the server closed this idle connection")
+
+
+_UNASKED_READS = 3
+"""A hang-up is a last message, then the end of the stream: the first read takes the message,
+the next finds the end. Harmless bytes (the tail of a TLS record) are gone after one read."""
+
+
+def hung_up(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server has closed this idle connection, found without a round trip.
+
+    A server that stops or restarts ends each backend with a last message and closes its
+    socket; an idle connection learns of it only when its next statement fails. For a
+    checkpoint that failure costs a whole attempt of the step's body, run again, so its socket
+    is looked at first: readable while idle means the server spoke unasked, and reading what
+    it said tells a hang-up from anything harmless."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        for _ in range(_UNASKED_READS):
+            if not poller.poll(0):
+                return conn.pgconn.status != psycopg.pq.ConnStatus.OK
+            conn.pgconn.consume_input()
+    except (OSError, ValueError, psycopg.OperationalError):
+        return True
+    return True
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
@@ -156,7 +192,9 @@ class DirectConnections:
     @contextmanager
     def connect(self) -> Iterator[psycopg.Connection[Any]]:
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.broken:
+        if conn is None or hung_up(conn):
+            if conn is not None:
+                conn.close()
             conn = self._local.conn = psycopg.connect(
                 self._conninfo, autocommit=True, **self._kwargs
             )

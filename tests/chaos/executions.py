@@ -48,6 +48,9 @@ class Findings:
     """Steps that ran to their end with no checkpoint, or a checkpoint of another attempt."""
     unrecovered: int = 0
     recovery_s: list[float] = field(default_factory=list)
+    twice: list[str] = field(default_factory=list)
+    """For each execution ``ran_twice`` counts: its key, its runs and the checkpoint, so that a
+    failed drill names what ran again."""
 
     @property
     def doubled(self) -> int:
@@ -57,7 +60,9 @@ class Findings:
         """What every scenario holds each step to, past the kills and outages ``examine``
         excuses: its checkpoint and what follows it happened once."""
         assert self.concurrent == 0, "a step ran in two copies at once"
-        assert self.ran_twice == 0, "a step ran to its end again after another one's checkpoint"
+        assert self.ran_twice == 0, (
+            "a step ran to its end again after another one's checkpoint: " + "; ".join(self.twice)
+        )
         assert self.unmatched == 0, "a step ran to its end but its checkpoint is of another run"
 
 
@@ -153,7 +158,10 @@ def examine(
     orphans = orphaned or {}
     findings = Findings()
     for key, runs in runs_by_key.items():
+        before = findings.ran_twice
         _against_checkpoint(runs, kept.get(key), killed, outages, findings)
+        if findings.ran_twice > before:
+            findings.twice.append(f"{key}: runs {runs}, checkpoint {kept.get(key)}")
         for i, run in enumerate(runs):
             stopped = run.end if run.end is not None else killed.get(run.pid, float("inf"))
             later = runs[i + 1 :]

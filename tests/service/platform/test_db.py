@@ -8,7 +8,13 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
 
 from service.engine.runtime import Runtime
-from service.platform.db import DirectConnections, autocommit, driver
+from service.platform.db import (
+    DirectConnections,
+    autocommit,
+    driver,
+    make_engine,
+    make_session_factory,
+)
 
 
 def _setting(conn: Any) -> str:
@@ -46,6 +52,44 @@ def test_a_closed_connection_is_replaced(runtime: Runtime) -> None:
     with direct.connect() as second:
         assert second is not first
         assert second.execute("SELECT 1").fetchone() == (1,)
+
+
+def _hang_up(url: str, pid: int) -> None:
+    """End a backend as a server shutdown does: a last FATAL message, then its socket closes."""
+    with DirectConnections(url).connect() as other:
+        assert other.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone() == (True,)
+
+
+def test_a_connection_its_server_hung_up_on_is_replaced_before_the_statement_fails(
+    runtime: Runtime,
+) -> None:
+    """As after a restart of PostgreSQL: a checkpoint on the dead connection would fail, and
+    its step's body would run again."""
+    url = runtime.settings.require_database_url()
+    direct = DirectConnections(url)
+    with direct.connect() as first:
+        pid = first.info.backend_pid
+    _hang_up(url, pid)
+    with direct.connect() as second:
+        assert second.execute("SELECT pg_backend_pid()").fetchone() != (pid,)
+    with direct.connect() as again:
+        assert again is second
+
+
+def test_a_pooled_connection_its_server_hung_up_on_is_replaced_at_checkout(
+    runtime: Runtime,
+) -> None:
+    url = runtime.settings.require_database_url()
+    engine = make_engine(url, pool_size=1)
+    sessions = make_session_factory(engine)
+    try:
+        with sessions() as session:
+            pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        _hang_up(url, pid)
+        with sessions() as session:
+            assert session.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+    finally:
+        engine.dispose()
 
 
 def test_autocommit_commits_each_statement_and_the_pool_gets_a_transactional_connection_back(
