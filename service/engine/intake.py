@@ -28,6 +28,7 @@ from service.engine.submission import (
 from service.language.params import resolve_params
 from service.platform import metrics
 from service.platform.audit import Actor, audit_columns, submit_events
+from service.platform.models import KEYED
 from service.platform.states import JOB_OPEN
 
 _JOB_TYPES = {
@@ -62,7 +63,7 @@ _INSERT_JOBS_IF_RESOLVED = (
           FROM batch
          WHERE (batch.idempotency_key IS NULL
                 OR (NOT EXISTS (SELECT 1 FROM jobs
-                                 WHERE jobs.owner = batch.owner
+                                 WHERE jobs.owner = batch.owner AND jobs.{KEYED}
                                    AND jobs.idempotency_key = batch.idempotency_key)
                     AND NOT EXISTS (SELECT 1 FROM batch AS earlier
                                      WHERE earlier.owner = batch.owner
@@ -110,7 +111,7 @@ _INSERT_JOBS_IF_RESOLVED = (
         INSERT INTO jobs ({", ".join(JOB_COLUMNS)}, {STORED_LOGGED})
         SELECT {", ".join(_STORED_AS.get(column, column) for column in JOB_COLUMNS)}, true
           FROM placed ORDER BY ord
-        ON CONFLICT (owner, idempotency_key) DO NOTHING
+        ON CONFLICT (owner, idempotency_key) WHERE {KEYED} DO NOTHING
         RETURNING id, waiting_for, dispatched_at, status, trigger"""
     + new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
     + submit_events(

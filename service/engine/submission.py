@@ -49,7 +49,7 @@ from service.platform.errors import (
     IdempotencyConflict,
     OpenJobsLimit,
 )
-from service.platform.models import JobRow
+from service.platform.models import KEYED, JobRow
 from service.platform.secrets import Secrets
 from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 
@@ -312,7 +312,7 @@ _INSERT_JOB = (
         SELECT {", ".join(_STORED_AS.get(column, f"%({column})s") for column in JOB_COLUMNS)},
                true
          WHERE {_NO_TWIN}
-        ON CONFLICT (owner, idempotency_key) DO NOTHING
+        ON CONFLICT (owner, idempotency_key) WHERE {KEYED} DO NOTHING
         RETURNING id, waiting_for, dispatched_at, status, trigger"""
     + new_steps("new_job, jsonb_to_recordset(%(steps)s)")
     + submit_events(

@@ -20,6 +20,7 @@ from service.platform.models.catalogue import (
 )
 from service.platform.models.children import ChildCallRow
 from service.platform.models.engine import (
+    KEYED,
     NO_LABELS,
     OPEN_SHARD_PREDICATE,
     ApprovalRow,
@@ -40,6 +41,7 @@ from service.platform.models.engine import (
 from service.platform.models.stepcache import StepCacheRow
 
 __all__ = [
+    "KEYED",
     "NO_LABELS",
     "OPEN_SHARD_PREDICATE",
     "AlertCursorRow",
