@@ -3,7 +3,9 @@
 import json
 import logging
 import os
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -116,11 +118,15 @@ def named_connections(database_url: str, application_name: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def _unnamed(database_url: str) -> str:
+    return make_url(database_url).set(drivername="postgresql", query={}).render_as_string(False)
+
+
 def drop_connections(database_url: str, application_name: str) -> None:
-    """Have PostgreSQL end every connection of that name, as a restart or a failover would; their
-    holders find out on their next statement."""
-    url = make_url(database_url).set(drivername="postgresql", query={})
-    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+    """Have PostgreSQL end every connection of that name, as a restart or a failover would. An
+    idle one is replaced before its next statement (``hung_up``): to fail a statement, end it
+    in flight (``cut_in_flight``)."""
+    with psycopg.connect(_unnamed(database_url), autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
             " WHERE application_name = %s AND pid <> pg_backend_pid()",
@@ -128,14 +134,57 @@ def drop_connections(database_url: str, application_name: str) -> None:
         )
 
 
+CUT_WAIT_S = 30.0
+
+
+def cut_in_flight(
+    database_url: str, application_name: str, lock: str, params: Sequence[Any]
+) -> threading.Thread:
+    """Take the row locks the statement ``lock`` takes, in a transaction left open, and end the
+    first connection named ``application_name`` that comes to wait on them, as a restart or a
+    failover ends a statement in flight; then let the locks go. Returns the thread that waits."""
+    url = _unnamed(database_url)
+    holder = psycopg.connect(url)
+    holder.execute(lock, params)
+
+    def cut() -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as watcher:
+                deadline = time.monotonic() + CUT_WAIT_S
+                while time.monotonic() < deadline:
+                    ended = watcher.execute(
+                        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                        " WHERE application_name = %s AND wait_event_type = 'Lock'",
+                        (application_name,),
+                    ).fetchall()
+                    if ended:
+                        return
+                    time.sleep(0.01)
+        finally:
+            holder.rollback()
+            holder.close()
+
+    thread = threading.Thread(target=cut, name="cut-in-flight", daemon=True)
+    thread.start()
+    return thread
+
+
+LOCK_OWN_ROW = (
+    "SELECT 1 FROM step_runs WHERE job_id = %s AND step_id = %s AND shard = %s FOR UPDATE"
+)
+
+
 @action("drill.drop_connections")
-def drop_connections_once(
-    ctx: StepContext, application_name: str, fail: bool = False
-) -> dict[str, Any]:
-    """The worker's connections are dropped under the step's first attempt, which then succeeds
-    or, with ``fail``, fails; later attempts just succeed."""
-    if ctx.attempt == 1:
-        drop_connections(ctx.settings.require_database_url(), application_name)
+def drop_connections_once(ctx: StepContext, fail: bool = False) -> dict[str, Any]:
+    """In a worker whose connections are named (``named_connections``), the server ends the
+    statement that records the first attempt's outcome, a success or, with ``fail``, a failure:
+    its step's row is locked and whichever of the worker's connections comes to wait on it is
+    ended. Later attempts, and attempts in other workers, just succeed."""
+    url = ctx.settings.require_database_url()
+    name = make_url(url).query.get("application_name")
+    if ctx.attempt == 1 and isinstance(name, str):
+        shard = -1 if ctx.shard is None else ctx.shard
+        cut_in_flight(url, name, LOCK_OWN_ROW, (ctx.job_id, ctx.step_id, shard))
         if fail:
             raise ActionError("connections dropped", {"attempt": ctx.attempt})
     return {"attempt": ctx.attempt}

@@ -22,7 +22,7 @@ from service.platform.db import DirectConnections, ping, unit_of_work
 from service.platform.errors import RetryLater, StopChain
 from service.platform.metrics import registry
 from service.platform.models import CheckpointRow, JobRow, StepRunRow
-from tests.drill_actions import drop_connections, named_connections
+from tests.drill_actions import cut_in_flight, drop_connections, named_connections
 from tests.support.fanouts import fan_profile, submitted
 
 ITEMS = 5
@@ -137,6 +137,9 @@ class Worker:
     def drop_connections(self) -> None:
         drop_connections(self.rt.settings.require_database_url(), self.name)
 
+    def cut_in_flight(self, lock: str, *params: Any) -> None:
+        cut_in_flight(self.rt.settings.require_database_url(), self.name, lock, params)
+
 
 @pytest.fixture
 def worker(runtime: Runtime) -> Iterator[Worker]:
@@ -154,7 +157,7 @@ def connected(direct: DirectConnections) -> None:
         pass
 
 
-def dropping_profile(worker: Worker, *, fail: bool) -> dict[str, Any]:
+def dropping_profile(*, fail: bool) -> dict[str, Any]:
     return {
         "name": "drop",
         "steps": [
@@ -162,7 +165,7 @@ def dropping_profile(worker: Worker, *, fail: bool) -> dict[str, Any]:
                 "id": "drop",
                 "action": "drill.drop_connections",
                 "retry": {"attempts": 3, "backoff_s": 0, "jitter": 0},
-                "with": {"application_name": worker.name, "fail": fail},
+                "with": {"fail": fail},
             }
         ],
     }
@@ -191,10 +194,9 @@ def test_an_attempt_that_could_not_record_its_outcome_gives_its_lease_back(
     fail: bool,
     dropped: type[Exception],
 ) -> None:
-    key = StepKey(submitted(runtime, dropping_profile(worker, fail=fail), {}), "drop")
+    """The server ends the statement that records the outcome while it is in flight."""
+    key = StepKey(submitted(runtime, dropping_profile(fail=fail), {}), "drop")
     leftovers.append(key.job_id)
-    connected(worker.rt.checkpoints)
-    ping(worker.rt.sessions)
 
     with pytest.raises(dropped):
         run_step(worker.rt, key, task_id=uuid.uuid4().hex)
@@ -204,13 +206,37 @@ def test_an_attempt_that_could_not_record_its_outcome_gives_its_lease_back(
     assert (row.status, row.attempts) == ("succeeded", 2)
 
 
+def test_connections_dropped_while_idle_cost_the_next_step_nothing(
+    runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
+) -> None:
+    """As after a PostgreSQL restart: each connection the worker holds was ended while idle,
+    and is replaced before its next statement, so the step runs and is recorded once."""
+    key = StepKey(
+        submitted(runtime, {"name": "one", "steps": [{"id": "a", "action": "noop"}]}, {}), "a"
+    )
+    leftovers.append(key.job_id)
+    connected(worker.rt.claims)
+    connected(worker.rt.checkpoints)
+    ping(worker.rt.sessions)
+    worker.drop_connections()
+
+    assert run_step(worker.rt, key, task_id=uuid.uuid4().hex) == JobPlan(key.job_id)
+
+    row = step_row(runtime, key)
+    assert (row.status, row.attempts) == ("succeeded", 1)
+
+
 def test_a_for_each_step_cut_off_before_its_fan_out_gives_its_lease_back(
     runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
 ) -> None:
+    """The server ends the statement that records the shards while it is in flight."""
     job_id = submitted(runtime, fan_profile(), {"items": list(range(ITEMS))})
     leftovers.append(job_id)
-    ping(worker.rt.sessions)
-    worker.drop_connections()
+    worker.cut_in_flight(
+        "INSERT INTO step_runs (job_id, step_id, shard, status, attempts, depends_on, inputs_from)"
+        " VALUES (%s, 'each', 0, 'pending', 0, '{}', '{}')",
+        job_id,
+    )
 
     with pytest.raises(OperationalError):
         run_step(worker.rt, StepKey(job_id, "each"), task_id=uuid.uuid4().hex)
@@ -223,10 +249,12 @@ def test_a_for_each_step_cut_off_before_its_fan_out_gives_its_lease_back(
 def test_a_shard_whose_checkpoint_connection_was_dropped_gives_its_lease_back(
     runtime: Runtime, worker: Worker, leftovers: list[uuid.UUID]
 ) -> None:
-    key = fanned_out(runtime)
+    """The server ends the first shard's checkpoint in flight."""
+    profile = fan_profile()
+    profile["steps"][0].update({"action": "drill.drop_connections", "with": {}})
+    key = StepKey(submitted(runtime, profile, {"items": list(range(ITEMS))}), "each")
     leftovers.append(key.job_id)
-    connected(worker.rt.checkpoints)
-    worker.drop_connections()
+    assert isinstance(run_step(runtime, key, task_id=uuid.uuid4().hex), FannedOut)
 
     with pytest.raises(psycopg.OperationalError):
         run_lane(worker.rt, key, task_id=uuid.uuid4().hex, slice_s=60)
