@@ -13,10 +13,22 @@ The statements that store jobs log each job's first event the same way (``stored
 
 The events are those the triggers would have written: the same kinds and bodies, numbered
 from the job's counter in the order the triggers would have fired (the statement's changes in
-the order its CTEs make them), with the job's listeners notified.
+the order its CTEs make them), with the job's listeners notified if there are any.
 """
 
+from service.platform.constants import EVENTS_CHANNEL
 from service.platform.states import JobStatus, StepStatus
+
+
+def notify(job_id: str) -> str:
+    """Tell the log's listeners that job ``job_id`` (an SQL expression) has news, if any listen
+    (ADR 19): PostgreSQL holds one lock for the whole database from a notifying commit's record
+    until its flush, so a notification no one hears would cost every commit its shared flush.
+    A listener registers before it reads, and waits out the statements that began before it did."""
+    return (
+        "CASE WHEN EXISTS (SELECT 1 FROM event_listeners)"
+        f" THEN pg_notify('{EVENTS_CHANNEL}', {job_id}::text) END"
+    )
 
 
 def mark(row: str) -> str:
@@ -61,14 +73,14 @@ def stored() -> str:
     ``new_job`` CTE stored (returning its ``id``, ``status`` and ``trigger``) and start its
     counter. Safe inside a transaction, unlike the other events here: no one else can see the
     new job, so no one can wait for the counter's lock while the transaction takes others."""
-    return """, counted AS (
+    return f""", counted AS (
         INSERT INTO job_event_seqs (job_id, seq) SELECT id, 1 FROM new_job
     ), queued AS (
         INSERT INTO job_events (job_id, seq, kind, step_id, data, created_at)
         SELECT id, 1, 'job.' || status, NULL,
                jsonb_build_object('status', status, 'trigger', trigger), clock_timestamp()
           FROM new_job
-        RETURNING pg_notify('flowbeat_events', job_id::text)
+        RETURNING {notify("job_id")}
     )"""
 
 
@@ -96,7 +108,7 @@ def logged(*events: str) -> str:
         UPDATE job_event_seqs AS q SET seq = q.seq + n.events
           FROM (SELECT count(*) AS events FROM changes) AS n
          WHERE q.job_id = %(job_id)s AND n.events > 0
-        RETURNING q.seq - n.events AS base, pg_notify('flowbeat_events', q.job_id::text)
+        RETURNING q.seq - n.events AS base, {notify("q.job_id")}
     ), logged AS (
         INSERT INTO job_events (job_id, seq, kind, step_id, data, created_at)
         SELECT %(job_id)s, b.base + row_number() OVER (ORDER BY c.ord), c.kind, c.step_id,

@@ -8,6 +8,7 @@ subscriber is told to make (with ``None``) once the listener is back.
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -19,8 +20,51 @@ from service.platform.db import KEEPALIVES, connect_kwargs, libpq_url
 
 log = logging.getLogger(__name__)
 
+REGISTER_WAIT_S = 5.0
+"""How long a new listener waits for the transactions that began before it registered."""
+REGISTER_POLL_S = 0.01
+
 Wake = Callable[[uuid.UUID | None], None]
 """Told a job id with news, or ``None`` when any job may have news (after a reconnect)."""
+
+
+_REGISTER = """
+    WITH gone AS (
+        DELETE FROM event_listeners
+         WHERE pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+    )
+    INSERT INTO event_listeners (pid) VALUES (pg_backend_pid()) ON CONFLICT DO NOTHING"""
+_OLDER_STATEMENTS = """
+    SELECT count(*) FROM pg_stat_activity
+     WHERE datname = current_database() AND pid <> pg_backend_pid()
+       AND backend_type = 'client backend' AND state <> 'idle' AND xact_start < %s"""
+
+
+def register(conn: psycopg.Connection[Any], timeout_s: float = REGISTER_WAIT_S) -> None:
+    """Make the step path notify ``conn``, which listens already, from now on (ADR 19).
+
+    The step path's statements notify only while ``event_listeners`` has a row, and one that
+    began before this row was committed does not see it: so once the row is in, this waits
+    until every transaction of the database that began before is over, and a subscriber that
+    reads the log after that misses nothing. Rows of connections that are gone are dropped on
+    the way; a row a crash left behind only costs notifications that nobody hears."""
+    conn.execute(_REGISTER)
+    registered = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert registered is not None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        older = conn.execute(_OLDER_STATEMENTS, registered).fetchone()
+        if not older or not older[0]:
+            return
+        if time.monotonic() > deadline:
+            log.warning("event listener: %d older transactions still open, going on", older[0])
+            return
+        time.sleep(REGISTER_POLL_S)
+
+
+def unregister(conn: psycopg.Connection[Any]) -> None:
+    """Let the step path stop notifying ``conn`` (unless another connection listens too)."""
+    conn.execute("DELETE FROM event_listeners WHERE pid = pg_backend_pid()")
 
 
 class EventListener:
@@ -79,10 +123,12 @@ class EventListener:
             try:
                 with psycopg.connect(self._conninfo, autocommit=True, **self._network) as conn:
                     conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    register(conn)
                     if self._listening.is_set():
                         self._wake_all()
                     self._listening.set()
                     self._drain(conn)
+                    unregister(conn)
             except psycopg.Error as exc:
                 log.warning("event listener lost its connection, reconnecting: %s", exc)
                 self._stop.wait(EVENT_LISTEN_RETRY_S)

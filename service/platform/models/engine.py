@@ -363,6 +363,21 @@ class JobEventSeqRow(Base):
     seq: Mapped[int] = mapped_column(Integer)
 
 
+class EventListenerRow(Base):
+    """A connection that listens for the event log's notifications, by its backend's pid.
+
+    The step path's statements notify only while a row is here (ADR 19): a notifying commit
+    holds a lock for the whole database until its flush, so notifying commits share none.
+    Unlogged: a crash empties it, and ends the listeners' connections with it, which register
+    again as they reconnect."""
+
+    __tablename__ = "event_listeners"
+    __table_args__ = {"prefixes": ["UNLOGGED"]}
+
+    pid: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    since: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
 class StepRoundRow(Base):
     """A finished round of a step in a loop, kept when the next round starts over its row."""
 
