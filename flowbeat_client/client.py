@@ -22,6 +22,7 @@ from flowbeat_client.types import (
     Run,
     RunPage,
     Schedule,
+    Submitted,
 )
 
 FINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -64,13 +65,28 @@ class Jobs(_Section):
     ) -> Job:
         """``pipeline``: a saved pipeline's name (or ``owner/name``), or an inline profile;
         ``refresh`` runs every step again, taking nothing from the step cache."""
+        return self.submit(pipeline, params, idempotency_key=idempotency_key, refresh=refresh)[
+            "job"
+        ]
+
+    def submit(
+        self,
+        pipeline: str | dict[str, Any],
+        params: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        refresh: bool = False,
+    ) -> Submitted:
+        """``create``, telling too whether the pipeline's dedupe window gave back a job it
+        already had instead of storing a new one."""
         body = _query(
             pipeline=pipeline,
             params=params or {},
             idempotency_key=idempotency_key,
             refresh=refresh or None,
         )
-        return cast(Job, self._call("POST", "/v1/jobs", json=body)["job"])
+        answer = self._call("POST", "/v1/jobs", json=body)
+        return Submitted(job=answer["job"], deduplicated=answer["deduplicated"])
 
     def get(self, job_id: str) -> Job:
         return cast(Job, self._call("GET", f"/v1/jobs/{job_id}")["job"])

@@ -58,6 +58,13 @@ class Job(TypedDict):
     compensation: dict[str, Any] | None
 
 
+class Submitted(TypedDict):
+    job: Job
+    deduplicated: bool
+    """The pipeline's dedupe key matched an open or recent job of the owner's: ``job`` is that
+    job, and no new one was stored."""
+
+
 class JobPage(TypedDict):
     jobs: list[Job]
     next_cursor: str | None

@@ -131,3 +131,20 @@ def test_wait_gives_up_at_a_gate_and_approve_lets_the_job_finish(
         with pytest.raises(FlowbeatApiError) as twice:
             fb.jobs.reject(job["id"], "ship")
         assert (twice.value.status, twice.value.code) == (409, "already_decided")
+
+
+def test_submit_tells_a_job_its_dedupe_window_gave_back_from_a_new_one(fb: Client) -> None:
+    search = {
+        "name": "client-dedupe",
+        "params": {"query": {"type": "string", "required": True}},
+        "dedupe": {"key": "${{ params.query }}", "window_s": 3600},
+        "steps": [{"id": "only", "action": "noop"}],
+    }
+    with fb:
+        first = fb.jobs.submit(search, {"query": "sepsis"})
+        again = fb.jobs.submit(search, {"query": "sepsis"})
+        other = fb.jobs.submit(search, {"query": "asthma"})
+
+    assert not first["deduplicated"] and not other["deduplicated"]
+    assert again["deduplicated"] and again["job"]["id"] == first["job"]["id"]
+    assert other["job"]["id"] != first["job"]["id"]
