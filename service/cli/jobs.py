@@ -178,11 +178,12 @@ def jobs_list(
             job.pipeline,
             job.status,
             job.trigger,
+            " ".join(f"{key}={value}" for key, value in job.labels.items()),
             job.created_at.strftime("%Y-%m-%d %H:%M"),
         ]
         for job in rows
     ]
-    headers = ["id", "pipeline", "status", "trigger", "created (UTC)"]
+    headers = ["id", "pipeline", "status", "trigger", "labels", "created (UTC)"]
     whole = {"id", "pipeline", "status", "created (UTC)"}
     print_table(headers, cells, whole=whole, keep=["trigger"])
 

@@ -173,7 +173,7 @@ def test_jobs_list_through_a_pipe_prints_a_whole_row_whatever_columns_says(flowb
     done = flowbeat("jobs", "list", "--pipeline", "dag", COLUMNS="40")
 
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"{job_id}\tdag\tqueued\tcli\t" in done.stdout
+    assert f"{job_id}\tdag\tqueued\tcli\t\t" in done.stdout
 
 
 def test_jobs_list_refuses_an_unknown_status(flowbeat: Cli) -> None:
@@ -218,6 +218,8 @@ def test_jobs_cancel_with_a_label_asks_with_the_count_then_cancels_only_those_jo
     again = flowbeat("jobs", "list", "--label", f"tenant={tenant}", "--json")
 
     assert [job["labels"] for job in jobs] == [{"tenant": tenant}] * 2
+    table = flowbeat("jobs", "list", "--label", f"tenant={tenant}").stdout
+    assert table.count(f"\tdag\tcancelled\tcli\ttenant={tenant}\t") == 2, table
     assert f"labels: tenant={tenant}" in flowbeat("jobs", "show", jobs[0]["id"]).stdout
     assert "cancel 2 jobs?" in declined.stdout
     assert declined.returncode == 1, declined.stdout + declined.stderr

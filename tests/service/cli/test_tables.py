@@ -164,11 +164,12 @@ def test_jobs_list_through_a_pipe_prints_whole_ids_names_statuses_and_times(
 ) -> None:
     rows = _rows(
         piped("jobs", "list", "--pipeline", wide.pipeline),
-        "id\tpipeline\tstatus\ttrigger\tcreated (UTC)",
+        "id\tpipeline\tstatus\ttrigger\tlabels\tcreated (UTC)",
     )
 
-    [(job_id, pipeline, status, trigger, created)] = rows
+    [(job_id, pipeline, status, trigger, labels, created)] = rows
     assert (job_id, pipeline, status, trigger) == (wide.job_id, wide.pipeline, "succeeded", "api")
+    assert labels == ""
     assert created.startswith(str(utcnow().year)) and len(created) == len("2026-11-29 09:00")
 
 
