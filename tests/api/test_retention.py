@@ -17,12 +17,11 @@ from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
-from service.platform.migrate import upgrade
 from service.platform.models import JobRow
 from service.platform.settings import Settings
 from tests.conftest import Stack
 from tests.support.apps import api_client
-from tests.support.servers import admin_database_url, create_test_database, drop_test_database
+from tests.support.servers import private_database
 
 ONE_STEP = {"name": "many", "steps": [{"id": "only", "action": "noop"}]}
 POLICY = RetentionPolicy(keep=100, min_age_s=2)
@@ -34,21 +33,17 @@ them, none is old when the last one ends."""
 def own(stack: Stack, profiles_dir: Path) -> Iterator[tuple[Runtime, TestClient]]:
     """A database of its own: a pass prunes every owner's runs, other tests' included. No rate
     limit: a client reading 150 jobs back at once is what the test is about."""
-    admin = admin_database_url()
-    name = f"flowbeat_api_retention_{uuid.uuid4().hex[:8]}"
-    url = create_test_database(admin, name)
-    upgrade(url)
-    settings = Settings(
-        database_url=url,
-        broker_url=stack.broker_url,
-        profiles_dir=profiles_dir,
-        rate_limit_per_s=0,
-    )
-    rt = Runtime.start(settings)
-    with api_client(settings, rt) as client:
-        yield rt, client
-    rt.sessions.kw["bind"].dispose()
-    drop_test_database(admin, name)
+    with private_database("flowbeat_api_retention") as url:
+        settings = Settings(
+            database_url=url,
+            broker_url=stack.broker_url,
+            profiles_dir=profiles_dir,
+            rate_limit_per_s=0,
+        )
+        rt = Runtime.start(settings)
+        with api_client(settings, rt) as client:
+            yield rt, client
+        rt.sessions.kw["bind"].dispose()
 
 
 def test_150_runs_are_all_readable_then_the_oldest_50_expire(

@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,6 +95,22 @@ def drop_test_database(admin_url: str, name: str) -> None:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+@contextmanager
+def private_database(prefix: str) -> Iterator[str]:
+    """A migrated database of a test module's own, for tests that act on every row of a table
+    (a retention pass, the event log's listeners), dropped after them."""
+    from service.platform.migrate import upgrade
+
+    admin = admin_database_url()
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    url = create_test_database(admin, name)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        drop_test_database(admin, name)
 
 
 def allocate_redis_db(redis_url: str, owner: str) -> int:

@@ -20,27 +20,22 @@ from service.platform.capture import Line
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import JobExpired, JobNotFound
-from service.platform.migrate import upgrade
 from service.platform.models import JobEventRow, JobRow, PrunedJobRow, StepLogRow, StepRunRow
 from service.platform.settings import Settings
 from service.platform.states import JOB_FINAL
 from tests.conftest import Stack
 from tests.support.arrange import walk
 from tests.support.runs import run_items
-from tests.support.servers import admin_database_url, create_test_database, drop_test_database
+from tests.support.servers import private_database
 
 
 @pytest.fixture(scope="module")
 def runtime(stack: Stack) -> Iterator[Runtime]:
     """A database of its own: a pass prunes every owner's runs, other tests' included."""
-    admin = admin_database_url()
-    name = f"flowbeat_retention_{uuid.uuid4().hex[:8]}"
-    url = create_test_database(admin, name)
-    upgrade(url)
-    rt = Runtime.start(Settings(database_url=url, broker_url=stack.broker_url))
-    yield rt
-    rt.sessions.kw["bind"].dispose()
-    drop_test_database(admin, name)
+    with private_database("flowbeat_retention") as url:
+        rt = Runtime.start(Settings(database_url=url, broker_url=stack.broker_url))
+        yield rt
+        rt.sessions.kw["bind"].dispose()
 
 
 ONE_STEP: dict[str, Any] = {"name": "kept", "steps": [{"id": "a", "action": "noop"}]}

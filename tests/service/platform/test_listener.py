@@ -16,12 +16,11 @@ from service.language.plan import JobPlan
 from service.platform.constants import EVENTS_CHANNEL
 from service.platform.db import libpq_url
 from service.platform.listener import register, unregister
-from service.platform.migrate import upgrade
 from service.platform.settings import Settings
 from tests.conftest import Stack
 from tests.e2e.conftest import wait_for
 from tests.support.fanouts import submitted
-from tests.support.servers import admin_database_url, create_test_database, drop_test_database
+from tests.support.servers import private_database
 
 ONE_STEP: dict[str, Any] = {"name": "one", "steps": [{"id": "a", "action": "noop"}]}
 GONE_PID = 2_147_483_000
@@ -31,14 +30,10 @@ GONE_PID = 2_147_483_000
 def runtime(stack: Stack) -> Iterator[Runtime]:
     """A database of its own: another test's listener, registered in the shared one, would
     have the step path notify."""
-    admin = admin_database_url()
-    name = f"flowbeat_listeners_{uuid.uuid4().hex[:8]}"
-    url = create_test_database(admin, name)
-    upgrade(url)
-    rt = Runtime.start(Settings(database_url=url, broker_url=stack.broker_url))
-    yield rt
-    rt.sessions.kw["bind"].dispose()
-    drop_test_database(admin, name)
+    with private_database("flowbeat_listeners") as url:
+        rt = Runtime.start(Settings(database_url=url, broker_url=stack.broker_url))
+        yield rt
+        rt.sessions.kw["bind"].dispose()
 
 
 @pytest.fixture
