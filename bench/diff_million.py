@@ -22,8 +22,7 @@ import os
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,9 +31,8 @@ from sqlalchemy.orm import Session
 
 from service.catalogue.diffs import DiffKind, count_against, diff_page
 from service.platform.db import make_engine, make_session_factory
-from service.platform.migrate import upgrade
 from service.platform.models import JobRow
-from tests.support.servers import admin_database_url, create_test_database, drop_test_database
+from tests.support.servers import private_database
 
 PAGE = 100
 
@@ -75,18 +73,6 @@ def _measure(fn: Callable[[], dict[str, int]]) -> Measure:
     return Measure(seconds, peak / 2**20, counts)
 
 
-@contextmanager
-def _database() -> Iterator[str]:
-    admin = admin_database_url()
-    name = f"flowbeat_bench_{uuid.uuid4().hex[:10]}"
-    url = create_test_database(admin, name)
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        drop_test_database(admin, name)
-
-
 def _load(session: Session, items: int) -> tuple[JobRow, uuid.UUID]:
     before, after = uuid.uuid4(), uuid.uuid4()
     half = items // 2
@@ -123,7 +109,7 @@ def _in_python(session: Session, job: JobRow, previous: uuid.UUID) -> dict[str, 
 
 
 def run(items: int) -> dict[str, Any]:
-    with _database() as url:
+    with private_database("flowbeat_bench") as url:
         engine = make_engine(url)
         sessions = make_session_factory(engine)
         try:

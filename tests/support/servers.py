@@ -99,8 +99,8 @@ def drop_test_database(admin_url: str, name: str) -> None:
 
 @contextmanager
 def private_database(prefix: str) -> Iterator[str]:
-    """A migrated database of a test module's own, for tests that act on every row of a table
-    (a retention pass, the event log's listeners), dropped after them."""
+    """A migrated database of its own, for tests that act on every row of a table (a retention
+    pass, the event log's listeners) and for benches, dropped after them."""
     from service.platform.migrate import upgrade
 
     admin = admin_database_url()
