@@ -40,10 +40,13 @@ _JOB = text(
     """
     INSERT INTO jobs (id, owner, pipeline, profile, profile_hash, params, status, trigger,
                       request_hash, created_at, finished_at, item_count, previous_job_id)
-    VALUES (:id, 'bench', 'bench-diff', '{}', '', '{}', 'succeeded', 'api', '', now(), now(),
+    VALUES (:id, 'bench', 'bench-diff', '{}', '', '{}', 'queued', 'api', '', now(), now(),
             :count, :previous)
     """
 )
+_MOVE = text("UPDATE jobs SET status = :status WHERE id IN (:before, :after)")
+"""A job is stored queued and moves as the lifecycle table lets it (migration 0020 refuses
+any other first status), to end succeeded."""
 _ITEMS = text(
     """
     INSERT INTO result_items (job_id, item_key, item)
@@ -78,6 +81,8 @@ def _load(session: Session, items: int) -> tuple[JobRow, uuid.UUID]:
     half = items // 2
     session.execute(_JOB, {"id": before, "count": items, "previous": None})
     session.execute(_JOB, {"id": after, "count": items, "previous": before})
+    for status in ("running", "succeeded"):
+        session.execute(_MOVE, {"status": status, "before": before, "after": after})
     session.execute(_ITEMS, {"job_id": before, "first": 0, "last": items - 1})
     session.execute(_ITEMS, {"job_id": after, "first": half, "last": half + items - 1})
     session.execute(text("ANALYZE result_items"))
