@@ -32,6 +32,7 @@ from service.platform.models import (
 from service.platform.settings import Settings, get_settings
 from service.triggers.backfills import (
     BackfillRange,
+    Ended,
     cancel_backfill,
     create_backfill,
     fires_of,
@@ -105,6 +106,19 @@ def backfill(
 
 def _actor(owner: str) -> Actor:
     return Actor("cli", "flowbeat schedules backfill", "tester", owner)
+
+
+def _cancel(session: Session, owner: str, row: BackfillRow) -> tuple[BackfillRow, Ended]:
+    """Cancel the backfill of the owner's ``slow`` schedule, as the CLI does."""
+    return cancel_backfill(
+        session,
+        owner=owner,
+        pipeline="slow",
+        schedule=None,
+        backfill_id=row.id,
+        actor=_actor(owner),
+        now=NOW,
+    )
 
 
 def fill(session: Session, runtime: Runtime, row: BackfillRow) -> list[datetime]:
@@ -256,15 +270,7 @@ def test_a_cancelled_backfill_cancels_its_open_jobs_and_starts_no_more(
     schedule(session, settings, owner)
     row = backfill(session, settings, owner, nine_berlin(1), nine_berlin(6), max_active=2)
     fill(session, runtime, row)
-    cancelled, _ = cancel_backfill(
-        session,
-        owner=owner,
-        pipeline="slow",
-        schedule=None,
-        backfill_id=row.id,
-        actor=_actor(owner),
-        now=NOW,
-    )
+    cancelled, _ = _cancel(session, owner, row)
     assert cancelled.status == "cancelled"
     assert fill(session, runtime, row) == []
     (listed,) = progress(session, [row])
@@ -274,15 +280,7 @@ def test_a_cancelled_backfill_cancels_its_open_jobs_and_starts_no_more(
         select(AuditEventRow.action).where(AuditEventRow.target_id == str(row.id))
     ).all()
     assert sorted(audited) == ["backfill.cancel", "backfill.create"]
-    again, _ = cancel_backfill(
-        session,
-        owner=owner,
-        pipeline="slow",
-        schedule=None,
-        backfill_id=row.id,
-        actor=_actor(owner),
-        now=NOW,
-    )
+    again, _ = _cancel(session, owner, row)
     assert again.status == "cancelled"
 
 
@@ -295,15 +293,7 @@ def test_a_completed_backfill_cannot_be_cancelled(
     finish(session, row)
     fill(session, runtime, row)
     with pytest.raises(BackfillConflict):
-        cancel_backfill(
-            session,
-            owner=owner,
-            pipeline="slow",
-            schedule=None,
-            backfill_id=row.id,
-            actor=_actor(owner),
-            now=NOW,
-        )
+        _cancel(session, owner, row)
 
 
 def test_a_backfills_fire_records_outlive_the_retention_of_fire_records(
