@@ -147,7 +147,7 @@ def claim_step(
     job is over."""
     job = live_job(session, key.job_id)
     row = lock_step(session, key)
-    if row.status in STEP_FINAL or row.status in STEP_PARKED:
+    if row.status in STEP_FINAL or row.status in STEP_PARKED or _fanned_out(row):
         return None
     _wait_for_peer(row, now)
     profile = job_profile(job)
@@ -181,10 +181,19 @@ def use_fast_claim(
     return resolve_held(session, held, now)
 
 
+def _fanned_out(row: StepRunRow) -> bool:
+    """A for_each step whose shards are recorded: its lanes and its gather run it, and the
+    sweeper sends them again if their messages were lost. Its own message, delivered again
+    after a worker died between the fan-out's commit and the lanes' publish, is acknowledged:
+    waiting for a lease nobody holds kept it held by a worker, retrying every second, where the
+    sweeper does not look (a chaos drill's fan-out that never ended)."""
+    return row.status == StepStatus.RUNNING and row.lease_until is None
+
+
 def _wait_for_peer(row: StepRunRow, now: datetime) -> None:
     """Someone else holds this step: come back once their lease could have lapsed."""
-    if row.status == StepStatus.RUNNING and (row.lease_until is None or row.lease_until > now):
-        remaining = (row.lease_until - now).total_seconds() if row.lease_until else 1.0
+    if row.status == StepStatus.RUNNING and row.lease_until is not None and row.lease_until > now:
+        remaining = (row.lease_until - now).total_seconds()
         raise RetryLater(min(max(remaining, 0.2), WAIT_FOR_PEER_MAX_S), "held by a live lease")
 
 

@@ -13,6 +13,7 @@ from service.engine.shards import FannedOut, fan_out
 from service.engine.steps import Claimed, FanOutDue, StepKey
 from service.engine.submission import JobRequest, mark_dispatched, submit_job
 from service.engine.sweeper import SweepReport, sweep
+from service.language.plan import load_plan
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.models import JobRow, StepRunRow
@@ -187,6 +188,32 @@ def test_a_job_in_no_queue_and_held_by_no_worker_is_sent_again_after_the_grace(
     found = _sweep(runtime, after_s=GRACE_S + 1, held=nowhere)
     assert found.causes.get(job_id) == "lost_in_flight"
     assert job_id not in _sweep(runtime, after_s=GRACE_S + 1).redispatch, "held not read"
+
+
+def test_a_fan_out_whose_lanes_were_never_sent_is_sent_again_not_waited_on(
+    runtime: Runtime,
+) -> None:
+    """A worker died between the fan-out's commit and the publish of its lanes. The step's
+    message, delivered again, runs nothing and is acknowledged instead of waiting for a lease
+    that nobody holds, so the job is held by no worker and the sweeper sends the lanes."""
+    key = StepKey(submitted(runtime, fan_profile(), {"items": [1, 2, 3]}), "each")
+    _dispatched(runtime, key.job_id)
+    with unit_of_work(runtime.sessions) as session:
+        due = claim_step(session, key, task_id="first", lease_s=30, now=utcnow())
+        assert isinstance(due, FanOutDue)
+        fanned = fan_out(session, due, utcnow(), max_items=10, max_job_steps=100)
+        assert isinstance(fanned, FannedOut)
+
+    with unit_of_work(runtime.sessions) as session:
+        again = claim_step(session, key, task_id="again", lease_s=30, now=utcnow())
+
+    assert again is None
+    found = _sweep(runtime, after_s=GRACE_S + 1, held=frozenset())
+    assert found.causes.get(key.job_id) == "lost_in_flight"
+    with unit_of_work(runtime.sessions) as session:
+        plan = load_plan(session, key.job_id)
+    assert plan is not None
+    assert [(step.step_id, step.shards) for step in plan.steps] == [("each", [0, 1, 2])]
 
 
 def test_a_job_a_worker_holds_or_that_may_be_queued_is_not_lost_in_flight(
