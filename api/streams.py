@@ -266,7 +266,7 @@ def _replay(runtime: Runtime, scope: Scope) -> tuple[list[Event], bool]:
         rows = events_since(
             session, owner=scope.owner, pipeline=scope.pipeline, since=scope.cursor or scope.since
         )
-    return scope.fresh(rows), len(rows) == EVENT_PAGE_ROWS
+    return scope.fresh(rows), len(rows) >= EVENT_PAGE_ROWS
 
 
 def _news(runtime: Runtime, scope: Scope, job_ids: set[uuid.UUID]) -> list[Event]:

@@ -36,6 +36,10 @@ LOG_KINDS = ("job.failed", "approval.escalated", "step.retrying")
 @dataclass(frozen=True)
 class LogEvent:
     id: int
+    """Its row's: a row holds every event its statement logged (ADR 20)."""
+    key: str
+    """Its own among all events: the row's id, and for an event before the row's last its
+    place in ``more``, so that each event is offered once."""
     kind: str
     job_id: str
     step_id: str | None
@@ -45,9 +49,24 @@ class LogEvent:
     pipeline: str | None
 
     @classmethod
-    def of(cls, row: Row[Any]) -> "LogEvent":
-        return cls(
+    def all_of(cls, row: Row[Any]) -> list["LogEvent"]:
+        earlier = [
+            cls(
+                row.id,
+                f"{row.id}:{place}",
+                e["kind"],
+                str(row.job_id),
+                e["step_id"],
+                e["data"] or {},
+                row.created_at,
+                row.owner,
+                row.pipeline,
+            )
+            for place, e in enumerate(row.more or [])
+        ]
+        last = cls(
             row.id,
+            str(row.id),
             row.kind,
             str(row.job_id),
             row.step_id,
@@ -56,6 +75,7 @@ class LogEvent:
             row.owner,
             row.pipeline,
         )
+        return [*earlier, last]
 
 
 def _cursor(session: Session) -> AlertCursorRow:
@@ -90,6 +110,7 @@ def _read(session: Session, after: int, gaps: Sequence[int], limit: int) -> list
             JobEventRow.job_id,
             JobEventRow.step_id,
             JobEventRow.data,
+            JobEventRow.more,
             JobEventRow.created_at,
             JobRow.owner,
             JobRow.pipeline,
@@ -99,7 +120,7 @@ def _read(session: Session, after: int, gaps: Sequence[int], limit: int) -> list
         .order_by(JobEventRow.id)
         .limit(limit)
     )
-    return [LogEvent.of(row) for row in rows]
+    return [event for row in rows for event in LogEvent.all_of(row)]
 
 
 def _horizon(session: Session) -> tuple[int, int]:
@@ -154,7 +175,7 @@ def candidate_of(rule: AlertRuleRow, event: LogEvent) -> Candidate | None:
     error = event.data.get("error") or {}
     timed_out = event.kind == "job.failed" and error.get("code") == JOB_TIMEOUT
     job = {"job_id": event.job_id, "pipeline": event.pipeline, "event_at": event.at.isoformat()}
-    key = f"event:{event.id}"
+    key = f"event:{event.key}"
     if rule.kind == "job_failed" and event.kind == "job.failed":
         summary = f"job {event.job_id} of {event.pipeline} failed: {error.get('message', '')}"
         return Candidate(rule, key, f"pipeline:{event.pipeline}", summary, {**job, "error": error})

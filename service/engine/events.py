@@ -6,7 +6,7 @@ an event. Event numbers are given in commit order, so "after n" never skips a la
 """
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,53 +43,78 @@ class Event:
         }
 
 
-def _event(row: JobEventRow) -> Event:
+def _events(row: JobEventRow) -> list[Event]:
+    """The events of one row, in order: those its statement logged before the last
+    (``more``, ADR 20), then the one in its columns, numbered up to its ``seq``."""
     assert row.seq is not None
-    return Event(row.job_id, row.seq, row.kind, row.step_id, row.data, row.created_at)
+    earlier = row.more or []
+    first = row.seq - len(earlier)
+    return [
+        *(
+            Event(row.job_id, first + i, e["kind"], e["step_id"], e["data"], row.created_at)
+            for i, e in enumerate(earlier)
+        ),
+        Event(row.job_id, row.seq, row.kind, row.step_id, row.data, row.created_at),
+    ]
 
 
 def _numbered() -> ColumnElement[bool]:
     return JobEventRow.seq.is_not(None)
 
 
+def _of_job(
+    session: Session,
+    job_id: uuid.UUID,
+    after: int,
+    limit: int | None,
+    kinds: ColumnElement[bool] | None = None,
+    keep: Callable[[str], bool] = lambda _: True,
+) -> list[Event]:
+    """The job's events past ``after`` whose kind ``keep`` takes, at most ``limit``, read a
+    page of rows at a time. ``kinds`` is ``keep`` in SQL: a row whose statement logged more
+    than one event is read whatever its own kind, and its events are sorted out here."""
+    events: list[Event] = []
+    while limit is None or len(events) < limit:
+        query = (
+            select(JobEventRow)
+            .where(JobEventRow.job_id == job_id, JobEventRow.seq > after, _numbered())
+            .order_by(JobEventRow.seq)
+        )
+        if kinds is not None:
+            query = query.where(or_(kinds, JobEventRow.more.is_not(None)))
+        rows = list(session.scalars(query if limit is None else query.limit(limit)))
+        events += [e for row in rows for e in _events(row) if e.seq > after and keep(e.kind)]
+        if limit is None or len(rows) < limit:
+            break
+        after = rows[-1].seq or after
+    return events if limit is None else events[:limit]
+
+
 def events_after(
     session: Session, job_id: uuid.UUID, after: int, limit: int = EVENT_PAGE_ROWS
 ) -> list[Event]:
-    rows = session.scalars(
-        select(JobEventRow)
-        .where(JobEventRow.job_id == job_id, JobEventRow.seq > after)
-        .order_by(JobEventRow.seq)
-        .limit(limit)
-    )
-    return [_event(row) for row in rows]
+    return _of_job(session, job_id, after, limit)
+
+
+def _state_change(kind: str) -> bool:
+    return kind.startswith(STATE_KINDS)
+
+
+def _step_change(kind: str) -> bool:
+    return kind.startswith("step.") and kind != "step.progress"
 
 
 def step_history(session: Session, job_id: uuid.UUID, limit: int) -> list[Event]:
     """Every state change of the job's steps, without the fan-out's per-item progress, which
     a job of 10,000 items writes 10,000 of."""
-    rows = session.scalars(
-        select(JobEventRow)
-        .where(
-            JobEventRow.job_id == job_id,
-            JobEventRow.kind.startswith("step."),
-            JobEventRow.kind != "step.progress",
-            _numbered(),
-        )
-        .order_by(JobEventRow.seq)
-        .limit(limit)
-    )
-    return [_event(row) for row in rows]
+    steps = and_(JobEventRow.kind.startswith("step."), JobEventRow.kind != "step.progress")
+    return _of_job(session, job_id, 0, limit, steps, _step_change)
 
 
 def notice_events(session: Session, job_id: uuid.UUID) -> list[Event]:
     """The events that are not state changes, in order: what a job had to tell its owner."""
     state = or_(*(JobEventRow.kind.startswith(prefix) for prefix in STATE_KINDS))
-    rows = session.scalars(
-        select(JobEventRow)
-        .where(JobEventRow.job_id == job_id, not_(state), _numbered())
-        .order_by(JobEventRow.seq)
-    )
-    return [_event(row) for row in rows]
+    return _of_job(session, job_id, 0, None, not_(state), lambda kind: not _state_change(kind))
 
 
 def events_since(
@@ -108,7 +133,7 @@ def events_since(
         .order_by(JobEventRow.created_at, JobEventRow.id)
         .limit(limit)
     )
-    return [_event(row) for row in rows]
+    return [event for row in rows for event in _events(row)]
 
 
 def events_of_jobs(
@@ -136,7 +161,12 @@ def events_of_jobs(
         .where(or_(*newer), _numbered(), *_scope(owner, pipeline))
         .order_by(JobEventRow.job_id, JobEventRow.seq)
     )
-    return [_event(row) for row in rows]
+    return [
+        event
+        for row in rows
+        for event in _events(row)
+        if event.job_id not in seen or event.seq > seen[event.job_id]
+    ]
 
 
 def _scope(owner: str | None, pipeline: str | None) -> Sequence[ColumnElement[bool]]:

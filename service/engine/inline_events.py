@@ -99,19 +99,25 @@ def dependents(cte: str) -> str:
 
 def logged(*events: str) -> str:
     """The CTEs ``changes``, ``numbered`` and ``logged`` that append the events the queries
-    ``events`` yield (``step_event``, ``job_event``) for the job ``%(job_id)s``: its counter
-    is moved on once by their number, and each is inserted with its place after it. The job's
-    counter exists from its first event, written when the job was inserted."""
+    ``events`` yield (``step_event``, ``job_event``) for the job ``%(job_id)s`` in one row
+    (ADR 20): its columns hold the last, numbered where the job's counter is moved on to by
+    their number, and ``more`` those before it, in order. The job's counter exists from its
+    first event, written when the job was inserted."""
     return f"""changes AS (
-        {" UNION ALL ".join(events)}
+        SELECT c.*, row_number() OVER (ORDER BY c.ord) AS place, count(*) OVER () AS events
+          FROM ({" UNION ALL ".join(events)}) AS c
     ), numbered AS (
         UPDATE job_event_seqs AS q SET seq = q.seq + n.events
           FROM (SELECT count(*) AS events FROM changes) AS n
          WHERE q.job_id = %(job_id)s AND n.events > 0
-        RETURNING q.seq - n.events AS base, {notify("q.job_id")}
+        RETURNING q.seq AS last, {notify("q.job_id")}
     ), logged AS (
-        INSERT INTO job_events (job_id, seq, kind, step_id, data, created_at)
-        SELECT %(job_id)s, b.base + row_number() OVER (ORDER BY c.ord), c.kind, c.step_id,
-               c.data, clock_timestamp()
+        INSERT INTO job_events (job_id, seq, kind, step_id, data, more, created_at)
+        SELECT %(job_id)s, b.last, c.kind, c.step_id, c.data,
+               (SELECT jsonb_agg(jsonb_build_object('kind', e.kind, 'step_id', e.step_id,
+                                                    'data', e.data) ORDER BY e.place)
+                  FROM changes AS e WHERE e.place < c.place),
+               clock_timestamp()
           FROM numbered AS b CROSS JOIN changes AS c
+         WHERE c.place = c.events
     )"""

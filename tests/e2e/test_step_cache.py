@@ -9,12 +9,11 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from flowbeat_client import Client as ApiClient
+from service.engine.events import events_after
 from service.platform.auth import create_api_key
 from service.platform.db import unit_of_work
-from service.platform.models import JobEventRow
 from tests.e2e.conftest import Client, Cluster
 
 pytestmark = pytest.mark.usefixtures("shared_worker")
@@ -64,11 +63,8 @@ def test_the_same_params_run_the_cached_action_once_and_name_its_source(client: 
     assert client.count(second.job.id, "report", "started") == 1
     assert second.job.result == first.job.result
     with unit_of_work(client.rt.sessions) as session:
-        [event] = session.scalars(
-            select(JobEventRow.data).where(
-                JobEventRow.job_id == second.job.id, JobEventRow.kind == "step.cached"
-            )
-        )
+        log = events_after(session, second.job.id, 0)
+    [event] = [event.data for event in log if event.kind == "step.cached"]
     assert event["cached_from"] == {"job_id": str(first.job.id), "step_id": "fetch"}
 
 

@@ -338,8 +338,9 @@ class JobEventRow(Base):
 
     State changes are written by the triggers of migration 0011 (each a single statement since
     0041), which also number every event (``seq``, per job, in commit order) when its
-    transaction commits; code that appends an event itself leaves ``seq`` empty for them. No
-    foreign key: the migration says why, and a trigger deletes a job's log with the job.
+    transaction commits; code that appends an event itself leaves ``seq`` empty for them. The
+    step path's statements log their own changes, all of a statement's in one row (``more``).
+    No foreign key: the migration says why, and a trigger deletes a job's log with the job.
     """
 
     __tablename__ = "job_events"
@@ -351,6 +352,10 @@ class JobEventRow(Base):
     kind: Mapped[str] = mapped_column(String(32))
     step_id: Mapped[str | None] = mapped_column(String(64))
     data: Mapped[dict[str, Any]]
+    more: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    """The events its statement logged before the one in its own columns, each a ``kind``,
+    ``step_id`` and ``data``, numbered up to its ``seq`` (ADR 20): one row and three index
+    entries for a claim that starts its job, or a checkpoint that claims the next step."""
     created_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 

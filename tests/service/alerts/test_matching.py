@@ -78,6 +78,30 @@ def test_an_event_committed_after_a_later_one_was_read_is_still_queued_once(
     assert queued.payload["job_id"] == str(early)
 
 
+def test_each_event_of_a_row_that_holds_several_is_its_own_alert(runtime: Runtime) -> None:
+    """A statement's events share a row (ADR 20): those before the row's last are matched as
+    well, each under its own key."""
+    _match(runtime)
+    job = failed_job(runtime)
+    rule_id = _owned(runtime, job.owner, dedupe_s=0)
+    failure = {"kind": "job.failed", "step_id": None, "data": {"error": {"code": "early"}}}
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(
+            insert(JobEventRow).values(
+                job_id=job.id,
+                kind="job.failed",
+                data={"error": {"code": "late"}},
+                more=[failure, {"kind": "step.running", "step_id": "a", "data": {}}],
+            )
+        )
+
+    _match(runtime)
+    _match(runtime)
+
+    codes = sorted(queued.payload["error"]["code"] for queued in outbox(runtime, rule_id))
+    assert codes == ["boom", "early", "late"]
+
+
 def test_a_burst_of_failures_of_one_pipeline_sends_one_alert_counting_the_rest(
     runtime: Runtime,
 ) -> None:
@@ -110,7 +134,7 @@ def test_without_a_window_every_failure_is_its_own_alert(runtime: Runtime) -> No
 
 def _event(kind: str, data: dict[str, object], step_id: str | None = None) -> LogEvent:
     at = datetime(2026, 11, 29, tzinfo=UTC)
-    return LogEvent(7, kind, str(uuid.uuid4()), step_id, data, at, "acme", "papers")
+    return LogEvent(7, "7", kind, str(uuid.uuid4()), step_id, data, at, "acme", "papers")
 
 
 def _rule(kind: str, threshold: int | None = None, pipeline: str | None = None) -> AlertRuleRow:

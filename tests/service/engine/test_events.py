@@ -10,7 +10,14 @@ import pytest
 from sqlalchemy import delete, make_url, select, update
 
 from service.engine.claims import fast_claim
-from service.engine.events import Event, events_after, events_since, job_settled, notice_events
+from service.engine.events import (
+    Event,
+    events_after,
+    events_since,
+    job_settled,
+    notice_events,
+    step_history,
+)
 from service.engine.runner import run_finish_fanout, run_lane, run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
@@ -70,6 +77,49 @@ def test_a_run_is_logged_change_by_change_numbered_from_one(runtime: Runtime) ->
         ("job.succeeded", None),
     ]
     assert log[1].data == {"attempt": 1, "round": 1}
+
+
+def test_a_statement_logs_all_its_changes_in_one_row(runtime: Runtime) -> None:
+    """A claim that starts its job, or a checkpoint that succeeds the job (or claims the next
+    step, in a chain run inline), writes one row for its two events (ADR 20): the row states
+    its last, ``more`` the ones before, and a reader gets each with its own number."""
+    job_id = _submit(runtime, TWO_STEPS)
+    for step in ("a", "b"):
+        run_step(runtime, StepKey(job_id, step), task_id=uuid.uuid4().hex)
+
+    with unit_of_work(runtime.sessions) as session:
+        rows = session.execute(
+            select(JobEventRow.seq, JobEventRow.kind, JobEventRow.more)
+            .where(JobEventRow.job_id == job_id)
+            .order_by(JobEventRow.seq)
+        ).all()
+
+    assert [(seq, kind, [m["kind"] for m in more or []]) for seq, kind, more in rows] == [
+        (1, "job.queued", []),
+        (3, "job.running", ["step.running"]),
+        (4, "step.succeeded", []),
+        (5, "step.running", []),
+        (7, "job.succeeded", ["step.succeeded"]),
+    ]
+
+
+def test_a_reader_resumes_inside_a_row(runtime: Runtime) -> None:
+    job_id = _submit(runtime, TWO_STEPS)
+    for step in ("a", "b"):
+        run_step(runtime, StepKey(job_id, step), task_id=uuid.uuid4().hex)
+
+    with unit_of_work(runtime.sessions) as session:
+        after_claim = events_after(session, job_id, 2)
+        one = events_after(session, job_id, 3, limit=1)
+        steps = step_history(session, job_id, limit=3)
+
+    assert [(e.seq, e.kind) for e in after_claim][:2] == [(3, "job.running"), (4, "step.succeeded")]
+    assert [(e.seq, e.kind, e.step_id) for e in one] == [(4, "step.succeeded", "a")]
+    assert [(e.seq, e.kind, e.step_id) for e in steps] == [
+        (2, "step.running", "a"),
+        (4, "step.succeeded", "a"),
+        (5, "step.running", "b"),
+    ]
 
 
 def _marks(rt: Runtime, job_id: uuid.UUID) -> dict[str | None, bool]:
