@@ -1,4 +1,6 @@
-"""Reading a job's event log, which the triggers of migration 0011 write.
+"""Reading a job's event log, which the triggers of migration 0011 and the step path's own
+statements write; a row of the latter holds every event of its statement (ADR 20), and is
+unfolded here, so that readers get one event at a time.
 
 The log is the source of truth for every stream: a reader remembers the last ``seq`` it saw
 per job and asks for what follows, so a lost notification or a reconnect costs a read, never

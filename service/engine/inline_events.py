@@ -13,7 +13,8 @@ The statements that store jobs log each job's first event the same way (``stored
 
 The events are those the triggers would have written: the same kinds and bodies, numbered
 from the job's counter in the order the triggers would have fired (the statement's changes in
-the order its CTEs make them), with the job's listeners notified if there are any.
+the order its CTEs make them), with the job's listeners notified if there are any. They share
+one row (ADR 20): the index entries of a row are the same whatever it holds.
 """
 
 from service.platform.constants import EVENTS_CHANNEL
