@@ -2,6 +2,7 @@
 database, whichever code writes it."""
 
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, select, text, update
@@ -69,6 +70,37 @@ def test_a_move_the_table_does_not_have_is_refused_and_nothing_is_written(
         assert job is not None and job.status == JobStatus.QUEUED
         steps = session.scalars(select(StepRunRow).where(StepRunRow.job_id == job_id))
         assert {row.status for row in steps} == {StepStatus.PENDING}
+
+
+def test_a_status_change_is_checked_without_locking_the_row_first(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    """A ``BEFORE UPDATE`` trigger has PostgreSQL lock the row before the update, a WAL record
+    of its own at every status change; the check runs after the write instead (ADR 21)."""
+    job_id = submitted(runtime, CHAIN, {})
+    leftovers.append(job_id)
+    with runtime.claims.connect() as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        block, offset, start = conn.execute(
+            "SELECT (ctid::text::point)[0]::int, (ctid::text::point)[1]::int,"
+            " pg_current_wal_lsn() FROM step_runs WHERE job_id = %s AND step_id = 'a'",
+            (job_id,),
+        ).fetchone() or (0, 0, None)
+    _set(runtime, job_id, "a", StepStatus.RUNNING)
+    with runtime.claims.connect() as conn:
+        records = conn.execute(
+            "SELECT record_type, description FROM pg_get_wal_records_info(%s, pg_current_wal_lsn())"
+            " WHERE resource_manager = 'Heap' AND block_ref LIKE %s",
+            (start, f"%/{_relfile(conn)} fork main blk {block}%"),
+        ).fetchall()
+
+    mine = [kind for kind, description in records if description.startswith(f"off {offset}")]
+    assert "UPDATE" in mine or "HOT_UPDATE" in mine
+    assert "LOCK" not in mine
+
+
+def _relfile(conn: Any) -> int:
+    return int(conn.execute("SELECT pg_relation_filenode('step_runs')").fetchone()[0])
 
 
 def test_a_row_cannot_be_stored_in_a_status_it_may_not_start_in(
