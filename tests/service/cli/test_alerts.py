@@ -2,40 +2,23 @@
 JSON, refused with its code when it cannot work, and deleted; its deliveries listed."""
 
 import json
-import os
 import subprocess
-import sys
 import uuid
-from pathlib import Path
-
-import pytest
 
 from tests.conftest import Stack
+from tests.support.cli import run_cli
 
-pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
-
-ROOT = Path(__file__).resolve().parents[3]
 SECRET_NAME = "CLI_ALERT_KEY"
 
 
 def _run(stack: Stack, owner: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
-        **os.environ,
         **stack.env,
-        "PYTHONPATH": str(ROOT),
         "COLUMNS": "80",
         "FLOWBEAT_CLI_OWNER": owner,
         f"FLOWBEAT_SECRET_{SECRET_NAME}": "cli-secret",
     }
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", "alerts", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(["alerts", *args], env)
 
 
 def test_a_rule_is_set_listed_shown_as_json_and_deleted(stack: Stack) -> None:

@@ -4,10 +4,8 @@ nothing; ``flowbeat audit`` filters the trail, as tab-separated rows in a pipe o
 
 import getpass
 import json
-import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +20,8 @@ from service.engine.steps import StepKey
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.models import AuditEventRow
+from tests.support.cli import run_cli
 
-pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
-
-ROOT = Path(__file__).resolve().parents[3]
 PARKED = """\
 name: parked
 steps:
@@ -50,21 +46,13 @@ def import_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def flowbeat(
     stack: Any, owner: str, import_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Cli:
-    env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    env = {**stack.env, "COLUMNS": "80"}
     env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-audit"))
     env["FLOWBEAT_CLI_OWNER"] = owner
     env["FLOWBEAT_IMPORT_DIR"] = str(import_dir)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "service.cli", *args],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_cli(args, env)
 
     return run
 

@@ -1,10 +1,10 @@
-"""The flowbeat command, run as a user runs it, against the test stack."""
+"""The flowbeat command, run as a user runs it, against the test stack: in the test process,
+but as a process where it starts a worker and a beat (``--local-worker``)."""
 
 import json
 import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +14,8 @@ import redis
 
 from service.engine.runtime import Runtime
 from tests.conftest import Stack
+from tests.support.cli import run_cli, run_process
 from tests.support.leftovers import end_earlier_work, forget_earlier_tests
-
-pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,29 +25,28 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="module")
 def flowbeat(stack: Stack, runtime: Runtime, tmp_path_factory: pytest.TempPathFactory) -> Cli:
-    env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**stack.env, "COLUMNS": "200"}
     env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-data"))
 
     def run(
-        *args: str, timeout_s: float = 120, answer: str | None = None, **overrides: str
+        *args: str,
+        timeout_s: float = 120,
+        answer: str | None = None,
+        process: bool = False,
+        **overrides: str,
     ) -> subprocess.CompletedProcess[str]:
         """``overrides`` replace environment variables for this one command; ``answer`` is
-        typed at its prompt. A command that
-        starts a worker of its own (and, for a wait, a beat whose sweeper sends every open job
-        again) starts it on what earlier tests of this process left cleared away."""
+        typed at its prompt. The command runs in the test process (``tests.support.cli``)
+        unless ``process`` asks for a process of its own, or it starts a worker: then it runs
+        as a process, within ``timeout_s``, on what earlier tests of this process left cleared
+        away, which its worker (and, for a wait, a beat whose sweeper sends every open job
+        again) would otherwise act on."""
         if "--local-worker" in args:
             _clear_leftovers(stack, runtime)
-        argv = [sys.executable, "-m", "service.cli", *args]
-        return subprocess.run(
-            argv,
-            env={**env, **overrides},
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            input=answer,
-            check=False,
-        )
+            process = True
+        if process:
+            return run_process(args, {**env, **overrides}, answer, timeout_s)
+        return run_cli(args, {**env, **overrides}, answer)
 
     return run
 
@@ -62,6 +60,7 @@ def _clear_leftovers(stack: Stack, runtime: Runtime) -> None:
         broker.close()
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_run_follows_the_steps_and_exits_zero_on_success(flowbeat: Cli) -> None:
     done = flowbeat("run", "dag", "-p", "items=[7, 8]", "--local-worker")
 
@@ -72,6 +71,7 @@ def test_run_follows_the_steps_and_exits_zero_on_success(flowbeat: Cli) -> None:
     assert ": succeeded" in done.stdout
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_run_with_a_local_worker_starts_a_beat_that_wakes_a_wait(
     flowbeat: Cli, tmp_path: Path
 ) -> None:
@@ -91,6 +91,7 @@ def test_run_with_a_local_worker_starts_a_beat_that_wakes_a_wait(
     assert ": succeeded" in done.stdout
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_run_exits_non_zero_when_the_job_fails(flowbeat: Cli) -> None:
     done = flowbeat("run", "flaky", "-p", "succeed_on=9", "--local-worker")
 
@@ -99,6 +100,7 @@ def test_run_exits_non_zero_when_the_job_fails(flowbeat: Cli) -> None:
     assert "transient" in done.stdout
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_jobs_rerun_runs_a_failed_job_again_from_its_failed_step(flowbeat: Cli) -> None:
     failed = flowbeat("run", "rerun", "-p", "bad=[2]", "--local-worker")
     assert failed.returncode == 1, failed.stdout + failed.stderr
@@ -114,6 +116,7 @@ def test_jobs_rerun_runs_a_failed_job_again_from_its_failed_step(flowbeat: Cli) 
     assert ": succeeded" in rerun.stdout
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_jobs_rerun_refuses_an_unknown_step_with_its_code(flowbeat: Cli) -> None:
     done = flowbeat("run", "rerun", "--local-worker")
     [parent] = re.findall(r"job (\S+) queued", done.stdout)
@@ -244,6 +247,7 @@ def test_a_short_job_id_that_names_no_job_is_refused_with_its_code(
         assert "Traceback" not in done.stdout + done.stderr
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_jobs_show_prints_the_error_of_each_failed_step(flowbeat: Cli) -> None:
     failed = flowbeat("run", "flaky", "-p", "succeed_on=9", "--local-worker")
     [job_id] = re.findall(r"job (\S+) queued", failed.stdout)
@@ -311,6 +315,7 @@ def test_beat_check_reports_the_leader_and_fails_without_one(flowbeat: Cli, stac
         client.close()
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_jobs_watch_replays_a_finished_job_from_its_event_log(flowbeat: Cli) -> None:
     done = flowbeat("run", "dag", "-p", "items=[1, 2, 3]", "--local-worker")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -382,6 +387,7 @@ def test_a_value_that_does_not_parse_is_one_line_with_its_code_and_position(
     assert line.startswith(expected)
 
 
+@pytest.mark.e2e  # runs the command as a process, whose imports find the shadowing package
 def test_the_embedded_default_without_its_wheels_names_the_extra_to_install(
     flowbeat: Cli, tmp_path: Path
 ) -> None:
@@ -393,6 +399,7 @@ def test_the_embedded_default_without_its_wheels_names_the_extra_to_install(
     done = flowbeat(
         "jobs",
         "list",
+        process=True,
         FLOWBEAT_DATABASE_URL="",
         FLOWBEAT_BROKER_URL="",
         PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}",
@@ -444,6 +451,7 @@ def test_the_command_acts_as_the_owner_of_flowbeat_api_key_where_no_owner_is_giv
     assert refused.returncode == 2 and refused.stdout.startswith("unauthorized: ")
 
 
+@pytest.mark.e2e  # runs the command as a process, with a worker and a beat of its own
 def test_run_with_a_local_worker_consumes_the_queues_its_steps_name(
     flowbeat: Cli, tmp_path: Path
 ) -> None:

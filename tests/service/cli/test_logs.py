@@ -2,14 +2,11 @@
 JSON, one attempt's on request, and followed until the job ends with ``--follow``."""
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +16,8 @@ from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.platform.errors import RetryLater
 from tests.conftest import Stack
+from tests.support.cli import run_cli, run_process
 from tests.support.fanouts import submitted
-
-pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
-
-ROOT = Path(__file__).resolve().parents[3]
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -43,14 +37,12 @@ TWO_STEPS: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def flowbeat(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Cli:
-    env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**stack.env, "COLUMNS": "200"}
     env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-data"))
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "service.cli", *args]
-        return subprocess.run(
-            argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-        )
+    def run(*args: str, process: bool = False) -> subprocess.CompletedProcess[str]:
+        """In the test process (``tests.support.cli``), unless ``process`` asks for one."""
+        return run_process(args, env) if process else run_cli(args, env)
 
     return run
 
@@ -89,6 +81,7 @@ def test_every_step_s_lines_by_a_short_id_then_one_step_s_one_attempt(
     assert [(line["step_id"], line["attempt"]) for line in lines] == [("first", 2)] * 3
 
 
+@pytest.mark.e2e  # runs the command as a process while its steps run in a thread here
 def test_follow_prints_lines_as_they_come_and_exits_when_the_job_ends(
     flowbeat: Cli, runtime: Runtime
 ) -> None:
@@ -96,7 +89,9 @@ def test_follow_prints_lines_as_they_come_and_exits_when_the_job_ends(
     worker = threading.Timer(2.0, _attempts, args=(runtime, job_id))
     worker.start()
     try:
-        followed = flowbeat("jobs", "logs", str(job_id), "second", "--follow", "--json")
+        followed = flowbeat(
+            "jobs", "logs", str(job_id), "second", "--follow", "--json", process=True
+        )
     finally:
         worker.join()
 

@@ -1,8 +1,6 @@
 """``flowbeat pipelines``: save, list, show, import and delete, run as a user runs them."""
 
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -10,10 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Stack
-
-pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.cli import run_cli
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -25,15 +20,12 @@ def import_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def flowbeat(stack: Stack, import_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Cli:
-    env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**stack.env, "COLUMNS": "200"}
     env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-data"))
     env["FLOWBEAT_IMPORT_DIR"] = str(import_dir)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "service.cli", "pipelines", *args]
-        return subprocess.run(
-            argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-        )
+        return run_cli(["pipelines", *args], env)
 
     return run
 

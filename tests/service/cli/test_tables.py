@@ -26,9 +26,8 @@ from service.platform.db import unit_of_work
 from service.platform.models import ApiKeyRow, JobRow, PipelineRow, ScheduleRow
 from service.platform.settings import get_settings
 from tests.conftest import Stack
+from tests.support.cli import run_cli
 from tests.support.terminal import at_terminal
-
-pytestmark = pytest.mark.e2e  # runs the flowbeat CLI as a process
 
 ROOT = Path(__file__).resolve().parents[3]
 WIDTH = 80
@@ -38,20 +37,24 @@ Terminal = Callable[..., str]
 
 
 @pytest.fixture(scope="module")
-def env(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("cli-data"))
+
+
+@pytest.fixture(scope="module")
+def env(stack: Stack, data_dir: str) -> dict[str, str]:
     env = {**os.environ, **stack.env, "PYTHONPATH": str(ROOT)}
     env.pop("COLUMNS", None)
-    env["FLOWBEAT_DATA_DIR"] = str(tmp_path_factory.mktemp("cli-data"))
+    env["FLOWBEAT_DATA_DIR"] = data_dir
     return env
 
 
 @pytest.fixture(scope="module")
-def piped(env: dict[str, str]) -> Piped:
+def piped(stack: Stack, data_dir: str) -> Piped:
+    env = {**stack.env, "COLUMNS": None, "FLOWBEAT_DATA_DIR": data_dir}
+
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "service.cli", *args]
-        return subprocess.run(
-            argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-        )
+        return run_cli(args, env)
 
     return run
 
@@ -141,6 +144,20 @@ def wide(runtime: Runtime) -> Iterator[Wide]:
         _, key = create_api_key(session, owner=data.owner, scopes=["read", "write", "admin"])
         data.key_prefix = key.prefix
     yield data
+    _forget(runtime, data)
+
+
+@pytest.fixture
+def unshared(runtime: Runtime) -> Iterator[Wide]:
+    """A pipeline and job of one test's own, for a test that runs the job again: a listing of
+    ``wide`` counts its pipeline's runs, whichever test of the module ran first."""
+    data = Wide()
+    _save(runtime, data)
+    yield data
+    _forget(runtime, data)
+
+
+def _forget(runtime: Runtime, data: Wide) -> None:
     with unit_of_work(runtime.sessions) as session:
         session.execute(delete(ScheduleRow).where(ScheduleRow.owner == data.owner))
         session.execute(delete(JobRow).where(JobRow.owner == data.owner))
@@ -245,20 +262,20 @@ def test_actions_through_a_pipe_prints_each_action_and_its_inputs(piped: Piped) 
     assert "term\tstring\tyes\t" in shown.stdout.splitlines()
 
 
-def test_commands_that_show_a_job_or_a_pipeline_answer_json(piped: Piped, wide: Wide) -> None:
-    shown = piped("pipelines", "show", wide.pipeline, "--owner", wide.owner, "--json")
-    rerun = piped("jobs", "rerun", wide.job_id, "--json")
+def test_commands_that_show_a_job_or_a_pipeline_answer_json(piped: Piped, unshared: Wide) -> None:
+    shown = piped("pipelines", "show", unshared.pipeline, "--owner", unshared.owner, "--json")
+    rerun = piped("jobs", "rerun", unshared.job_id, "--json")
     new_id = json.loads(rerun.stdout)["job"]["id"]
     cancelled = piped("jobs", "cancel", new_id, "--json")
 
     pipeline = json.loads(shown.stdout)["pipeline"]
     assert (pipeline["name"], pipeline["owner"], pipeline["version"]) == (
-        wide.pipeline,
-        wide.owner,
+        unshared.pipeline,
+        unshared.owner,
         1,
     )
     assert pipeline["profile"]["steps"][0]["action"] == "noop"
-    assert json.loads(rerun.stdout)["job"]["pipeline"] == wide.pipeline
+    assert json.loads(rerun.stdout)["job"]["pipeline"] == unshared.pipeline
     job = json.loads(cancelled.stdout)["job"]
     assert (job["id"], job["status"]) == (new_id, "cancelled")
 
@@ -291,6 +308,7 @@ def _fits(printed: str, *whole: str, columns: str = "") -> None:
         assert any(text in line for line in lines), (text, printed)
 
 
+@pytest.mark.e2e  # runs the command at a terminal (a pty) as a process
 def test_jobs_list_at_an_80_column_terminal_prints_records_with_every_value_whole(
     terminal: Terminal, wide: Wide
 ) -> None:
@@ -299,6 +317,7 @@ def test_jobs_list_at_an_80_column_terminal_prints_records_with_every_value_whol
     _fits(printed, wide.job_id, wide.pipeline, "succeeded", columns="id pipeline status trigger")
 
 
+@pytest.mark.e2e  # runs the command at a terminal (a pty) as a process
 def test_pipelines_list_at_an_80_column_terminal_keeps_the_name_whole(
     terminal: Terminal, wide: Wide
 ) -> None:
@@ -307,6 +326,7 @@ def test_pipelines_list_at_an_80_column_terminal_keeps_the_name_whole(
     _fits(printed, wide.pipeline, columns="name owner version tags runs read-only")
 
 
+@pytest.mark.e2e  # runs the command at a terminal (a pty) as a process
 def test_schedules_list_and_show_fit_an_80_column_terminal(terminal: Terminal, wide: Wide) -> None:
     columns = "pipeline owner when state next fire (UTC) last runs"
     listed = terminal("schedules", "list", "--owner", wide.owner)
@@ -316,12 +336,14 @@ def test_schedules_list_and_show_fit_an_80_column_terminal(terminal: Terminal, w
     _fits(shown, wide.pipeline, "paused", columns=columns)
 
 
+@pytest.mark.e2e  # runs the command at a terminal (a pty) as a process
 def test_keys_list_fits_an_80_column_terminal(terminal: Terminal, wide: Wide) -> None:
     printed = terminal("keys", "list", "--owner", wide.owner)
 
     _fits(printed, wide.key_prefix, columns="prefix owner scopes created (UTC) revoked")
 
 
+@pytest.mark.e2e  # runs the command at a terminal (a pty) as a process
 def test_audit_and_actions_fit_an_80_column_terminal(terminal: Terminal, wide: Wide) -> None:
     audit = terminal("audit", "--target", f"pipeline:{wide.pipeline}")
     actions = terminal("actions")
