@@ -38,9 +38,9 @@ PAGE = 100
 
 _JOB = text(
     """
-    INSERT INTO jobs (id, owner, pipeline, profile, profile_hash, params, status, trigger,
+    INSERT INTO jobs (id, owner, pipeline, profile_hash, params, status, trigger,
                       request_hash, created_at, finished_at, item_count, previous_job_id)
-    VALUES (:id, 'bench', 'bench-diff', '{}', '', '{}', 'queued', 'api', '', now(), now(),
+    VALUES (:id, 'bench', 'bench-diff', '', '{}', 'queued', 'api', '', now(), now(),
             :count, :previous)
     """
 )

@@ -43,9 +43,9 @@ from tests.support.servers import admin_database_url, create_test_database, drop
 PAGE = 50
 LOAD = """
 SET session_replication_role = replica;
-INSERT INTO jobs (id, owner, pipeline, profile, profile_hash, params, status, trigger,
+INSERT INTO jobs (id, owner, pipeline, profile_hash, params, status, trigger,
                   request_hash, created_at, finished_at, labels, error)
-SELECT gen_random_uuid(), 'o' || n % 20, 'p' || n % 10, '{}', '', '{}',
+SELECT gen_random_uuid(), 'o' || n % 20, 'p' || n % 10, '', '{}',
        CASE WHEN n % 3 = 0 THEN 'failed' ELSE 'succeeded' END, 'api', '',
        now() - make_interval(secs => n), now() - make_interval(secs => n),
        jsonb_build_object('tenant', 't' || n % 1000, 'study', (n % 97)::text),

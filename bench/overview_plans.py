@@ -36,9 +36,9 @@ OWNERS, PIPELINES, OPEN = 20, 50, 50
 
 _LOAD = text(
     """
-    INSERT INTO jobs (id, owner, pipeline, profile, profile_hash, params, status, trigger,
+    INSERT INTO jobs (id, owner, pipeline, profile_hash, params, status, trigger,
                       request_hash, created_at, started_at, finished_at)
-    SELECT gen_random_uuid(), 'owner-' || (n % :owners), 'pipe-' || (n % :pipelines), '{}',
+    SELECT gen_random_uuid(), 'owner-' || (n % :owners), 'pipe-' || (n % :pipelines),
            '', '{}', s.status, 'api', '', c.at,
            CASE WHEN s.status <> 'queued' THEN c.at + interval '1 second' END,
            CASE WHEN n >= :open THEN c.at + (1 + n % 97) * interval '1 second' END

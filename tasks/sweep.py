@@ -1,6 +1,7 @@
 """The periodic sweeper: re-publish what the broker lost, fail what ran past its timeout."""
 
 import logging
+import time
 import uuid
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from service.catalogue.retention import (
 )
 from service.engine import sweeper
 from service.engine.concurrency import let_in_all, take_turns
+from service.engine.profiles import prune_profiles
 from service.engine.runtime import Runtime
 from service.engine.slots import let_in_steps
 from service.engine.submission import mark_dispatched
@@ -31,6 +33,10 @@ from tasks.dispatch import dispatch_job, publish_or_defer
 from tasks.notices import send_notice
 
 log = logging.getLogger(__name__)
+
+PROFILES_PRUNED_EVERY_S = 3600.0
+_profiles_pruned = {"next": 0.0}
+"""When this process next deletes the profiles no job names (``service.engine.profiles``)."""
 
 
 @app.task(name=TASK_SWEEP, ignore_result=True)
@@ -55,6 +61,7 @@ def sweep() -> dict[str, int]:
         lost_notices = requeue_lost_notices(session, older_than=resend_before)
     for job_id in lost_notices:
         send_notice.delay(str(job_id))
+    _prune_profiles(rt)
     with unit_of_work(rt.sessions) as session:
         now = utcnow()
         policy = RetentionPolicy.of(settings)
@@ -80,6 +87,16 @@ def sweep() -> dict[str, int]:
         "pruned_fires": pruned_fires,
         "pruned_audit_events": pruned_events,
     }
+
+
+def _prune_profiles(rt: Runtime) -> None:
+    """At most once an hour in this process: the pass reads the hash of every job."""
+    now = time.monotonic()
+    if now < _profiles_pruned["next"]:
+        return
+    with unit_of_work(rt.sessions) as session:
+        prune_profiles(session, utcnow())
+    _profiles_pruned["next"] = now + PROFILES_PRUNED_EVERY_S
 
 
 def _resend_compensations(rt: Runtime, job_ids: list[uuid.UUID]) -> int:

@@ -21,6 +21,7 @@ from service.engine.inline_events import RETURNS_JOB, job_event, logged, mark, s
 from service.engine.inputs import Held, resolve_held
 from service.engine.leases import TAKE_LEASE, live_job, lock_step, take_next_shard
 from service.engine.parking import Goes, NotHeld, Parked, park
+from service.engine.profiles import stored_profile
 from service.engine.steps import (
     Claimed,
     FanOutDue,
@@ -278,11 +279,14 @@ def job_params(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, An
 
 
 def _snapshot(conn: psycopg.Connection[Any], job_id: uuid.UUID, profile_hash: str) -> Profile:
-    """The job's profile, read from its row only the first time this process meets its hash."""
+    """The job's profile, read from ``job_profiles`` only the first time this process meets its
+    hash."""
     known = known_profile(profile_hash)
     if known is not None:
         return known
-    data = _job_json(conn, "SELECT profile FROM jobs WHERE id = %s", job_id)
+    data = stored_profile(conn, profile_hash)
+    if data is None:
+        raise StopChain(f"the profile of job {job_id} is gone")
     return parsed_profile(profile_hash, data)
 
 

@@ -17,6 +17,7 @@ from service.catalogue.resolution import ResolvedPipeline
 from service.engine.concurrency import SLOT_ROOM, WAITING_FOR_SLOT, admitted
 from service.engine.dedupe import DEDUPE_TWIN, dedupe_of
 from service.engine.inline_events import STORED_LOGGED, stored
+from service.engine.profiles import keep_profiles
 from service.engine.submission import (
     JOB_COLUMNS,
     JobRequest,
@@ -41,6 +42,7 @@ _JOB_TYPES = {
 _BATCH_COLUMNS = ", ".join(
     [f"{c} {_JOB_TYPES.get(c, 'text')}" for c in JOB_COLUMNS]
     + ["ord int", "name text", "seen text", "steps jsonb", "dedupe_since timestamptz"]
+    + ["profile jsonb"]
     + [f"{column} text" for column in audit_columns(None)]
 )
 _OPEN_STATUSES = ", ".join(f"'{status}'" for status in sorted(JOB_OPEN))
@@ -114,6 +116,11 @@ _INSERT_JOBS_IF_RESOLVED = (
         ON CONFLICT (owner, idempotency_key) WHERE {KEYED} DO NOTHING
         RETURNING id, waiting_for, dispatched_at, status, trigger"""
     + new_steps("new_job JOIN allowed USING (id), jsonb_to_recordset(allowed.steps)")
+    + ", "
+    + keep_profiles(
+        "SELECT DISTINCT ON (allowed.profile_hash) allowed.profile_hash, allowed.profile"
+        " FROM new_job JOIN allowed USING (id) ORDER BY allowed.profile_hash"
+    )
     + submit_events(
         "allowed.created_at, allowed.audit_channel, allowed.audit_source, allowed.audit_actor,"
         " allowed.owner, allowed.pipeline, allowed.pipeline_version",
@@ -219,6 +226,7 @@ def _batch_row(ord_: int, job: NewJob) -> dict[str, Any]:
     seen = "" if pipeline_id is None else f"{pipeline_id} {values['pipeline_version']}"
     row = {column: _json_value(values[column]) for column in JOB_COLUMNS}
     row.update(ord=ord_, name=job.name, seen=seen, steps=job.steps, **audit_columns(job.audit))
+    row["profile"] = values["profile"]
     row["dedupe_since"] = _json_value(job.dedupe_since)
     return row
 

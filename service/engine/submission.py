@@ -35,6 +35,7 @@ from service.engine.dedupe import (
     find_twin,
 )
 from service.engine.inline_events import STORED_LOGGED, stored
+from service.engine.profiles import keep_profiles
 from service.language.checks import validate_profile
 from service.language.labels import job_labels
 from service.language.params import resolve_params
@@ -270,7 +271,7 @@ def job_values(
 
 
 JOB_COLUMNS = (
-    "id", "owner", "pipeline", "profile", "profile_hash", "params", "status", "trigger",
+    "id", "owner", "pipeline", "profile_hash", "params", "status", "trigger",
     "priority", "queue", "parent_job_id", "idempotency_key", "request_hash", "created_at",
     "dispatched_at",
     "diff_mode", "notify_url", "pipeline_id", "pipeline_version", "schedule_id", "scheduled_for",
@@ -315,6 +316,7 @@ _INSERT_JOB = (
         ON CONFLICT (owner, idempotency_key) WHERE {KEYED} DO NOTHING
         RETURNING id, waiting_for, dispatched_at, status, trigger"""
     + new_steps("new_job, jsonb_to_recordset(%(steps)s)")
+    + f", {keep_profiles('SELECT %(profile_hash)s, %(profile)s FROM new_job')}"
     + submit_events(
         "%(created_at)s::timestamptz, %(audit_channel)s::text, %(audit_source)s::text,"
         " %(audit_actor)s::text, %(owner)s::text, %(pipeline)s::text, %(pipeline_version)s::int",

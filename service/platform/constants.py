@@ -63,6 +63,10 @@ API_KEY_PREFIX: Final = "fb_"
 SWEEP_ADVISORY_LOCK_ID: Final = 0x666C6F77
 LIFECYCLE_LOCK_ID: Final = 0x666C6F78
 """Held while the lifecycle table is written into its trigger (``platform.lifecycle``)."""
+PROFILES_LOCK_ID: Final = 0x666C6F79
+"""Shared by each statement that stores jobs, from its look for their profile in
+``job_profiles`` to its commit; held alone while unnamed profiles are deleted, so that none
+goes while a job that names it is being stored (``service.engine.profiles``)."""
 
 TASK_SEND_NOTICE: Final = "flowbeat.send_notice"
 TASK_SEND_ESCALATION: Final = "flowbeat.send_escalation"

@@ -15,9 +15,9 @@ from tests.support.arrange import walk
 
 JOBS = 10_000
 COPIES = """
-INSERT INTO jobs (id, owner, pipeline, profile, profile_hash, params, status, trigger, priority,
+INSERT INTO jobs (id, owner, pipeline, profile_hash, params, status, trigger, priority,
                   queue, request_hash, created_at, finished_at, labels, error)
-SELECT gen_random_uuid(), t.owner, t.pipeline, t.profile, t.profile_hash, t.params,
+SELECT gen_random_uuid(), t.owner, t.pipeline, t.profile_hash, t.params,
        'queued', 'api', 0, t.queue,
        t.request_hash, now() - make_interval(secs => n), now() - make_interval(secs => n),
        jsonb_build_object('tenant', 't' || n % 50, 'study', (n % 7)::text),

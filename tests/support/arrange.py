@@ -75,7 +75,6 @@ def add_job(
             id=job_id,
             owner=owner,
             pipeline=pipeline,
-            profile={},
             profile_hash="0" * 64,
             params={},
             status="queued",

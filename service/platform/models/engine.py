@@ -19,10 +19,11 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     func,
+    select,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, column_property, mapped_column
 
 from service.platform.models.base import Base
 from service.platform.states import JOB_OPEN_SQL, STEP_FINAL, StepStatus, sql_in
@@ -44,6 +45,20 @@ NO_LABELS = "'{}'::jsonb"
 """``ix_jobs_labels`` holds only jobs with labels: a GIN index writes an entry for an empty
 document too, at a job's insert and at each status change (none is HOT), 170 WAL bytes a step
 of a chain whose jobs carry no labels (migration 0043)."""
+
+
+class JobProfileRow(Base):
+    """A profile that jobs ran, stored once by its content hash (ADR 22): a job's row names it
+    by ``profile_hash``. Every job of a pipeline carries the same snapshot, up to a few
+    kilobytes that PostgreSQL does not compress below 2 kB, written once a job into the row and
+    the WAL. No foreign key: its check would lock this row at each job's insert. The statements
+    that store jobs write it, and retention deletes it with the last job that names it."""
+
+    __tablename__ = "job_profiles"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    profile: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 
 class JobRow(Base):
@@ -144,7 +159,6 @@ class JobRow(Base):
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
     owner: Mapped[str] = mapped_column(String(128))
     pipeline: Mapped[str] = mapped_column(String(64))
-    profile: Mapped[dict[str, Any]]
     profile_hash: Mapped[str] = mapped_column(String(64))
     params: Mapped[dict[str, Any]]
     status: Mapped[str] = mapped_column(String(24))
@@ -206,6 +220,15 @@ class JobRow(Base):
     logged_inline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """Flipped by a statement that logs its change of the row itself, so that the log's
     triggers skip that change (``service.engine.inline_events``)."""
+    profile: Mapped[dict[str, Any]] = column_property(
+        select(JobProfileRow.profile)
+        .where(JobProfileRow.hash == profile_hash)
+        .correlate_except(JobProfileRow)
+        .scalar_subquery(),
+        deferred=True,
+    )
+    """The profile it runs, read from ``job_profiles`` when first asked for: most readers find
+    it parsed already by its hash (``service.language.snapshots``)."""
 
 
 class PrunedJobRow(Base):
