@@ -224,11 +224,11 @@ class JobRow(Base):
         select(JobProfileRow.profile)
         .where(JobProfileRow.hash == profile_hash)
         .correlate_except(JobProfileRow)
-        .scalar_subquery(),
-        deferred=True,
+        .scalar_subquery()
     )
-    """The profile it runs, read from ``job_profiles`` when first asked for: most readers find
-    it parsed already by its hash (``service.language.snapshots``)."""
+    """The profile it runs, read from ``job_profiles`` with the row, as the column it was
+    (ADR 22): a row read in one session is used after it closes. The engine's own statements
+    read it by hash, once a process (``service.language.snapshots``)."""
 
 
 class PrunedJobRow(Base):
