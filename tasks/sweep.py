@@ -90,7 +90,8 @@ def sweep() -> dict[str, int]:
 
 
 def _prune_profiles(rt: Runtime) -> None:
-    """At most once an hour in this process: the pass reads the hash of every job."""
+    """At most once an hour in this process: the pass holds off every statement that stores
+    jobs while it looks for the jobs of each profile older than a day."""
     now = time.monotonic()
     if now < _profiles_pruned["next"]:
         return

@@ -44,7 +44,8 @@ _PRUNE = text(
     """
     DELETE FROM job_profiles AS p
      WHERE p.created_at < :cutoff
-       AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.profile_hash = p.hash)
+       AND NOT EXISTS (SELECT 1 FROM jobs
+                        WHERE jobs.pipeline = p.profile ->> 'name' AND jobs.profile_hash = p.hash)
     RETURNING p.hash
     """
 )
@@ -52,7 +53,8 @@ _PRUNE = text(
 
 def prune_profiles(session: Session, now: datetime) -> int:
     """Delete the profiles no job has named for a day, under the lock no storing statement
-    holds meanwhile. It reads every job's hash once: the caller runs it seldom."""
+    holds meanwhile. A job's pipeline is its profile's name, so each profile is looked for
+    among its pipeline's jobs (``ix_jobs_pipeline_created_at``), not among every job."""
     session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": PROFILES_LOCK_ID})
     cutoff = now - timedelta(seconds=UNNAMED_KEPT_S)
     return len(session.scalars(_PRUNE, {"cutoff": cutoff}).all())
