@@ -4,7 +4,6 @@ oldest of those first. Fair share: jobs wait their turn, round-robin by owner, e
 most urgent first."""
 
 import asyncio
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from service.platform.errors import FlowbeatError
 from service.platform.models import JobRow
 from service.platform.states import JOB_OPEN, JobStatus
 from tests.support.arrange import walk
+from tests.support.locks import wait_for_a_lock_waiter
 
 TENANTS = {
     "name": "per-tenant",
@@ -350,24 +350,6 @@ def _held(rt: Runtime, owner: str, tenant: str) -> int:
         )
 
 
-def _wait_for_the_key_lock(rt: Runtime) -> None:
-    """Until a backend of this test database waits for an advisory lock: the second
-    submission, queued behind the first's key."""
-    deadline = time.monotonic() + 10
-    with psycopg.connect(libpq_url(rt.settings.require_database_url()), autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(
-                """SELECT count(*) FROM pg_locks
-                    WHERE locktype = 'advisory' AND NOT granted
-                      AND database = (SELECT oid FROM pg_database
-                                       WHERE datname = current_database())"""
-            ).fetchone()
-            if row and row[0]:
-                return
-            time.sleep(0.01)
-    raise AssertionError("the second submission never waited for the first's key")
-
-
 def _lane_job(rt: Runtime, owner: str, tenant: str, priority: int | None = None) -> NewJob:
     profile = validate_profile(dict(TENANTS), source="inline", known_actions=rt.registry.names())
     request = JobRequest(pipeline="per-tenant", params={"tenant": tenant}, priority=priority)
@@ -414,7 +396,7 @@ def test_two_submissions_racing_for_the_last_slot_take_it_once(
         assert first.waiting_for is None, "the last slot is the first's while it holds it"
         with ThreadPoolExecutor(max_workers=1) as pool:
             second = pool.submit(second_by, runtime, owner)
-            _wait_for_the_key_lock(runtime)
+            wait_for_a_lock_waiter(runtime, "the second submission, behind the first's key,")
             getattr(session, first_ends)()
             late = second.result(timeout=10)
     finally:

@@ -2,21 +2,20 @@
 job names it; a job being stored keeps the profile it found from being deleted under it."""
 
 import threading
-import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from sqlalchemy import func, select, update
 
 from service.engine.profiles import UNNAMED_KEPT_S, prune_profiles
 from service.engine.runtime import Runtime
 from service.engine.submission import JobRequest, submit_job
 from service.platform.clock import utcnow
-from service.platform.db import libpq_url, unit_of_work
+from service.platform.db import unit_of_work
 from service.platform.models import JobProfileRow, JobRow
 from tests.support.fanouts import submitted
+from tests.support.locks import wait_for_a_lock_waiter
 
 
 def _profile() -> dict[str, Any]:
@@ -104,7 +103,7 @@ def test_pruning_waits_for_a_job_being_stored_and_then_keeps_its_profile(
     pruner = threading.Thread(target=_prune, args=(runtime,))
     pruner.start()
     try:
-        _wait_for_the_lock(runtime)
+        wait_for_a_lock_waiter(runtime, "the pruner, behind the storing statement,")
     finally:
         storing.commit()
         storing.close()
@@ -113,18 +112,3 @@ def test_pruning_waits_for_a_job_being_stored_and_then_keeps_its_profile(
     assert not pruner.is_alive()
     assert _exists(runtime, profile_hash)
     assert _stored(runtime, job.id)[2]["name"] == profile["name"]
-
-
-def _wait_for_the_lock(rt: Runtime) -> None:
-    deadline = time.monotonic() + 10
-    url = libpq_url(rt.settings.require_database_url())
-    with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            ).fetchone()
-            if row and row[0]:
-                return
-            time.sleep(0.01)
-    raise AssertionError("the pruner never waited for the storing statement")

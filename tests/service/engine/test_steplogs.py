@@ -23,6 +23,7 @@ from service.platform.clock import utcnow
 from service.platform.db import DirectConnections, libpq_url, unit_of_work
 from service.platform.errors import RetryLater, StopChain
 from tests.support.fanouts import submitted
+from tests.support.locks import wait_for_a_lock_waiter
 
 
 def _chatty(**with_: Any) -> dict[str, Any]:
@@ -230,26 +231,13 @@ def test_two_attempts_of_a_job_writing_at_once_commit_in_the_order_of_their_ids(
             target=keep_lines, args=(runtime.claims, StepKey(job_id, "talk", 1), 1, said)
         )
         second.start()
-        _wait_until_blocked(runtime)
+        wait_for_a_lock_waiter(runtime, "the second write, behind the first,")
         first.commit()
     second.join(timeout=10)
 
     lines = _lines(runtime, job_id)
     assert [line.shard for line in lines] == [0, 1]
     assert lines[0].id < lines[1].id
-
-
-def _wait_until_blocked(rt: Runtime) -> None:
-    deadline = time.monotonic() + 10
-    with psycopg.connect(libpq_url(rt.settings.require_database_url()), autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            waiting = conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone()
-            if waiting and waiting[0]:
-                return
-            time.sleep(0.01)
-    raise AssertionError("the second write never waited for the first")
 
 
 def test_a_custom_level_with_a_long_name_is_kept_cut_to_the_column(
