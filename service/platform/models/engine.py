@@ -49,10 +49,10 @@ of a chain whose jobs carry no labels (migration 0043)."""
 
 class JobProfileRow(Base):
     """A profile that jobs ran, stored once by its content hash (ADR 22): a job's row names it
-    by ``profile_hash``. Every job of a pipeline carries the same snapshot, up to a few
-    kilobytes that PostgreSQL does not compress below 2 kB, written once a job into the row and
-    the WAL. No foreign key: its check would lock this row at each job's insert. The statements
-    that store jobs write it, and retention deletes it with the last job that names it."""
+    by ``profile_hash``. Every job of a pipeline's version carried the same snapshot in its own
+    row, which PostgreSQL does not compress below 2 kB, and into the WAL at each insert. No
+    foreign key: its check would lock this row at each job's insert. The statements that store
+    jobs write it; retention deletes it once no job has named it for a day."""
 
     __tablename__ = "job_profiles"
 
