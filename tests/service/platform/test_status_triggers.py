@@ -1,0 +1,169 @@
+"""The row triggers on a job's or a step's status change: what each one does, and that each
+tests one small condition before it calls its function, since PostgreSQL prepares a
+trigger's condition again for every statement that fires it (ADR 23)."""
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from sqlalchemy import text
+
+from service.engine.events import events_after
+from service.engine.runtime import Runtime
+from service.platform.db import libpq_url, unit_of_work
+from service.platform.models import JobRow, StepRunRow
+from tests.support.fanouts import submitted
+
+CHAIN = {
+    "name": "status-triggers",
+    "steps": [{"id": "a", "action": "noop"}, {"id": "b", "action": "noop", "depends_on": ["a"]}],
+}
+_CONDITIONS = """
+SELECT coalesce(sum(length(t.tgqual)), 0) FROM pg_trigger AS t
+ WHERE t.tgrelid = CAST(:table AS regclass) AND NOT t.tgisinternal
+   AND t.tgtype & 16 <> 0"""
+"""The stored conditions of a table's update triggers, as the node text PostgreSQL reads back
+(``tgtype`` bit 16: fires on UPDATE)."""
+
+
+def _set(
+    rt: Runtime,
+    table: type[JobRow] | type[StepRunRow],
+    where: str,
+    *,
+    marked: bool = False,
+    **values: Any,
+) -> None:
+    """``marked``: as a statement that logs its change itself (``inline_events.mark``)."""
+    assignments = ", ".join(f"{column} = :{column}" for column in values)
+    if marked:
+        assignments += ", logged_inline = NOT logged_inline"
+    with unit_of_work(rt.sessions) as session:
+        session.execute(
+            text(f"UPDATE {table.__tablename__} SET {assignments} WHERE {where}"),
+            values,
+        )
+
+
+@contextmanager
+def _schedule_notices(rt: Runtime) -> Iterator[list[str]]:
+    heard: list[str] = []
+    with psycopg.connect(libpq_url(rt.settings.require_database_url()), autocommit=True) as beat:
+        beat.add_notify_handler(lambda notice: heard.append(notice.payload))
+        beat.execute("LISTEN flowbeat_schedules")
+        yield heard
+        beat.execute("SELECT 1")
+
+
+def _job(rt: Runtime, leftovers: list[uuid.UUID]) -> uuid.UUID:
+    job_id = submitted(rt, CHAIN, {})
+    leftovers.append(job_id)
+    return job_id
+
+
+def test_a_status_change_reads_small_conditions_only(runtime: Runtime) -> None:
+    """Node text read back per statement: a step row's update read 9,500 to 10,300 characters
+    of it before ADR 23, a job row's about 8,300; about 2,100 and 2,000 since."""
+    with unit_of_work(runtime.sessions) as session:
+        steps = session.scalar(text(_CONDITIONS), {"table": "step_runs"})
+        jobs = session.scalar(text(_CONDITIONS), {"table": "jobs"})
+    assert steps < 2_500
+    assert jobs < 2_500
+
+
+def test_a_step_that_holds_a_slot_wakes_the_beat_when_it_stops_running(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = _job(runtime, leftovers)
+    step = f"job_id = '{job_id}' AND step_id = 'a'"
+    _set(runtime, StepRunRow, step, slot_key="k")
+    with _schedule_notices(runtime) as heard:
+        _set(runtime, StepRunRow, step, status="running")
+        assert heard == []
+        _set(runtime, StepRunRow, step, status="succeeded")
+    assert heard == ["concurrency"]
+
+
+def test_a_job_with_a_concurrency_key_wakes_the_beat_when_it_ends(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = _job(runtime, leftovers)
+    job = f"id = '{job_id}'"
+    _set(runtime, JobRow, job, concurrency_key="k")
+    with _schedule_notices(runtime) as heard:
+        _set(runtime, JobRow, job, status="running")
+        assert heard == []
+        _set(runtime, JobRow, job, status="failed")
+    assert heard == ["concurrency"]
+
+
+def test_a_child_job_wakes_the_beat_when_it_ends(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = _job(runtime, leftovers)
+    job = f"id = '{job_id}'"
+    _set(runtime, JobRow, job, trigger="parent")
+    with _schedule_notices(runtime) as heard:
+        _set(runtime, JobRow, job, status="running")
+        assert heard == []
+        _set(runtime, JobRow, job, status="succeeded")
+    assert heard == ["child"]
+
+
+def test_a_step_waiting_on_its_child_wakes_the_beat_when_cancelled(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = _job(runtime, leftovers)
+    step = f"job_id = '{job_id}' AND step_id = 'a'"
+    with _schedule_notices(runtime) as heard:
+        _set(runtime, StepRunRow, step, status="running")
+        _set(runtime, StepRunRow, step, status="awaiting_child")
+        assert heard == []
+        _set(runtime, StepRunRow, step, status="cancelled")
+    assert heard == ["child"]
+
+
+def test_a_change_a_statement_did_not_log_itself_is_logged_once(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = _job(runtime, leftovers)
+    step = f"job_id = '{job_id}' AND step_id = 'a'"
+    with unit_of_work(runtime.sessions) as session:
+        before = len(events_after(session, job_id, 0))
+
+    _set(runtime, JobRow, f"id = '{job_id}'", status="running")
+    _set(runtime, StepRunRow, step, status="running")
+    _set(runtime, StepRunRow, step, attempts=5)
+    _set(runtime, StepRunRow, step, status="running")
+    _set(runtime, JobRow, f"id = '{job_id}'", status="running")
+
+    with unit_of_work(runtime.sessions) as session:
+        logged = events_after(session, job_id, 0)[before:]
+    assert [(event.kind, event.step_id) for event in logged] == [
+        ("job.running", None),
+        ("step.running", "a"),
+        ("step.running", "a"),
+    ]
+    assert logged[-1].data["attempt"] == 5
+
+
+def test_a_change_its_statement_logged_itself_is_not_logged_again(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    job_id = _job(runtime, leftovers)
+    with unit_of_work(runtime.sessions) as session:
+        before = len(events_after(session, job_id, 0))
+
+    _set(runtime, JobRow, f"id = '{job_id}'", status="running", marked=True)
+    _set(
+        runtime,
+        StepRunRow,
+        f"job_id = '{job_id}' AND step_id = 'a'",
+        status="running",
+        marked=True,
+    )
+
+    with unit_of_work(runtime.sessions) as session:
+        assert events_after(session, job_id, 0)[before:] == []
