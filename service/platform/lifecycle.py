@@ -1,11 +1,13 @@
-"""The lifecycle table, written into PostgreSQL as the body of the trigger that every status
-column passes (migration 0020), so that no statement can write a status the table does not
-allow, whoever wrote the statement.
+"""The lifecycle table, written into PostgreSQL as the body of the function that every status
+column's triggers ask (migrations 0020 and 0054), so that no statement can write a status the
+table does not allow, whoever wrote the statement.
 
 The body is rewritten from ``service.platform.states`` at every migration to head; the
 table stays the one source. Allowed moves are a constant array in the function, so a check
-costs an array lookup, not a query, on the claim and checkpoint path. A write refused is an
-error with SQLSTATE ``23514`` (check_violation) naming the move."""
+costs an array lookup, not a query, on the claim and checkpoint path. An update's trigger asks
+it in its ``WHEN`` condition and calls ``flowbeat_check_status`` only for a move it refuses, so
+an allowed move queues no trigger event (ADR 23). A write refused is an error with SQLSTATE
+``23514`` (check_violation) naming the move."""
 
 from sqlalchemy import Connection, text
 
@@ -20,7 +22,7 @@ from service.platform.states import (
     Transition,
 )
 
-FUNCTION = "flowbeat_check_status"
+FUNCTION = "flowbeat_move_allowed"
 _TABLES: dict[str, tuple[frozenset[str], tuple[Transition, ...]]] = {
     "job": (frozenset(JOB_INITIAL), JOB_TRANSITIONS),
     "step": (frozenset(STEP_INITIAL), STEP_TRANSITIONS),
@@ -40,28 +42,16 @@ def allowed_moves() -> list[str]:
 def function_body() -> str:
     array = "{" + ",".join(allowed_moves()) + "}"
     return f"""
-DECLARE
-    move text;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        move := TG_ARGV[0] || ':>' || NEW.status;
-    ELSE
-        move := TG_ARGV[0] || ':' || OLD.status || '>' || NEW.status;
-    END IF;
-    IF move = ANY ('{array}'::text[]) THEN
-        RETURN NEW;
-    END IF;
-    RAISE EXCEPTION USING
-        MESSAGE = 'status move ' || move || ' is not in the lifecycle table',
-        ERRCODE = 'check_violation';
+    RETURN entity || ':' || coalesce(old_status, '') || '>' || new_status = ANY ('{array}'::text[]);
 END
 """
 
 
 def sync(connection: Connection) -> bool:
-    """Write the table into the trigger's function unless it is there already; returns whether
-    it was rewritten. Processes starting together take turns, and each finds the last one's
-    body before writing its own."""
+    """Write the table into the function the triggers ask, unless it is there already; returns
+    whether it was rewritten. Processes starting together take turns, and each finds the last
+    one's body before writing its own."""
     body = function_body()
     current = text("SELECT prosrc FROM pg_proc WHERE proname = :name")
     if connection.scalar(current, {"name": FUNCTION}) == body:
@@ -70,7 +60,7 @@ def sync(connection: Connection) -> bool:
     if connection.scalar(current, {"name": FUNCTION}) == body:
         return False
     connection.exec_driver_sql(
-        f"CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
-        f"AS $lifecycle${body}$lifecycle$"
+        f"CREATE OR REPLACE FUNCTION {FUNCTION}(entity text, old_status text, new_status text) "
+        f"RETURNS boolean LANGUAGE plpgsql STABLE AS $lifecycle${body}$lifecycle$"
     )
     return True
