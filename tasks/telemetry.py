@@ -37,6 +37,15 @@ def _logging(loglevel: Any = None, **_: Any) -> None:
 
 _BOUND: dict[str, logs.Bound] = {}
 """The ids bound for each task running in this process, by task id, until its postrun."""
+_SIGNATURES: dict[str, inspect.Signature] = {}
+"""Each task's signature, by task name: read once a process, not at every task's start."""
+
+
+def _signature(task: Task) -> inspect.Signature:
+    known = _SIGNATURES.get(task.name)
+    if known is None:
+        known = _SIGNATURES[task.name] = inspect.signature(task.run)
+    return known
 
 
 @task_prerun.connect
@@ -46,7 +55,7 @@ def _bind_task(
     """The task's job and step on every line until it ends, Celery's "succeeded in" or
     "retry" line about it included (logged before task_postrun)."""
     try:
-        given = inspect.signature(task.run).bind_partial(*args, **kwargs).arguments
+        given = _signature(task).bind_partial(*args, **kwargs).arguments
     except TypeError:
         return
     job_id, step_id = given.get("job_id"), given.get("step_id")
