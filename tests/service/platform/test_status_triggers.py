@@ -5,9 +5,11 @@ trigger's condition again for every statement that fires it (ADR 23)."""
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pytest
 from sqlalchemy import text
 
 from service.engine.events import events_after
@@ -102,56 +104,46 @@ def test_a_change_the_step_path_logs_itself_calls_no_trigger_function(
     assert calls == {"flowbeat_move_allowed": 4}
 
 
-def test_a_step_that_holds_a_slot_wakes_the_beat_when_it_stops_running(
-    runtime: Runtime, leftovers: list[uuid.UUID]
+@dataclass(frozen=True)
+class Wake:
+    """A row others wait on: what it holds, the moves that wake nobody, the move that wakes
+    the beat, and what the beat hears."""
+
+    table: type[JobRow] | type[StepRunRow]
+    holds: dict[str, Any]
+    quiet: tuple[str, ...]
+    wakes: str
+    heard: str
+
+
+WAKES = {
+    "a step holding a slot stops running": Wake(
+        StepRunRow, {"slot_key": "k"}, ("running",), "succeeded", "concurrency"
+    ),
+    "a job with a concurrency key ends": Wake(
+        JobRow, {"concurrency_key": "k"}, ("running",), "failed", "concurrency"
+    ),
+    "a child job ends": Wake(JobRow, {"trigger": "parent"}, ("running",), "succeeded", "child"),
+    "a step waiting on its child is cancelled": Wake(
+        StepRunRow, {}, ("running", "awaiting_child"), "cancelled", "child"
+    ),
+}
+
+
+@pytest.mark.parametrize("wake", WAKES.values(), ids=WAKES.keys())
+def test_the_beat_is_woken_by_the_move_it_waits_for_and_no_other(
+    runtime: Runtime, leftovers: list[uuid.UUID], wake: Wake
 ) -> None:
     job_id = _job(runtime, leftovers)
-    step = f"job_id = '{job_id}' AND step_id = 'a'"
-    _set(runtime, StepRunRow, step, slot_key="k")
+    row = f"id = '{job_id}'" if wake.table is JobRow else f"job_id = '{job_id}' AND step_id = 'a'"
+    if wake.holds:
+        _set(runtime, wake.table, row, **wake.holds)
     with _schedule_notices(runtime) as heard:
-        _set(runtime, StepRunRow, step, status="running")
+        for move in wake.quiet:
+            _set(runtime, wake.table, row, status=move)
         assert heard == []
-        _set(runtime, StepRunRow, step, status="succeeded")
-    assert heard == ["concurrency"]
-
-
-def test_a_job_with_a_concurrency_key_wakes_the_beat_when_it_ends(
-    runtime: Runtime, leftovers: list[uuid.UUID]
-) -> None:
-    job_id = _job(runtime, leftovers)
-    job = f"id = '{job_id}'"
-    _set(runtime, JobRow, job, concurrency_key="k")
-    with _schedule_notices(runtime) as heard:
-        _set(runtime, JobRow, job, status="running")
-        assert heard == []
-        _set(runtime, JobRow, job, status="failed")
-    assert heard == ["concurrency"]
-
-
-def test_a_child_job_wakes_the_beat_when_it_ends(
-    runtime: Runtime, leftovers: list[uuid.UUID]
-) -> None:
-    job_id = _job(runtime, leftovers)
-    job = f"id = '{job_id}'"
-    _set(runtime, JobRow, job, trigger="parent")
-    with _schedule_notices(runtime) as heard:
-        _set(runtime, JobRow, job, status="running")
-        assert heard == []
-        _set(runtime, JobRow, job, status="succeeded")
-    assert heard == ["child"]
-
-
-def test_a_step_waiting_on_its_child_wakes_the_beat_when_cancelled(
-    runtime: Runtime, leftovers: list[uuid.UUID]
-) -> None:
-    job_id = _job(runtime, leftovers)
-    step = f"job_id = '{job_id}' AND step_id = 'a'"
-    with _schedule_notices(runtime) as heard:
-        _set(runtime, StepRunRow, step, status="running")
-        _set(runtime, StepRunRow, step, status="awaiting_child")
-        assert heard == []
-        _set(runtime, StepRunRow, step, status="cancelled")
-    assert heard == ["child"]
+        _set(runtime, wake.table, row, status=wake.wakes)
+    assert heard == [wake.heard]
 
 
 def test_a_change_a_statement_did_not_log_itself_is_logged_once(

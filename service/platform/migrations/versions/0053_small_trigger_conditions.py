@@ -55,6 +55,25 @@ BEGIN
 END $$;"""
 
 
+def _dependents(guard: str) -> str:
+    return f"""
+CREATE OR REPLACE FUNCTION flowbeat_queue_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN{guard}
+    IF EXISTS (SELECT 1 FROM pipeline_triggers
+                WHERE owner = NEW.owner AND upstream = NEW.pipeline) THEN
+        INSERT INTO dependency_queue (upstream_job_id) VALUES (NEW.id) ON CONFLICT DO NOTHING;
+        PERFORM pg_notify('flowbeat_schedules', 'dependency');
+    END IF;
+    RETURN NULL;
+END $$;"""
+
+
+_SUCCEEDED = """
+    IF NEW.status <> 'succeeded' OR OLD.status IS NOT DISTINCT FROM NEW.status THEN
+        RETURN NULL;
+    END IF;"""
+"""What ``jobs_queue_dependents`` tested besides the mark: a job that has just succeeded."""
+
 _NOTICES = {
     "flowbeat_step_slot_freed": (
         "OLD.status = 'running' AND NEW.status <> 'running'",
@@ -76,18 +95,7 @@ tested before, and the channel's payload."""
 
 _UP = f"""
 {"".join(_notice(name, condition, payload) for name, (condition, payload) in _NOTICES.items())}
-CREATE OR REPLACE FUNCTION flowbeat_queue_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.status <> 'succeeded' OR OLD.status IS NOT DISTINCT FROM NEW.status THEN
-        RETURN NULL;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pipeline_triggers
-                WHERE owner = NEW.owner AND upstream = NEW.pipeline) THEN
-        INSERT INTO dependency_queue (upstream_job_id) VALUES (NEW.id) ON CONFLICT DO NOTHING;
-        PERFORM pg_notify('flowbeat_schedules', 'dependency');
-    END IF;
-    RETURN NULL;
-END $$;
+{_dependents(_SUCCEEDED)}
 DROP TRIGGER step_runs_slot_freed ON step_runs;
 CREATE TRIGGER step_runs_slot_freed AFTER UPDATE OF status ON step_runs
     FOR EACH ROW WHEN (OLD.slot_key IS NOT NULL)
@@ -167,15 +175,7 @@ CREATE CONSTRAINT TRIGGER step_runs_progress_event AFTER UPDATE OF status ON ste
     WHEN ({_PROGRESS})
     EXECUTE FUNCTION flowbeat_step_event();
 {"".join(f"DROP FUNCTION {name}();" for name in _NOTICES)}
-CREATE OR REPLACE FUNCTION flowbeat_queue_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pipeline_triggers
-                WHERE owner = NEW.owner AND upstream = NEW.pipeline) THEN
-        INSERT INTO dependency_queue (upstream_job_id) VALUES (NEW.id) ON CONFLICT DO NOTHING;
-        PERFORM pg_notify('flowbeat_schedules', 'dependency');
-    END IF;
-    RETURN NULL;
-END $$;
+{_dependents("")}
 """
 
 
