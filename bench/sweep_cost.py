@@ -1,12 +1,16 @@
-"""The sweeper's scans as the jobs table grows: one pass of the lost-message sweep and the
-retention prune, timed on a bench's database as it stands and again after it is grown.
+"""The sweeper's scans as the jobs table grows: one pass of the lost-message sweep, the
+lost-notice scan and the retention prune, timed on a bench's database as it stands and again
+after it is grown.
 
 The database is grown by copying one finished job of the chain bench, with its step runs,
 under fresh ids, with triggers and foreign-key checks off for the copy
 (``session_replication_role = replica``): a table of jobs as a busy deployment keeps them
-until retention deletes them. The passes call the service functions the sweep task calls
-(``service.engine.sweeper.sweep``, ``service.catalogue.retention.prune_all``) in this process,
-in a transaction rolled back after, with no broker: what they cost is their queries.
+until retention deletes them. Each copy also has a notify URL and the two events of a notice
+of new items that was delivered, as a scheduled diff search leaves them. The passes call the
+service functions the sweep task calls (``service.engine.sweeper.sweep``,
+``service.catalogue.notices.requeue_lost_notices``, ``service.catalogue.retention.prune_all``)
+in this process, in a transaction rolled back after, with no broker: what they cost is their
+queries.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from bench.pg_cost import runtime_on
 
 PASSES = 3
 GROW_BATCH = 100_000
+NOTIFY_URL = "https://hooks.example.org/new-items"
 
 
 def _columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
@@ -70,9 +75,22 @@ def grow(conninfo: str, jobs: int) -> int:
                 )
                 _copy(conn, "jobs", "id", row[0])
                 _copy(conn, "step_runs", "job_id", row[0])
+                _delivered_notices(conn)
         conn.execute("VACUUM ANALYZE jobs")
         conn.execute("VACUUM ANALYZE step_runs")
+        conn.execute("VACUUM ANALYZE job_events")
         return count
+
+
+def _delivered_notices(conn: psycopg.Connection[Any]) -> None:
+    """The jobs in ``new_ids`` as diff runs whose notice of new items was delivered."""
+    conn.execute(
+        "UPDATE jobs SET notify_url = %s WHERE id IN (SELECT id FROM new_ids)", (NOTIFY_URL,)
+    )
+    conn.execute(
+        "INSERT INTO job_events (job_id, kind, data) SELECT n.id, k.kind, '{}'::jsonb"
+        " FROM new_ids AS n, unnest(ARRAY['new_items', 'notified']) AS k(kind)"
+    )
 
 
 def _count(conn: psycopg.Connection[Any]) -> int:
@@ -81,7 +99,9 @@ def _count(conn: psycopg.Connection[Any]) -> int:
 
 
 def one_pass(rt: Any) -> float:
-    """Seconds of one pass: the lost-message scans, then the retention prune."""
+    """Seconds of one pass: the lost-message scans, the lost-notice scan, then the retention
+    prune."""
+    from service.catalogue.notices import requeue_lost_notices
     from service.catalogue.retention import RetentionPolicy, prune_all
     from service.engine import sweeper
     from service.platform.clock import utcnow
@@ -99,6 +119,7 @@ def one_pass(rt: Any) -> float:
             oldest_waiting={},
             held=frozenset(),
         )
+        requeue_lost_notices(session, older_than=now, now=now)
         prune_all(session, now, RetentionPolicy.of(settings))
         session.rollback()
     return time.perf_counter() - started

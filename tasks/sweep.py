@@ -56,9 +56,10 @@ def sweep() -> dict[str, int]:
         raise
     sent += _resend_compensations(rt, sorted(report.compensate))
     sent += _let_in_waiting(rt)
-    resend_before = utcnow() - timedelta(seconds=settings.notify_resend_after_s)
+    now = utcnow()
+    resend_before = now - timedelta(seconds=settings.notify_resend_after_s)
     with unit_of_work(rt.sessions) as session:
-        lost_notices = requeue_lost_notices(session, older_than=resend_before)
+        lost_notices = requeue_lost_notices(session, older_than=resend_before, now=now)
     for job_id in lost_notices:
         send_notice.delay(str(job_id))
     _prune_profiles(rt)

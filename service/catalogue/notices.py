@@ -14,11 +14,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from sqlalchemy import and_, exists, insert, or_, select
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy import insert, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.catalogue.diffs import DiffCounts, DiffKind, diff_page
 from service.platform import metrics
+from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.egress import EgressPolicy, guarded_client
 from service.platform.errors import EgressRefused, NotifyUrlInvalid
@@ -49,8 +50,20 @@ def validate_notify_url(url: str) -> str:
     return url
 
 
+NOTICE_OUTCOMES = ("notified", "notify_failed")
+"""The events that end a notice of new items: delivered, or given up."""
+
+
 def record_event(session: Session, job_id: uuid.UUID, kind: str, data: dict[str, Any]) -> None:
     session.execute(insert(JobEventRow).values(job_id=job_id, kind=kind, data=data))
+
+
+def record_outcome(session: Session, job_id: uuid.UUID, kind: str, data: dict[str, Any]) -> None:
+    """A delivery's outcome; the outcome of a notice of new items also ends its wait, in the
+    same transaction, so the sweeper never sends a notice whose outcome is recorded."""
+    record_event(session, job_id, kind, data)
+    if kind in NOTICE_OUTCOMES:
+        session.execute(update(JobRow).where(JobRow.id == job_id).values(notice_due_at=None))
 
 
 def note_new_items(session: Session, job: JobRow, counts: DiffCounts) -> None:
@@ -65,6 +78,7 @@ def note_new_items(session: Session, job: JobRow, counts: DiffCounts) -> None:
         },
     )
     if job.notify_url:
+        job.notice_due_at = utcnow()
         session.info.setdefault(QUEUED_KEY, []).append(job.id)
 
 
@@ -172,7 +186,7 @@ def send_notice(
         job_id,
         notice,
         sender="notice",
-        kinds=("notified", "notify_failed"),
+        kinds=NOTICE_OUTCOMES,
         attempt=attempt,
         now_s=now_s,
     )
@@ -202,32 +216,24 @@ def try_delivery(
         return float(settings.notify_backoff_s * 2 ** (attempt - 1))
     kind = kinds[0] if outcome.ok else kinds[1]
     with unit_of_work(sessions) as session:
-        record_event(session, job_id, kind, outcome.event_data(**event, attempts=attempt))
+        record_outcome(session, job_id, kind, outcome.event_data(**event, attempts=attempt))
     metrics.NOTICE_DELIVERIES.labels(sender, "delivered" if outcome.ok else "gave_up").inc()
     return None
 
 
-def requeue_lost_notices(session: Session, *, older_than: datetime) -> list[uuid.UUID]:
+def requeue_lost_notices(
+    session: Session, *, older_than: datetime, now: datetime
+) -> list[uuid.UUID]:
     """Jobs whose notice was due before ``older_than`` and has no outcome, nor a resend since:
     its task was lost (the worker died between the commit and queuing it, or the broker forgot
-    it). Each gets a ``notice_resent`` event; the caller queues the notices after the commit."""
-    later = aliased(JobEventRow)
+    it). Each is due again from ``now`` and gets a ``notice_resent`` event; the caller queues
+    the notices after the commit. Only waiting notices are read (``JobRow.notice_due_at``)."""
     lost = list(
         session.scalars(
-            select(JobEventRow.job_id)
-            .join(JobRow, JobRow.id == JobEventRow.job_id)
-            .where(
-                JobEventRow.kind == "new_items",
-                JobEventRow.created_at < older_than,
-                JobRow.notify_url.is_not(None),
-                ~exists().where(
-                    later.job_id == JobEventRow.job_id,
-                    or_(
-                        later.kind.in_(["notified", "notify_failed"]),
-                        and_(later.kind == "notice_resent", later.created_at >= older_than),
-                    ),
-                ),
-            )
+            update(JobRow)
+            .where(JobRow.notice_due_at < older_than)
+            .values(notice_due_at=now)
+            .returning(JobRow.id)
         )
     )
     for job_id in lost:

@@ -131,6 +131,11 @@ class JobRow(Base):
         ),
         Index("ix_jobs_open_deadline", "deadline_at", postgresql_where=text(OPEN_DEADLINE)),
         Index(
+            "ix_jobs_notice_due_at",
+            "notice_due_at",
+            postgresql_where=text("notice_due_at IS NOT NULL"),
+        ),
+        Index(
             "ix_jobs_schedule_id", "schedule_id", postgresql_where=text("schedule_id IS NOT NULL")
         ),
         Index(
@@ -198,6 +203,10 @@ class JobRow(Base):
     """Submitted with ``refresh``: its cache-declaring steps run their actions again instead of
     taking an output from the step cache, and what they return is cached anew."""
     notify_url: Mapped[str | None] = mapped_column(Text)
+    notice_due_at: Mapped[datetime | None]
+    """Since when its notice of new items (or the last resend of it) waits for an outcome,
+    delivered or given up: the sweeper finds a notice whose task was lost through
+    ``ix_jobs_notice_due_at``, which holds waiting notices only, however long the history."""
     pipeline_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("pipelines.id", ondelete="SET NULL")
     )

@@ -2,13 +2,13 @@
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from pydantic import SecretStr
 
 from service.catalogue.notices import (
-    record_event,
+    record_outcome,
     requeue_lost_notices,
     send_notice,
     sign,
@@ -222,15 +222,40 @@ def test_a_notice_whose_task_was_lost_is_requeued_once_per_resend_period(
     )
     due = utcnow()
 
+    def requeued(older_than: datetime) -> bool:
+        with unit_of_work(runtime.sessions) as session:
+            return job.id in requeue_lost_notices(session, older_than=older_than, now=due)
+
+    assert not requeued(due - timedelta(hours=1))
+    assert requeued(due + timedelta(seconds=1))
+    assert not requeued(due)
     with unit_of_work(runtime.sessions) as session:
-        assert job.id not in requeue_lost_notices(session, older_than=due - timedelta(hours=1))
-    with unit_of_work(runtime.sessions) as session:
-        assert job.id in requeue_lost_notices(session, older_than=due)
-    with unit_of_work(runtime.sessions) as session:
-        assert job.id not in requeue_lost_notices(session, older_than=due)
-    with unit_of_work(runtime.sessions) as session:
-        record_event(session, job.id, "notified", {})
-    with unit_of_work(runtime.sessions) as session:
-        assert job.id not in requeue_lost_notices(session, older_than=due + timedelta(hours=1))
+        record_outcome(session, job.id, "notified", {})
+    assert not requeued(due + timedelta(hours=1))
     kinds = [kind for kind, _ in _events(runtime, job.id)]
     assert kinds == ["new_items", "notice_resent", "notified"]
+
+
+@pytest.mark.parametrize(("answers", "outcome"), [([200], "notified"), ([404], "notify_failed")])
+def test_a_notice_with_an_outcome_is_never_resent_and_one_still_retrying_is(
+    runtime: Runtime, answers: list[int], outcome: str
+) -> None:
+    with WebhookServer([503, *answers]) as hook:
+        job = run_items(
+            runtime,
+            [{"id": "a"}],
+            owner=f"notices-{uuid.uuid4().hex[:8]}",
+            pipeline="n",
+            diff_mode=True,
+            notify_url=hook.url,
+        )
+        settings = _settings(runtime)
+        later = utcnow() + timedelta(hours=1)
+        assert send_notice(runtime.sessions, settings, job.id, attempt=1, now_s=0.0) == 0.5
+        with unit_of_work(runtime.sessions) as session:
+            assert requeue_lost_notices(session, older_than=later, now=later) == [job.id]
+        assert send_notice(runtime.sessions, settings, job.id, attempt=2, now_s=0.0) is None
+
+    assert _events(runtime, job.id)[-1][0] == outcome
+    with unit_of_work(runtime.sessions) as session:
+        assert requeue_lost_notices(session, older_than=later + timedelta(days=1), now=later) == []
