@@ -30,7 +30,7 @@ from tasks.backend import backend_url
 from tasks.liveness import LivenessStep
 from tasks.queues import queue_name
 from tasks.timers import CompactTimers
-from tasks.transport import message_router, transport_for
+from tasks.transport import keep_across_failovers, message_router, transport_for
 
 CELERY_URL_VARIABLES = (
     "CELERY_BROKER_URL",
@@ -116,6 +116,7 @@ def create_celery(settings: Settings) -> Celery:
     ]
     app.steps["worker"].add(CompactTimers)
     if transport_for(broker_url) is not None:
+        keep_across_failovers()
         app.steps["worker"].add(LivenessStep)
     runtime.configure(settings)
     return app

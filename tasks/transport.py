@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
-from kombu.transport import virtual
 from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -162,6 +162,17 @@ def transport_for(broker_url: str | None) -> str | None:
     if broker_url and broker_url.startswith("sentinel://"):
         return f"{__name__}:{SentinelTransport.__name__}"
     return None
+
+
+def keep_across_failovers() -> None:
+    """Celery fails over to a broker's next URL through kombu's ``Connection.switch``, which
+    takes the transport from the URL's scheme again and drops the one the connection was made
+    with (kombu says so where it does it). A worker that followed a Sentinel failover went on
+    with kombu's own transport: without flowbeat's priority lists and liveness notes, and
+    stopped for good by the next lost connection (kombu #582, #970; the Sentinel chaos drill).
+    The schemes ``transport_for`` maps name this module's transports for the whole process."""
+    TRANSPORT_ALIASES["redis"] = f"{__name__}:{Transport.__name__}"
+    TRANSPORT_ALIASES["sentinel"] = f"{__name__}:{SentinelTransport.__name__}"
 
 
 REDIS_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel")

@@ -296,3 +296,25 @@ def test_a_sentinel_broker_pushes_through_the_primary_the_sentinels_name(
         assert "LivenessStep" in {step.__name__ for step in app.steps["worker"]}
     finally:
         app.close()
+
+
+def test_a_worker_that_fails_over_to_the_next_sentinel_keeps_flowbeats_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Celery's failover switches the connection to the next URL, and kombu then takes the
+    transport from its scheme: it must still be flowbeat's, not kombu's own."""
+    from tasks import app as app_module
+    from tasks.transport import SentinelTransport
+
+    monkeypatch.setattr("tasks.runtime.configure", lambda _: None)
+    settings = get_settings().model_copy(
+        update={"broker_url": SENTINEL_URL, "broker_sentinel_master": "main"}
+    )
+    app = app_module.create_celery(settings)
+    try:
+        with app.connection_for_read() as connection:
+            assert type(connection.transport) is SentinelTransport
+            connection.switch(connection.alt[1])
+            assert type(connection.transport) is SentinelTransport
+    finally:
+        app.close()
