@@ -20,6 +20,7 @@ from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import NotifyUrlInvalid
 from service.platform.metrics import registry
+from service.platform.models import JobRow
 from service.platform.settings import Settings
 from tests.support.runs import run_items
 from tests.support.webhook import Received, WebhookServer
@@ -42,6 +43,18 @@ def _verified(got: Received) -> dict[str, object]:
 def _events(rt: Runtime, job_id: uuid.UUID) -> list[tuple[str, dict[str, object]]]:
     with unit_of_work(rt.sessions) as session:
         return [(event.kind, event.data) for event in notice_events(session, job_id)]
+
+
+def _diff_run(rt: Runtime, notify_url: str) -> JobRow:
+    """A diff run of one item, new to its owner, whose notice goes to ``notify_url``."""
+    return run_items(
+        rt,
+        [{"id": "a"}],
+        owner=f"notices-{uuid.uuid4().hex[:8]}",
+        pipeline="n",
+        diff_mode=True,
+        notify_url=notify_url,
+    )
 
 
 def _deliveries() -> dict[str, float]:
@@ -97,14 +110,7 @@ def test_backoff_doubles_and_the_notice_is_given_up_after_the_last_attempt(
     runtime: Runtime,
 ) -> None:
     with WebhookServer([503]) as hook:
-        job = run_items(
-            runtime,
-            [{"id": "a"}],
-            owner=f"notices-{uuid.uuid4().hex[:8]}",
-            pipeline="n",
-            diff_mode=True,
-            notify_url=hook.url,
-        )
+        job = _diff_run(runtime, hook.url)
         settings = _settings(runtime, notify_max_attempts=3)
         counted = _deliveries()
         delays = [
@@ -121,14 +127,7 @@ def test_backoff_doubles_and_the_notice_is_given_up_after_the_last_attempt(
 
 def test_a_4xx_answer_is_not_retried(runtime: Runtime) -> None:
     with WebhookServer([404]) as hook:
-        job = run_items(
-            runtime,
-            [{"id": "a"}],
-            owner=f"notices-{uuid.uuid4().hex[:8]}",
-            pipeline="n",
-            diff_mode=True,
-            notify_url=hook.url,
-        )
+        job = _diff_run(runtime, hook.url)
         delay = send_notice(runtime.sessions, _settings(runtime), job.id, attempt=1, now_s=0.0)
 
     assert delay is None
@@ -146,14 +145,7 @@ def test_a_notice_the_egress_policy_refuses_is_recorded_with_its_code_and_not_re
     runtime: Runtime, closed: dict[str, object], code: str
 ) -> None:
     with WebhookServer([200]) as hook:
-        job = run_items(
-            runtime,
-            [{"id": "a"}],
-            owner=f"notices-{uuid.uuid4().hex[:8]}",
-            pipeline="n",
-            diff_mode=True,
-            notify_url=hook.url,
-        )
+        job = _diff_run(runtime, hook.url)
         settings = _settings(runtime, **closed)
         delay = send_notice(runtime.sessions, settings, job.id, attempt=1, now_s=0.0)
 
@@ -164,14 +156,7 @@ def test_a_notice_the_egress_policy_refuses_is_recorded_with_its_code_and_not_re
 
 def test_without_a_secret_nothing_is_sent_and_the_failure_is_recorded(runtime: Runtime) -> None:
     with WebhookServer([200]) as hook:
-        job = run_items(
-            runtime,
-            [{"id": "a"}],
-            owner=f"notices-{uuid.uuid4().hex[:8]}",
-            pipeline="n",
-            diff_mode=True,
-            notify_url=hook.url,
-        )
+        job = _diff_run(runtime, hook.url)
         settings = _settings(runtime, webhook_secret=None)
         delay = send_notice(runtime.sessions, settings, job.id, attempt=1, now_s=0.0)
 
@@ -241,14 +226,7 @@ def test_a_notice_with_an_outcome_is_never_resent_and_one_still_retrying_is(
     runtime: Runtime, answers: list[int], outcome: str
 ) -> None:
     with WebhookServer([503, *answers]) as hook:
-        job = run_items(
-            runtime,
-            [{"id": "a"}],
-            owner=f"notices-{uuid.uuid4().hex[:8]}",
-            pipeline="n",
-            diff_mode=True,
-            notify_url=hook.url,
-        )
+        job = _diff_run(runtime, hook.url)
         settings = _settings(runtime)
         later = utcnow() + timedelta(hours=1)
         assert send_notice(runtime.sessions, settings, job.id, attempt=1, now_s=0.0) == 0.5
