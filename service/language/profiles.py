@@ -36,6 +36,7 @@ from service.language.specs import (
     ParamSpec,
     ResultSpec,
     StepSpec,
+    memo,
 )
 from service.platform.constants import (
     DEFAULT_QUEUE,
@@ -112,9 +113,7 @@ class LoopSpec(BaseModel):
 
     @property
     def condition(self) -> Condition:
-        if self._condition is None:
-            self._condition = parse_condition(self.until, roots=UNTIL_ROOTS)
-        return self._condition
+        return memo(self, "_condition", lambda: parse_condition(self.until, roots=UNTIL_ROOTS))
 
 
 class Profile(BaseModel):
@@ -200,16 +199,15 @@ class Profile(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """The stored form; computed once, so treat the returned dict as read-only."""
-        if self._json is None:
-            self._json = self.model_dump(mode="json", by_alias=True)
-        return self._json
+        return memo(self, "_json", lambda: self.model_dump(mode="json", by_alias=True))
 
     def content_hash(self) -> str:
         """Identifies a profile version by meaning: key order and YAML formatting do not count."""
-        if self._content_hash is None:
-            canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-            self._content_hash = hashlib.sha256(canonical.encode()).hexdigest()
-        return self._content_hash
+        return memo(self, "_content_hash", self._hash)
+
+    def _hash(self) -> str:
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def write_json_schema(path: Path = SCHEMA_PATH) -> None:

@@ -4,7 +4,7 @@ compensations and verify rules, and the result; each checked on its own by pydan
 import math
 import random
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from jsonschema.exceptions import SchemaError
@@ -35,6 +35,7 @@ from service.platform.errors import (
 )
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 
 
@@ -48,6 +49,23 @@ WHEN_ROOTS = frozenset({"params", "steps", "approval", "trigger", "schedule", "s
 UNTIL_ROOTS = frozenset({"params", "steps", "loop", "trigger"})
 RULE_KINDS = ("not_empty", "min_items", "max_items", "json_schema", "expr")
 MAX_VERIFY_RULES = 50
+
+_T = TypeVar("_T")
+
+
+def memo(model: BaseModel, name: str, compute: Callable[[], _T]) -> _T:
+    """A private attribute of ``model`` computed once, read from pydantic's private dict.
+
+    pydantic reads a private attribute through ``BaseModel.__getattr__``, whose test for a
+    descriptor raises and catches inside pydantic: about 2 µs a read. A worker reads the
+    profile's hash (the key of its step facts) and a step's parsed ``when`` many times a
+    step, so each read goes to the dict that ``__getattr__`` would read."""
+    private = model.__pydantic_private__
+    assert private is not None
+    value: _T | None = private[name]
+    if value is None:
+        value = private[name] = compute()
+    return value
 
 
 def json_type_ok(kind: ParamType, value: Any) -> bool:
@@ -265,10 +283,9 @@ class VerifyRule(BaseModel):
     @property
     def condition(self) -> Condition:
         """The parsed ``expr``; only for an ``expr`` rule."""
-        if self._condition is None:
-            assert self.expr is not None
-            self._condition = parse_condition(self.expr, roots=VERIFY_ROOTS)
-        return self._condition
+        expr = self.expr
+        assert expr is not None
+        return memo(self, "_condition", lambda: parse_condition(expr, roots=VERIFY_ROOTS))
 
 
 class CompensateSpec(BaseModel):
@@ -457,9 +474,10 @@ class StepSpec(BaseModel):
     @property
     def condition(self) -> Condition | None:
         """The parsed ``when``: the step runs only if it holds, else it is skipped."""
-        if self._condition is None and self.when is not None:
-            self._condition = parse_condition(self.when, roots=WHEN_ROOTS)
-        return self._condition
+        when = self.when
+        if when is None:
+            return None
+        return memo(self, "_condition", lambda: parse_condition(when, roots=WHEN_ROOTS))
 
 
 def dotted_path(value: str) -> tuple[str | int, ...]:
