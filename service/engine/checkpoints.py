@@ -51,6 +51,7 @@ from service.platform.states import (
     STEP_DUE_SQL,
     JobStatus,
     StepStatus,
+    row_test,
     sql_in,
 )
 
@@ -137,7 +138,7 @@ _COMPLETE_AND_TAKE = (
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(take)s AND s.shard = -1
            AND s.waiting_on = 1 AND s.status IN {STEP_DUE_SQL}
-           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL}
+           AND j.id = s.job_id AND {row_test(f"j.status IN {JOB_OPEN_SQL}")}
            AND EXISTS (SELECT 1 FROM done)
         RETURNING s.step_id, s.attempts, s.round, s.inputs_from
     ), released AS (
@@ -167,7 +168,8 @@ _COMPLETE_AND_SUCCEED_JOB = (
         UPDATE jobs
            SET status = '{JobStatus.SUCCEEDED}', finished_at = %(now)s, result = %(result)s,
                {mark("jobs")}
-         WHERE id = %(job_id)s AND status IN {sql_in((JobStatus.QUEUED, JobStatus.RUNNING))}
+         WHERE id = %(job_id)s
+           AND {row_test(f"status IN {sql_in((JobStatus.QUEUED, JobStatus.RUNNING))}")}
            AND EXISTS (SELECT 1 FROM saved)
            AND NOT EXISTS (
                SELECT 1 FROM step_runs

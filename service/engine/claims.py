@@ -49,6 +49,7 @@ from service.platform.states import (
     STEP_SUCCESSFUL_SQL,
     JobStatus,
     StepStatus,
+    row_test,
     sql_in,
 )
 
@@ -58,6 +59,10 @@ _UPSTREAM_SUCCEEDED = f"""
                 WHERE u.job_id = s.job_id AND u.shard = -1
                   AND u.step_id = ANY(s.depends_on)
                   AND u.status NOT IN {STEP_SUCCESSFUL_SQL})"""
+
+
+_JOB_RUNS_STEPS = row_test(f"j.status IN {JOB_OPEN_SQL} AND j.waiting_for IS NULL")
+"""The claimed step's job ``j`` is open and waits for nothing (a slot, its turn) before it runs."""
 
 
 def _claim_statement(upstream: str, *, inline: bool) -> str:
@@ -82,13 +87,14 @@ def _claim_statement(upstream: str, *, inline: bool) -> str:
            SET {TAKE_LEASE}{step_mark}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = -1
-           AND j.id = s.job_id AND j.status IN {JOB_OPEN_SQL} AND j.waiting_for IS NULL
+           AND j.id = s.job_id AND {_JOB_RUNS_STEPS}
            AND (s.status IN {STEP_DUE_SQL}
                 OR (s.status = '{StepStatus.RUNNING}' AND s.lease_until < %(now)s)){upstream}
         RETURNING s.step_id, s.attempts, s.round, s.inputs_from, j.profile_hash, j.params
     ), started AS (
         UPDATE jobs SET status = '{JobStatus.RUNNING}', started_at = %(now)s{job_mark}
-         WHERE id = %(job_id)s AND status = '{JobStatus.QUEUED}' AND EXISTS (SELECT 1 FROM claimed)
+         WHERE id = %(job_id)s AND {row_test(f"status = '{JobStatus.QUEUED}'")}
+           AND EXISTS (SELECT 1 FROM claimed)
         RETURNING {RETURNS_JOB}
     ){events}
     SELECT c.attempts, c.profile_hash, c.params,

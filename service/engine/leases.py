@@ -26,6 +26,7 @@ from service.platform.states import (
     CompensationStatus,
     JobStatus,
     StepStatus,
+    row_test,
     sql_in,
 )
 
@@ -58,7 +59,7 @@ def take_next_shard(token: str, gate: str = "") -> str:
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s
            AND s.shard = (SELECT shard FROM next)
            AND j.id = s.job_id
-           AND j.status IN {sql_in((JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))}
+           AND {row_test(f"j.status IN {sql_in((JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))}")}
         RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
     )"""
 

@@ -84,6 +84,18 @@ def sql_in(statuses: Iterable[StrEnum]) -> str:
     return "(" + ", ".join(f"'{status.value}'" for status in statuses) + ")"
 
 
+def row_test(condition: str) -> str:
+    """``condition`` on a row a statement finds by its key, written so that no index serves it.
+
+    Beside ``id = %(job_id)s``, a status test matches the partial indexes of open jobs, and
+    statistics taken while few jobs were open make such an index look nearly empty: PostgreSQL
+    then reads it whole rather than the primary key, for every step, until the next
+    ``ANALYZE``. ``IS TRUE`` keeps the test's meaning in a ``WHERE`` clause (a null still
+    fails it) and hides it from index matching. Measured with 50,000 queued jobs after an
+    ``ANALYZE`` that saw none: 17 ms a step's statement through that index, 0.3 ms by key."""
+    return f"({condition}) IS TRUE"
+
+
 JOB_FINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 STEP_FINAL = frozenset(
     {
