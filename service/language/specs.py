@@ -35,7 +35,6 @@ from service.platform.errors import (
 )
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
-
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 
 
