@@ -2,6 +2,7 @@
 byte: the counts that do not drift with the machine's speed.
 
     python -m bench.step_cost [--jobs 300] [--items 1000] [--json] [--profile-worker [DIR]]
+                              [--base REV] [--rounds N]
 
 A lighter companion of ``bench.capacity``: one cluster of its own (``bench.servers``, with
 ``pg_stat_statements.track = all`` so statements run inside triggers and functions are counted
@@ -20,6 +21,13 @@ psycopg, sqlalchemy, redis, kombu, billiard, celery, flowbeat (``service/``, ``t
 standard library, other (``bench.profile_summary.Parts`` says how a sample is attributed).
 py-spy slows the worker: the counts of such a run are still exact, its CPU figures are not
 comparable with a run without it.
+
+``--base REV`` measures the same profiles on the code of git revision REV too, checked out in a
+temporary git worktree (``bench.checkout``) with its database migrated by that revision's own
+migrations, and ``--rounds N`` repeats both sides, their order turned each round
+(``bench.rounds.in_turn``): before and after on the same cluster in the same minutes. The head's
+last run is reported in full, then every run's counts a step side by side with each side's
+median.
 """
 
 from __future__ import annotations
@@ -27,11 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +51,14 @@ import psycopg
 from redis import Redis as OwnRedisClient
 
 from bench.capacity import STATS_FLUSH_S, TRIGGER_ROW, _control, _statements, _stop
+from bench.checkout import Checkout, worktree
 from bench.cpu import CpuMeter
 from bench.fanout import PIPELINE as FANOUT
 from bench.fanout import profile_yaml
 from bench.harness import PIPELINE as CHAIN
 from bench.harness import PROFILE_YAML, STEPS_PER_JOB, log, on_sigterm, py_spy
 from bench.profile_summary import Parts, parts, parts_table
+from bench.rounds import in_turn
 from bench.servers import MONITOR_ROLE, OwnPostgres, own_postgres, own_redis
 from bench.stack import FlowbeatStack, post_jobs, start_flowbeat, wait_final
 
@@ -81,6 +94,8 @@ class Profile:
     top: list[dict[str, Any]] = field(default_factory=list)
     worker: Parts | None = None
     """The worker's py-spy samples by part (``--profile-worker``, the chain only)."""
+    side: str = "head"
+    """``head``, or ``base`` for a run on ``--base``'s code."""
 
 
 def _table_rows(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, ...]]:
@@ -188,13 +203,15 @@ def measure(
     name: str,
     size: int,
     spy_dir: Path | None = None,
+    checkout: Checkout | None = None,
 ) -> Profile:
     """One profile on a fresh database: warmed up, counters reset, the timed work (the worker
-    recorded by py-spy into ``spy_dir`` if given), the stack stopped, the counters read."""
+    recorded by py-spy into ``spy_dir`` if given), the stack stopped, the counters read. With
+    ``checkout``, on that revision's code and migrations."""
     with ExitStack() as stack:
         OwnRedisClient.from_url(redis_url).flushdb()
         profiles = {CHAIN: PROFILE_YAML, FANOUT: profile_yaml(FANOUT_LANES)}
-        fb = start_flowbeat(stack, profiles, redis_url, pg.admin_url, tmp)
+        fb = start_flowbeat(stack, profiles, redis_url, pg.admin_url, tmp, checkout=checkout)
         database = fb.env["FLOWBEAT_DATABASE_URL"].rsplit("/", 1)[1]
         post_jobs(fb.base_url, fb.key, WARMUP_JOBS, CLIENTS, [], [])
         wait_final(fb.conn, WARMUP_JOBS, time.monotonic() + 120, fb.dead)
@@ -244,6 +261,7 @@ def measure(
             postgres_cpu_s=cpu,
             top=[s for s in statements if not s["monitor"]][:10],
             worker=_worker_parts(spy_dir),
+            side="head" if checkout is None else "base",
         )
 
 
@@ -312,6 +330,13 @@ def main(argv: list[str] | None = None) -> int:
         "print its CPU by part (slows the worker: the counts hold, the CPU figures of such a run "
         "are not comparable)",
     )
+    parser.add_argument(
+        "--base",
+        metavar="REV",
+        help="measure git revision REV too, checked out in a temporary git worktree and "
+        "migrated by its own migrations, alternating with the head",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each side")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     with ExitStack() as stack:
@@ -321,21 +346,78 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
             conn.execute("SELECT pg_reload_conf()")
         server = stack.enter_context(own_redis(tmp))
-        profiles = []
-        for name, size in (("chain", args.jobs), ("fan-out", args.items)):
-            (tmp / name).mkdir()
-            spy_dir = _spy_dir(args.profile_worker, tmp) if name == "chain" else None
-            profiles.append(measure(pg, server.url, tmp / name, name, size, spy_dir))
-            log(f"{name} measured")
+        base = stack.enter_context(worktree(args.base)) if args.base else None
+        sides: dict[str, Checkout | None] = {"head": None} | ({"base": base} if base else {})
+        runs: list[Profile] = []
+
+        def side(label: str, checkout: Checkout | None, number: int) -> list[Profile]:
+            found = []
+            for name, size in (("chain", args.jobs), ("fan-out", args.items)):
+                where = tmp / f"{label}-{number}-{name}"
+                where.mkdir()
+                spy = _spy_dir(args.profile_worker, where) if name == "chain" else None
+                found.append(measure(pg, server.url, where, name, size, spy, checkout))
+                log(f"{label}: {name} measured")
+            return found
+
+        for number in range(args.rounds):
+            turn: dict[str, Callable[[], list[Profile]]] = {
+                label: partial(side, label, c, number) for label, c in sides.items()
+            }
+            runs += [p for found in in_turn(number, turn).values() for p in found]
     if args.json:
-        print(json.dumps([asdict(p) for p in profiles], indent=2, default=str))
+        print(json.dumps([asdict(p) for p in runs], indent=2, default=str))
         return 0
-    for profile in profiles:
+    head = [p for p in runs if p.side == "head"][-2:]
+    for profile in head:
         print("\n".join(report(profile)))
+    if len(runs) > len(head):
+        print("\n".join(side_by_side(runs, args.base)))
     print("\n(the CPU figure depends on the machine's load; the counts do not)")
     if args.profile_worker is not None:
-        print("\n".join(_worker_lines(profiles[0].worker)))
+        print("\n".join(_worker_lines(head[0].worker)))
     return 0
+
+
+_COUNTS: dict[str, Any] = {
+    "statements sent": lambda p: p.statements["sent"],
+    "statements run by triggers": lambda p: p.statements["by_triggers"],
+    "commits": lambda p: p.commits,
+    "WAL bytes": lambda p: p.wal["bytes"],
+    "  of which full-page images": lambda p: p.wal["fpi_bytes"],
+    "index entries written": lambda p: sum(p.index_entries.values()),
+    "PostgreSQL CPU (ms)": lambda p: 1000 * p.postgres_cpu_s,
+}
+"""What ``side_by_side`` sets out a step for every run: the counts, and the one figure that
+drifts with the machine."""
+
+
+def side_by_side(runs: list[Profile], base: str | None) -> list[str]:
+    """Each profile's counts a step, run by run in the order they ran, and each side's median."""
+    lines = ["", f"side by side, a step, in the order the runs ran (base: {base or 'none'}):"]
+    for name in dict.fromkeys(p.name for p in runs):
+        mine = [p for p in runs if p.name == name]
+        labels = [
+            f"{p.side} {sum(q.side == p.side for q in mine[: i + 1])}" for i, p in enumerate(mine)
+        ]
+        sides = list(dict.fromkeys(p.side for p in mine))
+        lines.append(
+            f"  {name:<30}"
+            + "".join(f"{label:>10}" for label in labels)
+            + "".join(f"{side + ' median':>14}" for side in sides)
+        )
+        for label, value in _COUNTS.items():
+            values = [value(p) / p.steps for p in mine]
+            medians = [
+                statistics.median(value(p) / p.steps for p in mine if p.side == side)
+                for side in sides
+            ]
+            lines.append(
+                f"  {label:<30}"
+                + "".join(f"{v:10.2f}" for v in values)
+                + "".join(f"{m:14.2f}" for m in medians)
+            )
+    return lines
 
 
 def _spy_dir(wanted: str | None, tmp: Path) -> Path | None:
