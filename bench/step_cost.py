@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -350,9 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         sides: dict[str, Checkout | None] = {"head": None} | ({"base": base} if base else {})
         runs: list[Profile] = []
 
+        sizes = {"chain": args.jobs, "fan-out": args.items}
+
         def side(label: str, checkout: Checkout | None, number: int) -> list[Profile]:
             found = []
-            for name, size in (("chain", args.jobs), ("fan-out", args.items)):
+            for name, size in sizes.items():
                 where = tmp / f"{label}-{number}-{name}"
                 where.mkdir()
                 spy = _spy_dir(args.profile_worker, where) if name == "chain" else None
@@ -368,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps([asdict(p) for p in runs], indent=2, default=str))
         return 0
-    head = [p for p in runs if p.side == "head"][-2:]
+    head = [p for p in runs if p.side == "head"][-len(sizes) :]
     for profile in head:
         print("\n".join(report(profile)))
     if len(runs) > len(head):
@@ -379,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_COUNTS: dict[str, Any] = {
+_COUNTS: dict[str, Callable[[Profile], float]] = {
     "statements sent": lambda p: p.statements["sent"],
     "statements run by triggers": lambda p: p.statements["by_triggers"],
     "commits": lambda p: p.commits,
@@ -397,9 +400,11 @@ def side_by_side(runs: list[Profile], base: str | None) -> list[str]:
     lines = ["", f"side by side, a step, in the order the runs ran (base: {base or 'none'}):"]
     for name in dict.fromkeys(p.name for p in runs):
         mine = [p for p in runs if p.name == name]
-        labels = [
-            f"{p.side} {sum(q.side == p.side for q in mine[: i + 1])}" for i, p in enumerate(mine)
-        ]
+        seen: Counter[str] = Counter()
+        labels = []
+        for p in mine:
+            seen[p.side] += 1
+            labels.append(f"{p.side} {seen[p.side]}")
         sides = list(dict.fromkeys(p.side for p in mine))
         lines.append(
             f"  {name:<30}"
