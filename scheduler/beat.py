@@ -58,7 +58,7 @@ from service.triggers.firing import (
     next_wakeup,
 )
 from tasks.approvals import send_escalation
-from tasks.dispatch import dispatch_job, publish_or_defer, send_new_job
+from tasks.dispatch import dispatch_job, publish_or_defer, revoke_unstarted, send_new_job
 
 log = logging.getLogger(__name__)
 
@@ -335,13 +335,7 @@ class FlowbeatScheduler(beat.Scheduler):  # type: ignore[misc]
             publish_or_defer(self.app, self.runtime, JobPlan(job_id, compensate=True))
 
     def revoke(self, task_ids: Iterable[str]) -> None:
-        ids = list(task_ids)
-        if not ids:
-            return
-        try:
-            self.app.control.revoke(ids, terminate=True, signal="SIGUSR1")
-        except (KombuOperationalError, RedisError, OSError) as exc:
-            log.warning("beat: could not revoke %s: %s", ids, exc)
+        revoke_unstarted(self.app, list(task_ids))
 
     def close(self) -> None:
         self.wakeups.close()

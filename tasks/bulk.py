@@ -1,13 +1,10 @@
 """Carrying out a bulk action (``service.engine.bulk``) batch by batch: each batch committed,
 then what it made ready sent, for the API's route and the command line alike."""
 
-import logging
 import uuid
 from dataclasses import dataclass
 
 from celery import Celery
-from kombu.exceptions import OperationalError as KombuOperationalError
-from redis.exceptions import RedisError
 
 from service.engine.bulk import Admission, Batch, next_batch
 from service.engine.runtime import Runtime
@@ -16,9 +13,7 @@ from service.platform.audit import Actor
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.settings import Settings
-from tasks.dispatch import publish_or_defer
-
-log = logging.getLogger(__name__)
+from tasks.dispatch import publish_or_defer, revoke_unstarted
 
 
 @dataclass(frozen=True)
@@ -64,8 +59,4 @@ class BulkRun:
             for plan in plans:
                 if plan is not None:
                     publish_or_defer(self.app, self.rt, plan)
-        if batch.revoke:
-            try:
-                self.app.control.revoke(batch.revoke, terminate=True, signal="SIGUSR1")
-            except (KombuOperationalError, RedisError, OSError) as exc:
-                log.warning("could not revoke %d tasks: %s", len(batch.revoke), exc)
+        revoke_unstarted(self.app, batch.revoke)

@@ -1,6 +1,7 @@
 """Publishing: always after the job's transaction committed, always from PostgreSQL's view."""
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -23,6 +24,8 @@ from service.platform.errors import BrokerUnavailable
 from service.platform.models import JobRow
 from tasks.canvas import send_plan
 from tasks.messages import direct_broker, plain_steps, plan_messages, push, push_async
+
+log = logging.getLogger(__name__)
 
 
 def publish_plan(app: Celery, plan: JobPlan) -> None:
@@ -115,6 +118,23 @@ def publish_or_defer(app: Celery, rt: Runtime, plan: JobPlan) -> bool:
         publish_plan(app, _in_job_trace(rt, plan))
     except BrokerUnavailable:
         _mark_unsent(rt, plan.job_id)
+        return False
+    return True
+
+
+def revoke_unstarted(app: Celery, task_ids: Sequence[str]) -> bool:
+    """After the commit that ended their jobs: have the workers drop the messages of these
+    tasks that they hold but have not started. A started one is stopped by its own process,
+    which its lease's renewal tells (``service.engine.interrupts``), never by
+    ``terminate=True``: that signals the pool process, not the task, and may land in the next
+    job's step. Whether the broadcast went out; if not, the ended jobs' status still keeps
+    every one of these tasks from running a step."""
+    if not task_ids:
+        return True
+    try:
+        app.control.revoke(list(task_ids))
+    except (KombuOperationalError, RedisError, OSError) as exc:
+        log.warning("could not revoke %d tasks: %s", len(task_ids), exc)
         return False
     return True
 

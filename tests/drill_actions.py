@@ -48,13 +48,18 @@ def _bump(client: redis.Redis, key: str) -> None:
 
 
 @action("drill.count")
-def count(ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0) -> dict[str, Any]:
-    """Count one execution in Redis DB 0 (which flushing the broker's DB does not touch)."""
+def count(
+    ctx: StepContext, name: str, value: Any = None, hold_s: float = 0.0, heed: bool = True
+) -> dict[str, Any]:
+    """Count one execution in Redis DB 0 (which flushing the broker's DB does not touch);
+    with ``heed`` false, hold in one plain sleep that never looks at the step's cancel."""
     log.info("drill.count %s", name)
     client = _redis()
     _note_job(client, ctx)
     _bump(client, _key(ctx, f"{name}:started"))
     client.set(_key(ctx, f"{name}:pid"), os.getpid(), ex=KEY_TTL_S)
+    if not heed:
+        time.sleep(hold_s)
     deadline = time.monotonic() + hold_s
     while time.monotonic() < deadline:
         ctx.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))

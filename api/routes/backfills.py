@@ -3,14 +3,11 @@ it whole. A backfill is stored here and its commit wakes the elected scheduler, 
 its fires (``service.triggers.backfills.top_up``); nothing is sent from here but the revokes
 and compensations of the jobs a cancel ends."""
 
-import logging
 import uuid
 
 from celery import Celery
 from fastapi import APIRouter
-from kombu.exceptions import OperationalError as KombuOperationalError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
-from redis.exceptions import RedisError
 
 from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, ViaDep, Writer
 from api.openapi import errors
@@ -30,9 +27,7 @@ from service.triggers.backfills import (
     pipeline_backfills,
     progress,
 )
-from tasks.dispatch import publish_or_defer
-
-log = logging.getLogger(__name__)
+from tasks.dispatch import publish_or_defer, revoke_unstarted
 
 router = APIRouter(prefix="/v1", tags=["schedules"])
 
@@ -224,12 +219,8 @@ def cancel(
 
 
 def send_cancels(app: Celery, runtime: Runtime, ended: Ended) -> None:
-    """After the commit: compensations of cancelled sagas, and a courtesy revoke of running
-    tasks (the cancelled status is what stops them at their next checkpoint)."""
+    """After the commit: compensations of cancelled sagas, and a courtesy revoke of their
+    tasks (the cancelled status is what stops them)."""
     for job_id in ended.compensate:
         publish_or_defer(app, runtime, JobPlan(job_id, compensate=True))
-    if ended.revoke:
-        try:
-            app.control.revoke(ended.revoke, terminate=True, signal="SIGUSR1")
-        except (KombuOperationalError, RedisError, OSError) as exc:
-            log.warning("could not revoke tasks %s of a cancelled backfill: %s", ended.revoke, exc)
+    revoke_unstarted(app, ended.revoke)

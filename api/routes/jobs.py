@@ -1,15 +1,12 @@
 """Job routes. Each write commits its transaction before anything is sent to the broker, so a
 worker can never receive a message for a job that PostgreSQL does not hold yet."""
 
-import logging
 import uuid
 from datetime import datetime
 from typing import Annotated, Literal
 
 from celery import Celery
 from fastapi import APIRouter, FastAPI, Query, Request, Response
-from kombu.exceptions import OperationalError as KombuOperationalError
-from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, Reader, RuntimeDep, SessionDep, SettingsDep, ViaDep, Writer
@@ -31,9 +28,7 @@ from service.platform.constants import JOB_LIST_DEFAULT_LIMIT, JOB_LIST_MAX_LIMI
 from service.platform.errors import JobNotFound
 from service.platform.settings import Settings
 from service.platform.states import JOB_FINAL, JobStatus
-from tasks.dispatch import publish_new_job, publish_or_defer
-
-log = logging.getLogger(__name__)
+from tasks.dispatch import publish_new_job, publish_or_defer, revoke_unstarted
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -214,9 +209,10 @@ def cancel(
     celery_app: CeleryDep,
     via: ViaDep,
 ) -> JobEnvelope:
-    """Cancelling a cancelled job is a no-op; cancelling a finished one is a 409. Running tasks
-    are revoked only after the commit, and only as a courtesy: the cancelled status in
-    PostgreSQL is what stops them at their next checkpoint even if the revoke is lost."""
+    """Cancelling a cancelled job is a no-op; cancelling a finished one is a 409. Its tasks are
+    revoked only after the commit, and only as a courtesy to messages not yet started: the
+    cancelled status in PostgreSQL is what stops a running step, at its worker's next heartbeat,
+    even if the revoke is lost."""
     now = utcnow()
     job, running = cancel_job(session, parse_job_id(job_id), owner=visible_to(principal), now=now)
     record_cancel(session, via.actor(principal), job, now)
@@ -226,11 +222,7 @@ def cancel(
     session.commit()
     if view.compensation is not None and view.compensation["status"] == "running":
         publish_or_defer(celery_app, runtime, JobPlan(job.id, compensate=True))
-    if running:
-        try:
-            celery_app.control.revoke(running, terminate=True, signal="SIGUSR1")
-        except (KombuOperationalError, RedisError, OSError) as exc:
-            log.warning("could not revoke tasks %s of job %s: %s", running, job.id, exc)
+    revoke_unstarted(celery_app, running)
     return envelope
 
 

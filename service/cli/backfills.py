@@ -207,14 +207,11 @@ def schedules_backfill_cancel(
     owner: OwnerOption = None,
 ) -> None:
     """Start no more of the backfill's fires and cancel its open jobs."""
-    from kombu.exceptions import OperationalError
-    from redis.exceptions import RedisError
-
     from service.engine.runtime import Runtime
     from service.language.plan import JobPlan
     from service.platform.clock import utcnow
     from service.triggers.backfills import cancel_backfill
-    from tasks.dispatch import publish_or_defer
+    from tasks.dispatch import publish_or_defer, revoke_unstarted
 
     settings = load_settings()
     now = utcnow()
@@ -233,8 +230,5 @@ def schedules_backfill_cancel(
     for job_id in ended.compensate:
         publish_or_defer(app, runtime, JobPlan(job_id, compensate=True))
     console.print(f"backfill {row.id}: cancelled, {len(ended.cancelled)} open jobs cancelled")
-    if ended.revoke:
-        try:
-            app.control.revoke(ended.revoke, terminate=True, signal="SIGUSR1")
-        except (OperationalError, RedisError, OSError) as exc:
-            typer.echo(f"running steps stop at their next checkpoint (no revoke: {exc})")
+    if not revoke_unstarted(app, ended.revoke):
+        typer.echo("running steps stop at their next heartbeat (the revoke did not go out)")

@@ -287,12 +287,10 @@ def jobs_cancel(
     """Cancel an open job, as ``POST /v1/jobs/{id}/cancel`` does; with ``--json``, the job as
     ``jobs list --json`` prints it, and any note on stderr. Without JOB, every open job the
     filter options match, as ``POST /v1/jobs/cancel`` does, once you confirm their count."""
-    from kombu.exceptions import OperationalError
-    from redis.exceptions import RedisError
-
     from service.engine.jobs import cancel_job, job_view
     from service.language.plan import JobPlan
     from service.platform.clock import utcnow
+    from tasks.dispatch import revoke_unstarted
 
     match = job_filter(pipeline, status, label, error_code, since, until)
     if job is None:
@@ -312,12 +310,9 @@ def jobs_cancel(
         emit_json({"job": job_document(cancelled)})
     else:
         console.print(f"job {command.job_id}: {cancelled.status}")
-    if running:
-        try:
-            command.app.control.revoke(running, terminate=True, signal="SIGUSR1")
-        except (OperationalError, RedisError, OSError) as exc:
-            message = f"running steps stop at their next checkpoint (no revoke: {exc})"
-            typer.echo(message, err=as_json)
+    if not revoke_unstarted(command.app, running):
+        note = "running steps stop at their next heartbeat (the revoke did not go out)"
+        typer.echo(note, err=as_json)
 
 
 @jobs_cli.command("rerun")

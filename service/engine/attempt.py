@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.actions import StepContext
+from service.engine.interrupts import INTERRUPTS
 from service.engine.reveal import revealed_inputs
 from service.engine.runtime import Runtime
 from service.engine.steplogs import keep_lines
@@ -78,8 +79,9 @@ def _call_action(
         params=claim.params,
         settings=rt.settings,
     )
+    window = INTERRUPTS.window(f"step {key.step_id} of job {key.job_id} went on past its cancel")
     try:
-        with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event):
+        with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event, window.interrupt), window:
             inputs = revealed_inputs(rt, claim, mask)
             with limit:
                 output = rt.registry.call(claim.action, ctx, inputs)

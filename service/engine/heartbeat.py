@@ -3,7 +3,8 @@
 A step that finishes within one renewal interval never touches the database for its lease, and
 no thread is started or joined per step. One thread keeps the time and tells a step it lost its
 lease once the lease would have lapsed; the other renews. A renewal stuck on a connection whose
-packets a partition drops holds up only the renewals behind it, never the telling.
+packets a partition drops holds up only the renewals behind it, never the telling. A step told
+and still held a tick later is stopped, if it gave a way to (``service.engine.interrupts``).
 """
 
 import itertools
@@ -34,6 +35,8 @@ class _Held:
     since: float
     kept_at: float
     """When the lease was last known to hold: claimed, or renewed."""
+    stop: Callable[[], None] | None
+    told: bool = False
 
 
 class Heartbeats:
@@ -50,23 +53,29 @@ class Heartbeats:
         self._idle.set()
 
     def hold(
-        self, key: StepKey, lease: Lease, lost: threading.Event
+        self,
+        key: StepKey,
+        lease: Lease,
+        lost: threading.Event,
+        stop: Callable[[], None] | None = None,
     ) -> AbstractContextManager[None]:
         """Keep a step's ``lease`` alive while the block runs; ``lost`` is set if it is taken
-        away."""
+        away, and ``stop`` called if the block still runs a tick after that."""
 
         def renew(session: Session, lease_s: float, now: datetime) -> bool:
             return renew_lease(session, key, lease, lease_s, now)
 
-        return self.hold_lease(renew, lost)
+        return self.hold_lease(renew, lost, stop)
 
     @contextmanager
-    def hold_lease(self, renew: Renew, lost: threading.Event) -> Iterator[None]:
+    def hold_lease(
+        self, renew: Renew, lost: threading.Event, stop: Callable[[], None] | None = None
+    ) -> Iterator[None]:
         """Keep any lease alive through ``renew`` while the block runs."""
         ident = next(self._ids)
         with self._lock:
             started = time.monotonic()
-            self._held[ident] = _Held(renew, lost, started, started)
+            self._held[ident] = _Held(renew, lost, started, started, stop)
             if not self._threads or not all(t.is_alive() for t in self._threads):
                 self._start()
         try:
@@ -98,10 +107,21 @@ class Heartbeats:
                 held = list(self._held.values())
             for lapsed in (h for h in held if now - h.kept_at >= self._lease_s):
                 lapsed.lost.set()
+            for told in (h for h in held if h.lost.is_set() and h.stop is not None):
+                self._stop_if_deaf(told)
             due = [h for h in held if now - h.since >= self._interval_s and not h.lost.is_set()]
             if due and self._idle.is_set():
                 self._idle.clear()
                 self._due.put(due)
+
+    @staticmethod
+    def _stop_if_deaf(held: _Held) -> None:
+        """A tick is the grace of an action that looks at its cancel event."""
+        if not held.told:
+            held.told = True
+        elif held.stop is not None:
+            stop, held.stop = held.stop, None
+            stop()
 
     def _renew_due(self) -> None:
         while True:

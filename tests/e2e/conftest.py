@@ -271,16 +271,18 @@ class Client:
         return decided.approval
 
     def cancel(self, job_id: uuid.UUID) -> None:
-        """Cancel as the route does, sending the job's compensations after the commit."""
+        """Cancel as the route does, sending the job's compensations and revoking its tasks
+        after the commit."""
         from service.engine.jobs import cancel_job
         from service.language.plan import JobPlan
         from service.platform.clock import utcnow
         from service.platform.db import unit_of_work
-        from tasks.dispatch import publish_or_defer
+        from tasks.dispatch import publish_or_defer, revoke_unstarted
 
         with unit_of_work(self.rt.sessions) as session:
-            cancel_job(session, job_id, owner=None, now=utcnow())
+            _, running = cancel_job(session, job_id, owner=None, now=utcnow())
         publish_or_defer(self.app, self.rt, JobPlan(job_id, compensate=True))
+        revoke_unstarted(self.app, running)
 
     def view(self, job_id: uuid.UUID) -> Any:
         from service.engine.jobs import get_job, job_view

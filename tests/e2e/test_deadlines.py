@@ -76,7 +76,7 @@ def _check_timed_out(client: Client, job_id: uuid.UUID, late_by_s: float) -> Non
 def test_a_job_past_its_deadline_fails_its_long_step_stops_and_its_saga_compensates(
     cluster: Cluster, client: Client
 ) -> None:
-    cluster.worker(concurrency=1)
+    worker = cluster.worker(concurrency=1)
     cluster.beat(**FAST_BEAT)
 
     job_id = client.submit(_booking())
@@ -85,6 +85,8 @@ def test_a_job_past_its_deadline_fails_its_long_step_stops_and_its_saga_compensa
     _check_timed_out(client, job_id, late_by_s=3)
     quick = client.submit(_quick())
     assert client.wait_final(quick, timeout_s=15).job.status == "succeeded", "the slot is free"
+    assert client.steps(quick)["x"].attempts == 1
+    assert "Terminating" not in worker.output(), "a signal may land in the next job's step"
 
 
 @pytest.mark.drill

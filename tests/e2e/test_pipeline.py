@@ -112,18 +112,9 @@ def test_a_fan_out_shard_past_its_timeout_fails_the_job_with_a_timeout_error(
 def test_cancel_stops_a_running_step_and_nothing_after_it_runs(
     client: Client, shared_worker: Proc
 ) -> None:
-    from celery import Celery
-
-    from service.engine.jobs import cancel_job
-    from service.platform.clock import utcnow
-    from service.platform.db import unit_of_work
-
     job_id = client.submit("slow", hold_s=60)
     wait_for(lambda: client.count(job_id, "slow", "started"), 30, "the slow step to start")
-    with unit_of_work(client.rt.sessions) as session:
-        _, task_ids = cancel_job(session, job_id, owner=None, now=utcnow())
-    app: Celery = client.app
-    app.control.revoke(task_ids, terminate=True, signal="SIGUSR1")
+    client.cancel(job_id)
 
     view = client.wait_final(job_id)
     assert view.job.status == "cancelled"

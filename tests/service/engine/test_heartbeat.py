@@ -54,3 +54,32 @@ def test_a_lease_whose_renewal_never_comes_back_is_lost_once_it_would_have_lapse
         assert LEASE_S <= time.monotonic() - started < 5 * LEASE_S
     finally:
         stuck.set()
+
+
+def _lost(session: Session, lease_s: float, now: datetime) -> bool:
+    return False
+
+
+def test_a_step_still_running_a_tick_after_it_was_told_is_stopped_once(
+    runtime: Runtime,
+) -> None:
+    beats = Heartbeats(runtime.sessions, LEASE_S)
+    lost, stopped, stops = threading.Event(), threading.Event(), []
+
+    def stop() -> None:
+        stops.append(1)
+        stopped.set()
+
+    with beats.hold_lease(_lost, lost, stop):
+        assert lost.wait(timeout=10 * LEASE_S)
+        assert stopped.wait(timeout=10 * LEASE_S)
+        time.sleep(3 * LEASE_S)
+    assert stops == [1]
+
+
+def test_a_step_that_heeds_being_told_is_not_stopped(runtime: Runtime) -> None:
+    beats = Heartbeats(runtime.sessions, LEASE_S)
+    lost, stopped = threading.Event(), threading.Event()
+    with beats.hold_lease(_lost, lost, stopped.set):
+        assert lost.wait(timeout=10 * LEASE_S)
+    assert not stopped.wait(timeout=3 * LEASE_S)
