@@ -31,8 +31,14 @@ log = logging.getLogger(__name__)
 
 @setup_logging.connect
 def _logging(loglevel: Any = None, **_: Any) -> None:
+    """``FLOWBEAT_LOG_LEVEL`` when it is set, else the level Celery was started with: its
+    ``--loglevel`` (``flowbeat worker`` and ``flowbeat beat`` pass INFO), which an operator
+    who runs ``celery`` directly expects to be obeyed."""
     settings = get_settings()
-    logs.configure(settings.log_format, settings.log_level)
+    level: str = settings.log_level
+    if "log_level" not in settings.model_fields_set and isinstance(loglevel, int):
+        level = logging.getLevelName(loglevel)
+    logs.configure(settings.log_format, level)
 
 
 _BOUND: dict[str, logs.Bound] = {}
