@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ from tests.support.leftovers import end_earlier_work, forget_earlier_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = {"succeeded", "failed", "cancelled"}
+LOG_TAIL_LINES = 40
+"""Of each of its processes' logs, shown with a failed test: a run on CI keeps nothing else."""
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -381,6 +383,30 @@ def cluster(stack: Stack, client: Client, tmp_path: Path) -> Iterator[Cluster]:
     cluster = Cluster(stack, tmp_path)
     yield cluster
     cluster.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report ends with the last lines of its workers', beats' and APIs'
+    logs, read while they still run."""
+    report = yield
+    if report.when == "call" and report.failed:
+        for proc in _procs_of(item):
+            lines = proc.output().splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"{proc.log.name}, last {len(lines)} lines", "\n".join(lines)))
+    return report
+
+
+def _procs_of(item: pytest.Item) -> list["Proc"]:
+    found: list[Proc] = []
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, Cluster):
+            found.extend(value.procs)
+        elif isinstance(value, Proc):
+            found.append(value)
+    return found
 
 
 @pytest.fixture(scope="module")
