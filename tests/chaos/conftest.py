@@ -6,10 +6,17 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import make_url
 
-from tests.e2e.conftest import Cluster, browser, client, cluster, shared_worker
+from tests.e2e.conftest import (
+    Cluster,
+    browser,
+    client,
+    cluster,
+    pytest_runtest_makereport,
+    shared_worker,
+)
 from tests.support.tcpproxy import TcpProxy
 
-__all__ = ["browser", "client", "cluster", "shared_worker"]
+__all__ = ["browser", "client", "cluster", "pytest_runtest_makereport", "shared_worker"]
 
 RUNS_KEPT = "1000000"
 
