@@ -58,9 +58,9 @@ def count(
     _note_job(client, ctx)
     _bump(client, _key(ctx, f"{name}:started"))
     client.set(_key(ctx, f"{name}:pid"), os.getpid(), ex=KEY_TTL_S)
+    deadline = time.monotonic() + hold_s
     if not heed:
         time.sleep(hold_s)
-    deadline = time.monotonic() + hold_s
     while time.monotonic() < deadline:
         ctx.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
     _bump(client, _key(ctx, f"{name}:finished"))
