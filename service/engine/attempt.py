@@ -79,7 +79,7 @@ def _call_action(
         params=claim.params,
         settings=rt.settings,
     )
-    window = INTERRUPTS.window(f"step {key.step_id} of job {key.job_id} went on past its cancel")
+    window = INTERRUPTS.window(key)
     try:
         with rt.heartbeats.hold(key, claim.lease, ctx.cancel_event, window.interrupt), window:
             inputs = revealed_inputs(rt, claim, mask)

@@ -14,6 +14,7 @@ import signal
 import threading
 from types import FrameType, TracebackType
 
+from service.engine.steps import StepKey
 from service.platform.errors import StepCancelled
 
 SIGNAL = signal.SIGUSR2
@@ -25,9 +26,9 @@ class Window:
     """The span of one attempt in which an interrupt raises; made before the attempt's lease
     is held, so that the lease's watcher can be handed :meth:`interrupt`."""
 
-    def __init__(self, owner: "Interrupts", reason: str) -> None:
+    def __init__(self, owner: "Interrupts", key: StepKey) -> None:
         self._owner = owner
-        self.reason = reason
+        self.key = key
 
     def interrupt(self) -> None:
         """Safe from any thread, at any time: once the window has closed it does nothing."""
@@ -55,8 +56,8 @@ class Interrupts:
         self._due: Window | None = None
         self._installed = False
 
-    def window(self, reason: str) -> Window:
-        return Window(self, reason)
+    def window(self, key: StepKey) -> Window:
+        return Window(self, key)
 
     def open(self, window: Window) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -85,7 +86,8 @@ class Interrupts:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         due, self._due = self._due, None
         if due is not None and due is self._open:
-            raise StepCancelled(due.reason)
+            key = due.key
+            raise StepCancelled(f"step {key.step_id} of job {key.job_id} went on past its cancel")
 
 
 INTERRUPTS = Interrupts()

@@ -4,14 +4,17 @@ and an interrupt sent for a window that has closed reaches nothing, not even the
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from service.engine.interrupts import SIGNAL, Interrupts
+from service.engine.steps import StepKey
 from service.platform.errors import StepCancelled
 
 BLOCKED_S = 30.0
+KEY = StepKey(uuid.UUID(int=1), "a")
 
 
 def _later(seconds: float, call: Callable[[], None]) -> threading.Timer:
@@ -34,7 +37,7 @@ def test_these_tests_run_where_signals_are_taken() -> None:
 
 def test_an_interrupt_stops_a_call_blocked_in_its_window() -> None:
     interrupts = Interrupts()
-    window = interrupts.window("step a of job j went on past its cancel")
+    window = interrupts.window(KEY)
     started = time.monotonic()
     with pytest.raises(StepCancelled, match="went on past its cancel"), window:
         _later(0.2, window.interrupt)
@@ -44,11 +47,11 @@ def test_an_interrupt_stops_a_call_blocked_in_its_window() -> None:
 
 def test_an_interrupt_for_a_closed_window_reaches_nothing_after_it() -> None:
     interrupts = Interrupts()
-    first = interrupts.window("first")
+    first = interrupts.window(KEY)
     with first:
         pass
     first.interrupt()
-    with interrupts.window("second"):
+    with interrupts.window(KEY):
         _later(0.05, first.interrupt).join()
         time.sleep(0.2)
     time.sleep(0.1)
@@ -58,7 +61,7 @@ def test_an_interrupt_that_lands_after_its_window_closed_raises_nothing() -> Non
     """As when the lease's watcher finds the window open just before the attempt returns:
     the signal is held back until the window has closed, and is then ignored."""
     interrupts = Interrupts()
-    window = interrupts.window("raced")
+    window = interrupts.window(KEY)
     signal.pthread_sigmask(signal.SIG_BLOCK, {SIGNAL})
     try:
         with window:
@@ -73,7 +76,7 @@ def test_off_the_main_thread_an_interrupt_is_only_the_cancel_event() -> None:
     finished = threading.Event()
 
     def attempt() -> None:
-        window = interrupts.window("threaded")
+        window = interrupts.window(KEY)
         with window:
             window.interrupt()
             time.sleep(0.2)
