@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from service.engine.claims import fast_claim, use_fast_claim
 from service.engine.runtime import Runtime
@@ -92,6 +92,26 @@ def test_a_freed_slot_is_kept_for_the_oldest_waiting_step(
     assert _claim(runtime, late, now) is None, "the slot is kept for the step let in"
     assert isinstance(_claim(runtime, oldest, now), Claimed)
     assert _row(runtime, newer).status == StepStatus.AWAITING_SLOT
+
+
+def test_a_step_starts_when_it_takes_its_slot_not_when_it_was_claimed(
+    runtime: Runtime, shared: dict[str, object]
+) -> None:
+    """A holder that ended between a step's claim and its asking for a slot ended before that
+    step began: the two never show as running at once."""
+    holder, following = submitted(runtime, shared, {}), submitted(runtime, shared, {})
+    claimed_at = utcnow()
+    _claim(runtime, holder, claimed_at)
+    with unit_of_work(runtime.sessions) as session:
+        walk(session, StepRunRow, StepRunRow.job_id == holder, to=StepStatus.SUCCEEDED)
+        ended = utcnow()
+        session.execute(
+            update(StepRunRow).where(StepRunRow.job_id == holder).values(finished_at=ended)
+        )
+
+    assert isinstance(_claim(runtime, following, claimed_at), Claimed)
+    started = _row(runtime, following).started_at
+    assert started is not None and started > ended
 
 
 def test_a_slot_held_by_a_lapsed_lease_goes_to_the_next(
