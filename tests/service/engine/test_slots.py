@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from service.engine.claims import fast_claim, use_fast_claim
 from service.engine.runtime import Runtime
@@ -22,6 +22,7 @@ from tests.support.fanouts import submitted
 
 LEASE_S = 30.0
 OPEN = [status.value for status in JOB_OPEN]
+_STEP_SCANS = text("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'step_runs'")
 
 
 def _profile(key: str) -> dict[str, object]:
@@ -126,6 +127,30 @@ def test_a_slot_held_by_a_lapsed_lease_goes_to_the_next(
     mine = {holder, waiting}
     assert _let_in(runtime, now + timedelta(seconds=LEASE_S - 1)) & mine == set()
     assert _let_in(runtime, now + timedelta(seconds=LEASE_S + 1)) & mine == {waiting}
+
+
+def test_letting_steps_in_reads_no_step_row_but_those_it_lets_in(
+    runtime: Runtime, shared: dict[str, object]
+) -> None:
+    """The leader looks several times a second while steps wait: a let-in that read every step
+    row ever kept would grow with the history. With sequential scans priced out, the let-in
+    still scans the table only if no index can find what it lets in."""
+    holder, waiting = submitted(runtime, shared, {}), submitted(runtime, shared, {})
+    now = utcnow()
+    _claim(runtime, holder, now)
+    _claim(runtime, waiting, now)
+    with unit_of_work(runtime.sessions) as session:
+        walk(session, StepRunRow, StepRunRow.job_id == holder, to=StepStatus.SUCCEEDED)
+
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(text("DISCARD PLANS"))
+        session.execute(text("SET LOCAL enable_seqscan = off"))
+        before = session.execute(_STEP_SCANS).scalar_one()
+        let_in = {plan.job_id for plan in let_in_steps(session, now)}
+        scans = session.execute(_STEP_SCANS).scalar_one() - before
+
+    assert waiting in let_in
+    assert scans == 0
 
 
 @pytest.mark.usefixtures("shared")
