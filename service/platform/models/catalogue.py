@@ -107,12 +107,20 @@ class ScheduleRow(Base):
     updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 
+JOB_NAMED = text("job_id IS NOT NULL")
+"""The predicate of the index of a row's ``job_id`` that a pruned job's ``SET NULL`` finds it
+by: without one, deleting a job read the whole table (migration 0058)."""
+
+
 class ScheduleFireRow(Base):
     """One row per (schedule, fire time): the fence that refuses a second job for a fire,
     whichever scheduler replica tries. ``job_id`` is null for a fire skipped by policy."""
 
     __tablename__ = "schedule_fires"
-    __table_args__ = (UniqueConstraint("schedule_id", "fire_at"),)
+    __table_args__ = (
+        UniqueConstraint("schedule_id", "fire_at"),
+        Index(None, "job_id", postgresql_where=JOB_NAMED),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     schedule_id: Mapped[uuid.UUID] = mapped_column(
@@ -197,6 +205,7 @@ class HookDeliveryRow(Base):
     __table_args__ = (
         Index(None, "received_at"),
         Index(None, "hook_id", "signature", unique=True),
+        Index(None, "job_id", postgresql_where=JOB_NAMED),
     )
 
     hook_id: Mapped[uuid.UUID] = mapped_column(
@@ -237,6 +246,7 @@ class DependencyFireRow(Base):
     """The fence: one downstream job per (upstream job, downstream pipeline)."""
 
     __tablename__ = "dependency_fires"
+    __table_args__ = (Index(None, "job_id", postgresql_where=JOB_NAMED),)
 
     upstream_job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
     downstream: Mapped[str] = mapped_column(String(64), primary_key=True)
