@@ -16,10 +16,15 @@ down_revision = "0058"
 branch_labels = None
 depends_on = None
 
-_OPEN = (
+_BEFORE = (
     "'pending', 'running', 'retrying', 'awaiting_approval', 'awaiting_slot', 'sleeping', "
     "'awaiting_signal', 'awaiting_child'"
 )
+_OPEN = (
+    "'pending', 'running', 'retrying', 'awaiting_approval', 'awaiting_slot', 'sleeping', "
+    "'awaiting_signal', 'awaiting_rate', 'awaiting_child'"
+)
+"""Every status that is not final, in the order of ``StepStatus``, as the model has them."""
 
 
 def _index(statuses: str) -> None:
@@ -33,8 +38,8 @@ def _index(statuses: str) -> None:
 
 
 def upgrade() -> None:
-    _index(_OPEN + ", 'awaiting_rate'")
+    _index(_OPEN)
 
 
 def downgrade() -> None:
-    _index(_OPEN)
+    _index(_BEFORE)
