@@ -142,7 +142,7 @@ def advance_children(session: Session, now: datetime, starter: Starter) -> Child
 def _start_calls(session: Session, now: datetime, starter: Starter, work: ChildWork) -> None:
     calls = session.scalars(
         select(ChildCallRow)
-        .where(ChildCallRow.started.is_(False))
+        .where(~ChildCallRow.started)
         .order_by(ChildCallRow.created_at)
         .limit(CHILD_BATCH)
         .with_for_update(skip_locked=True)

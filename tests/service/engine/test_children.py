@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from service.catalogue.saving import save_pipeline
 from service.engine.children import ChildWork, Starter, advance_children, job_depth, next_retry
@@ -173,6 +173,20 @@ def test_a_waiting_call_parks_starts_one_child_and_reads_its_result(
     ran(runtime, job_id, "after")
     assert output_of(runtime, job_id, "after") == {"got": result}
     assert job_row(runtime, job_id).status == JobStatus.SUCCEEDED
+
+
+def test_a_tick_reads_only_the_calls_not_yet_started(runtime: Runtime) -> None:
+    """A started call stays as its family's record, and the leader looks several times a
+    second: with sequential scans priced out, a tick scans the calls only if no index holds
+    those it starts."""
+    starter = Starter(runtime.settings.profiles_dir, runtime.registry.names(), 5)
+    scans = text("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'child_calls'")
+    with unit_of_work(runtime.sessions) as session:
+        session.execute(text("DISCARD PLANS"))
+        session.execute(text("SET LOCAL enable_seqscan = off"))
+        before = session.execute(scans).scalar_one()
+        advance_children(session, utcnow(), starter)
+        assert session.execute(scans).scalar_one() == before
 
 
 def test_a_failed_child_fails_the_step_after_its_retry_started_a_new_child(
