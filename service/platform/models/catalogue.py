@@ -109,7 +109,7 @@ class ScheduleRow(Base):
 
 JOB_NAMED = text("job_id IS NOT NULL")
 """The predicate of the index of a row's ``job_id`` that a pruned job's ``SET NULL`` finds it
-by: without one, deleting a job read the whole table (migration 0058)."""
+by: without one, deleting a job read the whole table (migration 0057)."""
 
 
 class ScheduleFireRow(Base):

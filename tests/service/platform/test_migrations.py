@@ -30,7 +30,7 @@ def test_every_index_is_the_models_own_to_its_predicate(stack: Stack) -> None:
     """Alembic's comparison matches an index by its name and columns, not by the rows a partial
     index holds: an index built by a migration with another predicate than the model's leaves a
     reader that asks for what the model promises with no index but the whole table (migration
-    0059). PostgreSQL prints both definitions the same way when they are the same."""
+    0058). PostgreSQL prints both definitions the same way when they are the same."""
     with _created_from_the_models() as url:
         assert _indexes(stack.database_url) == _indexes(url)
 

@@ -5,14 +5,14 @@
 status that is not final, and so do its readers: the metrics' count of open steps by status
 found no index that held all it asked for, and read every step row kept at each scrape.
 
-Revision ID: 0059
-Revises: 0058
+Revision ID: 0058
+Revises: 0057
 """
 
 from alembic import op
 
-revision = "0059"
-down_revision = "0058"
+revision = "0058"
+down_revision = "0057"
 branch_labels = None
 depends_on = None
 

@@ -5,14 +5,14 @@ and their foreign keys set it to null when the job is deleted. PostgreSQL finds 
 ``job_id``, which no index held: retention's every pruned job read the three tables whole. Each
 index holds the rows that name a job only.
 
-Revision ID: 0058
-Revises: 0057
+Revision ID: 0057
+Revises: 0056
 """
 
 from alembic import op
 
-revision = "0058"
-down_revision = "0057"
+revision = "0057"
+down_revision = "0056"
 branch_labels = None
 depends_on = None
 
