@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from service.catalogue.diffs import DiffCounts, DiffKind, diff_counts, diff_page
@@ -26,6 +26,7 @@ from service.platform.states import JOB_FINAL
 from tests.conftest import Stack
 from tests.support.arrange import walk
 from tests.support.runs import run_items
+from tests.support.scans import sequential_scans
 from tests.support.servers import private_database
 
 
@@ -42,10 +43,7 @@ ONE_STEP: dict[str, Any] = {"name": "kept", "steps": [{"id": "a", "action": "noo
 NOW = utcnow()
 T0 = NOW - timedelta(days=30)
 COUNT_ONLY = RetentionPolicy(keep=2, min_age_s=0)
-_NAMING_SCANS = text(
-    "SELECT coalesce(sum(seq_scan), 0) FROM pg_stat_xact_user_tables"
-    " WHERE relname IN ('schedule_fires', 'hook_deliveries', 'dependency_fires')"
-)
+NAMING_TABLES = ("schedule_fires", "hook_deliveries", "dependency_fires")
 
 
 def _submit(rt: Runtime, session: Session, owner: str, pipeline: str) -> uuid.UUID:
@@ -166,12 +164,12 @@ def test_a_pruned_job_is_cleared_from_the_rows_that_name_it_through_their_indexe
     here, so one that happens has no index to take instead."""
     old = _jobs(runtime, f"o-{uuid.uuid4().hex[:6]}", "p", ["succeeded"] * 3)
 
-    with unit_of_work(runtime.sessions) as session:
-        session.execute(text("DISCARD PLANS"))
-        session.execute(text("SET LOCAL enable_seqscan = off"))
-        before = session.execute(_NAMING_SCANS).scalar_one()
+    with (
+        unit_of_work(runtime.sessions) as session,
+        sequential_scans(session, *NAMING_TABLES) as taken,
+    ):
         prune_all(session, NOW, RetentionPolicy(keep=1, min_age_s=0))
-        scans = session.execute(_NAMING_SCANS).scalar_one() - before
+        scans = taken()
 
     assert _left(runtime, old) == old[-1:]
     assert scans == 0

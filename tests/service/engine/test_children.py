@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from service.catalogue.saving import save_pipeline
 from service.engine.children import ChildWork, Starter, advance_children, job_depth, next_retry
@@ -30,6 +30,7 @@ from service.platform.db import unit_of_work
 from service.platform.errors import PipelineCycle, ProfileInvalid
 from service.platform.models import CheckpointRow, ChildCallRow, JobRow, StepRunRow
 from service.platform.states import JobStatus, StepStatus
+from tests.support.scans import sequential_scans
 
 
 def child_profile(name: str = "kid", fails: bool = False) -> dict[str, Any]:
@@ -180,13 +181,12 @@ def test_a_tick_reads_only_the_calls_not_yet_started(runtime: Runtime) -> None:
     second: with sequential scans priced out, a tick scans the calls only if no index holds
     those it starts."""
     starter = Starter(runtime.settings.profiles_dir, runtime.registry.names(), 5)
-    scans = text("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'child_calls'")
-    with unit_of_work(runtime.sessions) as session:
-        session.execute(text("DISCARD PLANS"))
-        session.execute(text("SET LOCAL enable_seqscan = off"))
-        before = session.execute(scans).scalar_one()
+    with (
+        unit_of_work(runtime.sessions) as session,
+        sequential_scans(session, "child_calls") as taken,
+    ):
         advance_children(session, utcnow(), starter)
-        assert session.execute(scans).scalar_one() == before
+        assert taken() == 0
 
 
 def test_a_failed_child_fails_the_step_after_its_retry_started_a_new_child(

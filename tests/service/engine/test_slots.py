@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 
 from service.engine.claims import fast_claim, use_fast_claim
 from service.engine.runtime import Runtime
@@ -19,10 +19,10 @@ from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JOB_OPEN, JobStatus, StepStatus
 from tests.support.arrange import walk
 from tests.support.fanouts import submitted
+from tests.support.scans import sequential_scans
 
 LEASE_S = 30.0
 OPEN = [status.value for status in JOB_OPEN]
-_STEP_SCANS = text("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'step_runs'")
 
 
 def _profile(key: str) -> dict[str, object]:
@@ -142,12 +142,9 @@ def test_letting_steps_in_reads_no_step_row_but_those_it_lets_in(
     with unit_of_work(runtime.sessions) as session:
         walk(session, StepRunRow, StepRunRow.job_id == holder, to=StepStatus.SUCCEEDED)
 
-    with unit_of_work(runtime.sessions) as session:
-        session.execute(text("DISCARD PLANS"))
-        session.execute(text("SET LOCAL enable_seqscan = off"))
-        before = session.execute(_STEP_SCANS).scalar_one()
+    with unit_of_work(runtime.sessions) as session, sequential_scans(session, "step_runs") as taken:
         let_in = {plan.job_id for plan in let_in_steps(session, now)}
-        scans = session.execute(_STEP_SCANS).scalar_one() - before
+        scans = taken()
 
     assert waiting in let_in
     assert scans == 0

@@ -5,7 +5,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import text
 
 from service.engine.runtime import Runtime
 from service.engine.stats import steps_by_open_status
@@ -14,9 +13,9 @@ from service.platform.models import JobRow
 from service.platform.states import STEP_FINAL, JobStatus, StepStatus
 from tests.support.arrange import walk
 from tests.support.fanouts import submitted
+from tests.support.scans import sequential_scans
 
 ONE_STEP = {"name": "counted", "steps": [{"id": "a", "action": "noop"}]}
-_STEP_SCANS = text("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'step_runs'")
 
 
 @pytest.fixture
@@ -31,12 +30,8 @@ def jobs(runtime: Runtime) -> Iterator[list[uuid.UUID]]:
 
 def _counts(rt: Runtime) -> tuple[dict[str, int], int]:
     """The counts, and the step table's sequential scans they took with those priced out."""
-    with unit_of_work(rt.sessions) as session:
-        session.execute(text("DISCARD PLANS"))
-        session.execute(text("SET LOCAL enable_seqscan = off"))
-        before = session.execute(_STEP_SCANS).scalar_one()
-        counts = steps_by_open_status(session)
-        return counts, session.execute(_STEP_SCANS).scalar_one() - before
+    with unit_of_work(rt.sessions) as session, sequential_scans(session, "step_runs") as taken:
+        return steps_by_open_status(session), taken()
 
 
 def test_every_open_status_is_counted_through_the_open_steps_index(
