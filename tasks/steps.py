@@ -4,7 +4,7 @@ import uuid
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from service.engine import runner, saga
+from service.engine import lanes, runner, saga
 from service.engine.shards import FannedOut
 from service.engine.steps import StepKey
 from service.platform.constants import (
@@ -61,7 +61,7 @@ def run_step(self: FlowbeatTask, job_id: str, step_id: str) -> None:
 def run_lane(self: FlowbeatTask, job_id: str, step_id: str, timeout_s: int) -> None:
     """One of ``max_parallel`` lanes of a fan-out: one shard per message, then the next."""
     key = StepKey(uuid.UUID(job_id), step_id)
-    ran = runner.run_lane(runtime.get(), key, task_id=self.request.id, timeout_errors=TIMEOUTS)
+    ran = lanes.run_lane(runtime.get(), key, task_id=self.request.id, timeout_errors=TIMEOUTS)
     if ran:
         self.replace(canvas.lane(self.app, key, timeout_s, _pipeline(self), _route(self)))
 

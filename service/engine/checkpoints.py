@@ -13,7 +13,7 @@ cache (``_with_cache_row``, ADR 17); every other step's statement is as it was.
 """
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,9 +34,11 @@ from service.engine.leases import TAKE_LEASE, take_next_shard
 from service.engine.steps import (
     CacheWrite,
     Completion,
+    Flushed,
     Follow,
     Lease,
     ShardClaim,
+    ShardDone,
     StepKey,
     Taken,
 )
@@ -193,6 +195,39 @@ _COMPLETE_SHARD_AND_TAKE = (
 commit: what the lane's next claim statement would have done, under the same conditions,
 once this checkpoint is written."""
 
+_COMPLETE_SHARDS_AND_TAKE = f"""
+    WITH batch AS (
+        SELECT * FROM unnest(%(shards)s::int[], %(attempts)s::int[], %(outputs)s::jsonb[],
+                             %(started)s::timestamptz[], %(finished)s::timestamptz[])
+                   AS b(shard, attempt, output, started_at, finished_at)
+    ), done AS (
+        UPDATE step_runs AS s
+           SET status = '{StepStatus.SUCCEEDED}', started_at = b.started_at,
+               finished_at = b.finished_at, lease_token = NULL, lease_until = NULL
+          FROM batch AS b
+         WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = b.shard
+           AND s.status = '{StepStatus.RUNNING}' AND s.lease_token = %(token)s
+        RETURNING s.shard
+    ), saved AS (
+        {
+    _insert('''SELECT %(job_id)s, %(step_id)s, b.shard, b.attempt, b.output, %(now)s
+          FROM done JOIN batch AS b USING (shard)''')
+}
+        RETURNING shard
+    ), {
+    take_next_shard(
+        "%(taken_token)s", " AND shard <> ALL(%(shards)s::int[]) AND EXISTS (SELECT 1 FROM done)"
+    )
+}
+    SELECT (SELECT count(*) FROM saved), c.shard, c.attempts, c.item, {INPUT_OUTPUTS}
+      FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true
+     ORDER BY c.shard"""
+"""A lane's batch of shards (``ShardDone``) checkpointed in one statement and one commit: each
+row settled with the times its own attempt began and ended, each checkpoint written at the
+statement's time, and the lane's next shards taken with them, as ``_COMPLETE_SHARD_AND_TAKE``
+does for one shard. A shard whose lease was lost meanwhile is not written; the next shards
+exclude the batch's own."""
+
 _SAVED = "RETURNING job_id\n    )"
 _SETTLED = f"SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token"
 _STEP_CACHED = step_event(
@@ -345,11 +380,7 @@ def complete_shard_and_take(
     """Checkpoint a shard as ``complete_step`` does, and take the lane's next open shard in
     the same statement; ``next_shard`` is ``None`` when none is left to this lane."""
     token = uuid.uuid4().hex
-    params = _checkpoint(key, lease, output, now) | {
-        "taken_token": token,
-        "until": now + timedelta(seconds=lease_s),
-        "task_id": task_id,
-    }
+    params = _checkpoint(key, lease, output, now) | _taking(token, 1, now, task_id, lease_s)
     row = conn.execute(_cached(_COMPLETE_SHARD_AND_TAKE, params, cache), params).fetchone()
     assert row is not None
     written, shard, attempts, item, outputs = row
@@ -358,6 +389,58 @@ def complete_shard_and_take(
         shard_key = StepKey(key.job_id, key.step_id, shard)
         taken = ShardClaim(shard_key, Lease(token, attempts), profile, item, outputs)
     return Completion(written, steps_plan(profile, key.job_id, []), None, next_shard=taken)
+
+
+def complete_shards_and_take(
+    conn: psycopg.Connection[Any],
+    parent: StepKey,
+    batch: Sequence[ShardDone],
+    now: datetime,
+    *,
+    take: int,
+    profile: Profile,
+    task_id: str,
+    lease_s: float,
+) -> Flushed:
+    """Checkpoint a lane's batch, held under one lease token, and take up to ``take`` next
+    shards in the same statement, as ``complete_shard_and_take`` does for one."""
+    token = uuid.uuid4().hex
+    params = {
+        "job_id": parent.job_id,
+        "step_id": parent.step_id,
+        "token": batch[0].lease.token,
+        "shards": [done.key.shard for done in batch],
+        "attempts": [done.lease.attempt for done in batch],
+        "outputs": [Jsonb(done.output) for done in batch],
+        "started": [done.started_at for done in batch],
+        "finished": [done.finished_at for done in batch],
+    } | _taking(token, take, now, task_id, lease_s)
+    rows = conn.execute(_COMPLETE_SHARDS_AND_TAKE, params).fetchall()
+    held = tuple(row[1] for row in rows if row[1] is not None)
+    batch = held if len(held) > 1 else ()
+    taken = [
+        ShardClaim(
+            StepKey(parent.job_id, parent.step_id, shard),
+            Lease(token, attempts, batch),
+            profile,
+            item,
+            outputs,
+        )
+        for _, shard, attempts, item, outputs in rows
+        if shard is not None
+    ]
+    return Flushed(int(rows[0][0]), taken)
+
+
+def _taking(token: str, take: int, now: datetime, task_id: str, lease_s: float) -> dict[str, Any]:
+    """What a statement that takes a lane's next shards binds for their lease."""
+    return {
+        "taken_token": token,
+        "take": take,
+        "now": now,
+        "until": now + timedelta(seconds=lease_s),
+        "task_id": task_id,
+    }
 
 
 _WRITE = _insert(f"SELECT %(job_id)s, {_OF_THE_ATTEMPT}")

@@ -252,25 +252,41 @@ _FAST_SHARD_CLAIM = f"""
     SELECT c.shard, c.attempts, c.item, c.profile_hash,
            {INPUT_OUTPUTS} AS outputs
       FROM claimed AS c
+     ORDER BY c.shard
     """
 
 
-def fast_shard_claim(
-    conn: psycopg.Connection[Any], parent: StepKey, *, task_id: str, lease_s: float, now: datetime
-) -> ShardClaim | None:
-    """The next open shard of a fan-out in one autocommitted statement.
+def fast_shard_claims(
+    conn: psycopg.Connection[Any],
+    parent: StepKey,
+    *,
+    take: int,
+    task_id: str,
+    lease_s: float,
+    now: datetime,
+) -> list[ShardClaim]:
+    """Up to ``take`` open shards of a fan-out in one autocommitted statement, in shard order,
+    under one lease token.
 
-    ``None`` when no shard is open to this lane, or the job is over (``no_shard_left``).
+    Empty when no shard is open to this lane, or the job is over (``no_shard_left``).
     """
-    params = _lease_params(parent, task_id, lease_s, now)
+    params = _lease_params(parent, task_id, lease_s, now) | {"take": take}
     token = params["token"]
-    row = conn.execute(_FAST_SHARD_CLAIM, params).fetchone()
-    if row is None:
-        return None
-    shard, attempts, item, profile_hash, outputs = row
-    profile = _snapshot(conn, parent.job_id, profile_hash)
-    key = StepKey(parent.job_id, parent.step_id, shard)
-    return ShardClaim(key, Lease(token, attempts), profile, item, outputs)
+    rows = conn.execute(_FAST_SHARD_CLAIM, params).fetchall()
+    if not rows:
+        return []
+    profile = _snapshot(conn, parent.job_id, rows[0][3])
+    batch = tuple(row[0] for row in rows) if len(rows) > 1 else ()
+    return [
+        ShardClaim(
+            StepKey(parent.job_id, parent.step_id, shard),
+            Lease(token, attempts, batch),
+            profile,
+            item,
+            outputs,
+        )
+        for shard, attempts, item, _, outputs in rows
+    ]
 
 
 def no_shard_left(session: Session, parent: StepKey) -> None:

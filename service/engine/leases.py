@@ -9,7 +9,7 @@ alive by the same renewal.
 """
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,7 +17,7 @@ import psycopg
 from sqlalchemy import ColumnElement, Select, select, update
 from sqlalchemy.orm import Session
 
-from service.engine.steps import Lease, StepKey
+from service.engine.steps import Lease, ShardClaim, StepKey
 from service.platform.errors import StopChain
 from service.platform.models import OPEN_SHARD_PREDICATE, CompensationRow, JobRow, StepRunRow
 from service.platform.states import (
@@ -38,26 +38,27 @@ TAKE_LEASE = f"""status = '{StepStatus.RUNNING}', attempts = s.attempts + 1,
 
 
 def take_next_shard(token: str, gate: str = "") -> str:
-    """The CTEs ``next`` and ``claimed`` of a statement that takes the lowest open shard of
-    ``%(step_id)s`` nobody holds, under the lease whose token the parameter ``token`` names,
-    when ``gate`` (a condition starting with ``AND``) holds; ``claimed`` returns what the
-    shard's work needs. A lane's claim is this statement alone; a shard's checkpoint takes the
-    next shard with it. The shard taken is a scalar subquery, so the update reaches its row by
-    the primary key's full index condition whatever plan the join would have had: with a join
-    on ``next``, a fan-out shard cost PostgreSQL a quarter more CPU (bench.step_cost)."""
+    """The CTEs ``next`` and ``claimed`` of a statement that takes the ``%(take)s`` lowest open
+    shards of ``%(step_id)s`` nobody holds, under the lease whose token the parameter ``token``
+    names, when ``gate`` (a condition starting with ``AND``) holds; ``claimed`` returns what
+    each shard's work needs. A lane's claim is this statement alone; a shard's checkpoint, or
+    a batch's, takes the next shards with it. The shards taken are an array computed once, so
+    the update reaches their rows by the primary key's full index condition whatever plan the
+    join would have had: with a join on ``next``, a fan-out shard cost PostgreSQL a quarter
+    more CPU (bench.step_cost)."""
     return f"""next AS (
         SELECT shard FROM step_runs
          WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND {OPEN_SHARD_PREDICATE}
            AND (status IN {STEP_DUE_SQL} OR lease_until < %(now)s){gate}
          ORDER BY shard
-         LIMIT 1
+         LIMIT %(take)s
          FOR UPDATE SKIP LOCKED
     ), claimed AS (
         UPDATE step_runs AS s
            SET {TAKE_LEASE.replace("%(token)s", token)}
           FROM jobs AS j
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s
-           AND s.shard = (SELECT shard FROM next)
+           AND s.shard = ANY(ARRAY(SELECT shard FROM next))
            AND j.id = s.job_id
            AND {row_test(f"j.status IN {sql_in((JobStatus.RUNNING, JobStatus.AWAITING_APPROVAL))}")}
         RETURNING s.shard, s.attempts, s.item, s.inputs_from, j.profile_hash
@@ -145,19 +146,30 @@ def due_rows(
 def renew_lease(
     session: Session, key: StepKey, lease: Lease, lease_s: float, now: datetime
 ) -> bool:
-    """Extend a held lease; ``False`` when the step was taken away or its job ended."""
+    """Extend a held lease, with its batch's; ``False`` when the step was taken away or its
+    job ended."""
     where = (
         StepRunRow.job_id == key.job_id,
         StepRunRow.step_id == key.step_id,
-        StepRunRow.shard == key.shard,
+        StepRunRow.shard.in_(_shards(key, lease)),
         StepRunRow.status == StepStatus.RUNNING,
     )
-    return _renewed(session, StepRunRow, where, lease.token, lease_s, now)
+    renewed = session.scalars(
+        update(StepRunRow)
+        .where(*where, StepRunRow.lease_token == lease.token)
+        .values(lease_until=now + timedelta(seconds=lease_s))
+        .returning(StepRunRow.shard)
+    )
+    return key.shard in renewed.all()
+
+
+def _shards(key: StepKey, lease: Lease) -> list[int]:
+    return sorted({key.shard, *lease.batch})
 
 
 _RELEASE = f"""
     UPDATE step_runs SET lease_token = NULL, lease_until = %(now)s
-     WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
+     WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = ANY(%(shards)s::int[])
        AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
     """
 
@@ -166,15 +178,38 @@ def release_lease(conn: psycopg.Connection[Any], key: StepKey, lease: Lease, now
     """End an attempt that could not record its outcome as if its worker had died, but now
     rather than ``lease_s`` later: the step stays ``running`` under a lapsed lease, which the next
     delivery claims at once and, should none come, the sweeper re-sends. Only the holder of the
-    lease's token can release it, and a renewal in flight cannot revive it."""
+    lease's token can release it, and a renewal in flight cannot revive it. A lane's batch is
+    released whole."""
     conn.execute(
         _RELEASE,
         {
             "now": now,
             "job_id": key.job_id,
             "step_id": key.step_id,
-            "shard": key.shard,
+            "shards": _shards(key, lease),
             "token": lease.token,
+        },
+    )
+
+
+_GIVE_BACK = _RELEASE.replace("%(now)s", "%(now)s, attempts = attempts - 1")
+
+
+def give_back_shards(
+    conn: psycopg.Connection[Any], shards: Sequence[ShardClaim], now: datetime
+) -> None:
+    """Shards a lane took together but did not run, as if they had not been taken: their lease
+    lapsed now and their attempt not counted, so the next claim, this lane's or another's,
+    takes them at once and runs the attempt they were due."""
+    first = shards[0]
+    conn.execute(
+        _GIVE_BACK,
+        {
+            "now": now,
+            "job_id": first.key.job_id,
+            "step_id": first.key.step_id,
+            "shards": [shard.key.shard for shard in shards],
+            "token": first.lease.token,
         },
     )
 

@@ -23,14 +23,11 @@ from service.engine.checkpoints import complete_shard_and_take, complete_step
 from service.engine.claims import (
     claim_step,
     fast_claim,
-    fast_shard_claim,
-    job_params,
-    no_shard_left,
     taken_by,
     use_fast_claim,
 )
 from service.engine.completion import fail_step
-from service.engine.inputs import ready_claim, ready_shard, use_shard_claim
+from service.engine.inputs import ready_claim
 from service.engine.leases import release_lease
 from service.engine.loops import complete_round
 from service.engine.rates import parks_for_rate
@@ -55,7 +52,7 @@ from service.language.plan import JobPlan
 from service.language.snapshots import step_facts
 from service.platform import logs, metrics, tracing
 from service.platform.clock import utcnow
-from service.platform.constants import LANE_SLICE_S, SHARD_NONE
+from service.platform.constants import SHARD_NONE
 from service.platform.db import unit_of_work
 from service.platform.errors import (
     RetryLater,
@@ -88,7 +85,7 @@ class Inline:
 
 
 @dataclass(frozen=True)
-class _Lane:
+class Lane:
     """A lane's message: its task id, and the end of its slice, before which a shard's
     checkpoint takes the lane's next shard in its own statement."""
 
@@ -106,7 +103,7 @@ next shard."""
 
 
 @contextlib.contextmanager
-def _released_if_cut_short(rt: Runtime, key: StepKey, lease: Lease) -> Iterator[None]:
+def released_if_cut_short(rt: Runtime, key: StepKey, lease: Lease) -> Iterator[None]:
     """Give the lease back when the attempt ends before its outcome is recorded.
 
     A dropped connection, a time limit or a bug between claim and record would otherwise leave
@@ -168,7 +165,7 @@ def run_step(
             claim = _fast_work(rt, key, fast, now)
         if isinstance(claim, FannedOut):
             return claim
-        plan, follow = _run_claim(rt, key, claim, timeout_errors, inline, task_id)
+        plan, follow = run_claim(rt, key, claim, timeout_errors, inline, task_id)
     while follow is not None:
         assert inline is not None and not isinstance(follow, ShardClaim)
         plan, follow = _run_next(rt, plan, follow, timeout_errors, inline, task_id)
@@ -178,7 +175,7 @@ def run_step(
 def _fast_work(
     rt: Runtime, key: StepKey, fast: FastClaim, now: datetime
 ) -> Claimed | FannedOut | Unresolvable | Skipped | Completion | Woke | None:
-    with _released_if_cut_short(rt, key, fast.lease):
+    with released_if_cut_short(rt, key, fast.lease):
         claim = ready_claim(key, fast)
         if claim is None:
             with unit_of_work(rt.sessions) as session:
@@ -198,11 +195,11 @@ def _run_next(
     """Send what the step before made ready beside ``follow``, then run ``follow``."""
     key, fast = follow
     with logs.bound(job_id=str(key.job_id), step_id=key.step_id):
-        with _released_if_cut_short(rt, key, fast.lease):
+        with released_if_cut_short(rt, key, fast.lease):
             inline.send(ready)
         claim = _fast_work(rt, key, fast, utcnow())
         assert not isinstance(claim, FannedOut)
-        return _run_claim(rt, key, claim, timeout_errors, inline, task_id)
+        return run_claim(rt, key, claim, timeout_errors, inline, task_id)
 
 
 def _fanned_out(
@@ -217,75 +214,20 @@ def _fanned_out(
     return claim
 
 
-def run_lane(
-    rt: Runtime,
-    parent: StepKey,
-    *,
-    task_id: str,
-    timeout_errors: tuple[type[BaseException], ...] = (),
-    slice_s: float = LANE_SLICE_S,
-) -> bool:
-    """Run open shards of a fan-out one after another until ``slice_s`` has passed.
-
-    ``True`` when the slice ran out (the caller sends the lane on in a new message),
-    ``False`` once no shard is left to take. Short shards share one message, so a fan-out of
-    thousands does not pay a message, an ack and a task replacement for every item.
-    """
-    with logs.bound(job_id=str(parent.job_id), step_id=parent.step_id):
-        lane = _Lane(task_id, time.monotonic() + slice_s)
-        params: dict[str, Any] | None = None
-        fast: ShardClaim | None = None
-        while True:
-            now = utcnow()
-            if fast is None:
-                with rt.claims.connect() as conn:
-                    fast = fast_shard_claim(
-                        conn, parent, task_id=task_id, lease_s=rt.settings.lease_s, now=now
-                    )
-            claim: Claimed | Unresolvable | None
-            if fast is None:
-                with unit_of_work(rt.sessions) as session:
-                    no_shard_left(session, parent)
-                claim = None
-            else:
-                with _released_if_cut_short(rt, fast.key, fast.lease):
-                    if params is None:
-                        with rt.claims.connect() as conn:
-                            params = job_params(conn, parent.job_id)
-                    claim = _shard_work(rt, fast, params, now)
-            if claim is None:
-                return False
-            _, taken = _run_claim(rt, parent, claim, timeout_errors, lane=lane)
-            fast = taken if isinstance(taken, ShardClaim) else None
-            if fast is None and not lane.open():
-                return True
-
-
-def _shard_work(
-    rt: Runtime, fast: ShardClaim, params: dict[str, Any], now: datetime
-) -> Claimed | Unresolvable:
-    """The fast claim as work when its inputs resolve; otherwise a transaction records why not."""
-    ready = ready_shard(fast, params)
-    if ready is not None:
-        return ready
-    with unit_of_work(rt.sessions) as session:
-        return use_shard_claim(session, fast, params, now)
-
-
-def _run_claim(
+def run_claim(
     rt: Runtime,
     asked: StepKey,
     claim: Claimed | Unresolvable | Skipped | Completion | Woke | None,
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None = None,
     task_id: str = "",
-    lane: _Lane | None = None,
+    lane: Lane | None = None,
 ) -> tuple[JobPlan, _Next | None]:
     if claim is None:
         return JobPlan(asked.job_id), None
     if not isinstance(claim, Claimed):
         return claim.ready, None
-    with _released_if_cut_short(rt, claim.key, claim.lease):
+    with released_if_cut_short(rt, claim.key, claim.lease):
         cache = stepcache.probe(rt, claim, utcnow())
         parked = (cache is None or cache.source is None) and parks_for_rate(rt, claim)
     if parked:
@@ -310,17 +252,17 @@ def _settled(
     timeout_errors: tuple[type[BaseException], ...],
     inline: Inline | None,
     task_id: str,
-    lane: _Lane | None = None,
+    lane: Lane | None = None,
 ) -> tuple[JobPlan, _Next | None]:
     """The attempt, and its outcome recorded: a checkpoint, a retry, a failure or a round;
     and the step that follows, or the lane's next shard, when the checkpoint claimed it. A
     step the cache answers (``cache``, probed before its rate limit) runs no action and so
     takes no unit of its rate limit."""
     key = claim.key
-    with _released_if_cut_short(rt, key, claim.lease):
+    with released_if_cut_short(rt, key, claim.lease):
         outcome = _attempt(rt, claim, cache, timeout_errors, inline)
         if isinstance(outcome, Failure):
-            return _settle_failure(rt, claim, outcome), None
+            return settle_failure(rt, claim, outcome), None
         now = utcnow()
         if key.shard == SHARD_NONE and step_facts(claim.profile, key.step_id).ends_round:
             with unit_of_work(rt.sessions) as session:
@@ -367,7 +309,7 @@ def _checkpoint(
     now: datetime,
     succeeds_job: bool,
     follow: Follow | None,
-    lane: _Lane | None,
+    lane: Lane | None,
     cache: CacheWrite | None,
 ) -> Completion:
     """The checkpoint's one statement: a shard's takes the lane's next shard while the lane's
@@ -409,7 +351,7 @@ def _follow(rt: Runtime, claim: Claimed, inline: Inline | None, task_id: str) ->
     return Follow(child, task_id, rt.settings.lease_s)
 
 
-def _settle_failure(rt: Runtime, claim: Claimed, failure: Failure) -> JobPlan:
+def settle_failure(rt: Runtime, claim: Claimed, failure: Failure) -> JobPlan:
     attempt, error = claim.lease.attempt, failure.error
     delay = retry_in_s(claim.retry, attempt, failure)
     with unit_of_work(rt.sessions) as session:

@@ -1,7 +1,7 @@
-"""A for_each step's shards: recorded when the step is claimed, taken one by one by lanes,
+"""A for_each step's shards: recorded when the step is claimed, taken in batches by lanes,
 gathered into the step's output once all are settled.
 
-A shard is a step row of its own (``shard`` >= 0), claimed (``claims.fast_shard_claim``), given
+A shard is a step row of its own (``shard`` >= 0), claimed (``claims.fast_shard_claims``), given
 its inputs, checkpointed and failed like any step; what is here is how shards come to exist
 and how the fan-out ends.
 """

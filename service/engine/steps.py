@@ -6,6 +6,7 @@ claim, the attempt and the record can each name them without importing one anoth
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from service.language.plan import JobPlan
@@ -26,6 +27,10 @@ class StepKey:
 class Lease:
     token: str
     attempt: int
+    batch: tuple[int, ...] = ()
+    """Every shard a lane took with this one under the same token (``lanes``): the lease of a
+    shard's attempt is renewed and released for the whole batch, so a shard that ran and waits
+    for the batch's checkpoint keeps its lease while the shards after it run."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,28 @@ class Completion:
     taken: "Taken | None" = None
     next_shard: ShardClaim | None = None
     """For a shard's checkpoint, the lane's next shard that the same statement took."""
+
+
+@dataclass(frozen=True)
+class ShardDone:
+    """A shard a lane ran whose output waits for its batch's checkpoint: a lane checkpoints
+    the shards it took together in one statement once all have run
+    (``checkpoints.complete_shards_and_take``)."""
+
+    key: StepKey
+    lease: Lease
+    output: Any
+    started_at: datetime
+    finished_at: datetime
+
+
+@dataclass(frozen=True)
+class Flushed:
+    """A lane's batch checkpointed: how many of its shards were written (a shard whose lease
+    was lost is not), and the next shards the same statement took for the lane."""
+
+    written: int
+    taken: list[ShardClaim]
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ STEP_TIMEOUT_GRACE_S: Final = 5
 LANE_SLICE_S: Final = 1
 """A fan-out lane takes further shards in one message until this long has passed, then hands
 over to a fresh message; a shard starting within the slice still gets its whole timeout."""
+LANE_BATCH_S: Final = 0.05
+"""A lane takes together as many shards as its pace says run in this long, and checkpoints
+them in one statement: the most work a worker that dies mid-batch loses (ADR 27)."""
+LANE_BATCH_MAX: Final = 32
 CHAIN_SLICE_S: Final = 2
 """How much longer a step's message's time limits are than its step's timeout: the budget in
 which its worker may run the steps that follow it in a chain without a message of their own.

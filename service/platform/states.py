@@ -170,7 +170,7 @@ STEP_TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         _P, _RUN, "service.engine.claims.claim_step", "its needs rule lets a failed upstream by"
     ),
-    Transition(_P, _RUN, "service.engine.claims.fast_shard_claim", "a lane takes a shard"),
+    Transition(_P, _RUN, "service.engine.claims.fast_shard_claims", "a lane takes shards"),
     Transition(
         _P, _RUN, "service.engine.checkpoints.complete_step", "its only upstream's checkpoint: next"
     ),

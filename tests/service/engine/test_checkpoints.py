@@ -1,29 +1,37 @@
-"""A shard's checkpoint takes the lane's next shard in its own statement, and only when the
-checkpoint itself is written."""
+"""A shard's checkpoint, or a lane's batch of them, takes the lane's next shards in its own
+statement, and only when the checkpoint itself is written."""
 
 import uuid
 
 from sqlalchemy import select
 
-from service.engine.checkpoints import complete_shard_and_take
-from service.engine.claims import fast_shard_claim
+from service.engine.checkpoints import complete_shard_and_take, complete_shards_and_take
+from service.engine.claims import fast_shard_claims
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
-from service.engine.steps import Lease, ShardClaim, StepKey
+from service.engine.steps import Lease, ShardClaim, ShardDone, StepKey
 from service.platform.clock import utcnow
 from service.platform.models import CheckpointRow, StepRunRow
 from tests.support.fanouts import fan_profile, submitted
 
 
-def _first_shard(rt: Runtime, items: int) -> ShardClaim:
+def _first_shards(rt: Runtime, items: int, take: int = 1) -> list[ShardClaim]:
     parent = StepKey(
         submitted(rt, fan_profile("${{ item }}"), {"items": list(range(items))}), "each"
     )
     assert isinstance(run_step(rt, parent, task_id=uuid.uuid4().hex), FannedOut)
     with rt.claims.connect() as conn:
-        claim = fast_shard_claim(conn, parent, task_id="lane", lease_s=60, now=utcnow())
-    assert claim is not None and claim.key.shard == 0
+        claims = fast_shard_claims(
+            conn, parent, take=take, task_id="lane", lease_s=60, now=utcnow()
+        )
+    assert [claim.key.shard for claim in claims] == list(range(take))
+    assert len({claim.lease.token for claim in claims}) == 1
+    return claims
+
+
+def _first_shard(rt: Runtime, items: int) -> ShardClaim:
+    (claim,) = _first_shards(rt, items)
     return claim
 
 
@@ -91,3 +99,32 @@ def test_the_last_shards_checkpoint_takes_nothing(
     written, taken = _take(runtime, first, first.lease)
 
     assert written and taken is None
+
+
+def test_a_batch_writes_the_shards_it_still_holds_and_takes_the_next_beyond_its_own(
+    runtime: Runtime, leftovers: list[uuid.UUID]
+) -> None:
+    held = _first_shards(runtime, 6, take=3)
+    job_id = held[0].key.job_id
+    leftovers.append(job_id)
+    with runtime.sessions() as session, session.begin():
+        row = session.get(StepRunRow, (job_id, "each", 1))
+        assert row is not None
+        row.lease_token = "another-lane"
+    now = utcnow()
+    ran = [ShardDone(claim.key, claim.lease, {"n": claim.key.shard}, now, now) for claim in held]
+
+    with runtime.checkpoints.connect() as conn:
+        parent = StepKey(job_id, "each")
+        flushed = complete_shards_and_take(
+            conn, parent, ran, now, take=5, profile=held[0].profile, task_id="lane", lease_s=60
+        )
+
+    assert flushed.written == 2
+    assert [claim.key.shard for claim in flushed.taken] == [3, 4, 5]
+    shards = _shards(runtime, job_id)
+    assert shards[0][0] == shards[2][0] == "succeeded"
+    assert shards[1] == ("running", "another-lane")
+    with runtime.sessions() as session:
+        written = session.scalars(select(CheckpointRow.shard).where(CheckpointRow.job_id == job_id))
+        assert sorted(written) == [0, 2]

@@ -18,7 +18,8 @@ from service.engine.events import (
     notice_events,
     step_history,
 )
-from service.engine.runner import run_finish_fanout, run_lane, run_step
+from service.engine.lanes import run_lane
+from service.engine.runner import run_finish_fanout, run_step
 from service.engine.runtime import Runtime
 from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job

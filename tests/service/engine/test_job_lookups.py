@@ -13,7 +13,7 @@ import pytest
 
 from service.engine import runner
 from service.engine.checkpoints import complete_shard_and_take
-from service.engine.claims import fast_shard_claim
+from service.engine.claims import fast_shard_claims
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
 from service.engine.steps import StepKey
@@ -115,8 +115,9 @@ def test_a_lanes_shard_statements_read_its_job_by_key(runtime: Runtime) -> None:
 
     with _plans(runtime.claims, runtime.checkpoints) as plans:
         with runtime.claims.connect() as conn:
-            claim = fast_shard_claim(conn, parent, task_id="lane", lease_s=60, now=utcnow())
-        assert claim is not None
+            (claim,) = fast_shard_claims(
+                conn, parent, take=1, task_id="lane", lease_s=60, now=utcnow()
+            )
         with runtime.checkpoints.connect() as conn:
             done = complete_shard_and_take(
                 conn,

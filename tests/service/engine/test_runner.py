@@ -12,7 +12,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from service.engine.jobs import cancel_job
-from service.engine.runner import run_finish_fanout, run_lane, run_step
+from service.engine.lanes import run_lane
+from service.engine.runner import run_finish_fanout, run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
 from service.engine.steps import StepKey

@@ -11,7 +11,8 @@ from sqlalchemy import select
 
 from service.actions import StepContext, action
 from service.engine.inputs import ready_claim
-from service.engine.runner import run_lane, run_step
+from service.engine.lanes import run_lane
+from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
 from service.engine.steplogs import read_lines

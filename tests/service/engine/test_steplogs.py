@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from service.engine.jobs import cancel_job
-from service.engine.runner import run_lane, run_step
+from service.engine.lanes import run_lane
+from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
 from service.engine.steplogs import LogLine, keep_lines, read_lines, write_lines

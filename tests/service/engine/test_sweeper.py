@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service.engine.claims import claim_step, fast_shard_claim
+from service.engine.claims import claim_step, fast_shard_claims
 from service.engine.leases import release_lease
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut, fan_out
@@ -316,10 +316,10 @@ def test_a_fan_out_waiting_for_its_items_longer_than_its_timeout_is_not_failed_b
             fan_out(session, due, long_ago, max_items=10, max_job_steps=100), FannedOut
         )
     with runtime.claims.connect() as conn:
-        lane = fast_shard_claim(
-            conn, StepKey(job_id, "each"), task_id="t0", lease_s=600, now=long_ago
+        (lane,) = fast_shard_claims(
+            conn, StepKey(job_id, "each"), take=1, task_id="t0", lease_s=600, now=long_ago
         )
-        assert lane is not None and lane.key.shard == 0
+        assert lane.key.shard == 0
 
     def errors() -> dict[int, str | None]:
         with unit_of_work(runtime.sessions) as session:
