@@ -96,8 +96,7 @@ def ready_shard(claim: ShardClaim, params: dict[str, Any]) -> Claimed | None:
     """A fast shard claim as work to run, with no further statement; ``None`` when its inputs
     do not resolve and the failure must be recorded in a transaction (``use_shard_claim``),
     or when they read a decision or a signal, which only a transaction reads."""
-    facts = step_facts(claim.profile, claim.key.step_id)
-    if facts.decisions or facts.reads_loop or facts.reads_signals or facts.reads_schedule:
+    if step_facts(claim.profile, claim.key.step_id).shard_reads_in_transaction:
         return None
     try:
         return _resolved(Held.of_shard(claim, params), claim.outputs)

@@ -24,6 +24,7 @@ from service.engine.leases import give_back_shards
 from service.engine.runner import Lane, released_if_cut_short, run_claim, settle_failure
 from service.engine.runtime import Runtime
 from service.engine.steps import Claimed, ShardClaim, ShardDone, StepKey, Unresolvable
+from service.language.snapshots import step_facts
 from service.platform import logs, metrics, tracing
 from service.platform.clock import utcnow
 from service.platform.constants import LANE_BATCH_MAX, LANE_BATCH_S, LANE_SLICE_S
@@ -113,10 +114,12 @@ def _take(rt: Runtime, parent: StepKey, lane: Lane, size: int) -> _Held:
 
 
 def _batches(shard: ShardClaim) -> bool:
-    """Whether the step's shards may be checkpointed together: a cache or a rate limit
-    writes per shard in its own statement."""
+    """Whether the step's shards may be run and checkpointed together: a cache or a rate limit
+    writes per shard in its own statement, and inputs that read a decision, a loop, a signal
+    or the schedule are read in a transaction of each shard's own (``inputs.ready_shard``)."""
     spec = shard.profile.step(shard.key.step_id)
-    return spec.cache is None and spec.rate_limit is None
+    reads = step_facts(shard.profile, shard.key.step_id).shard_reads_in_transaction
+    return spec.cache is None and spec.rate_limit is None and not reads
 
 
 def _run_alone(

@@ -66,6 +66,12 @@ class StepFacts(NamedTuple):
     def sink(self) -> bool:
         return not self.children
 
+    @property
+    def shard_reads_in_transaction(self) -> bool:
+        """A shard's inputs read a decision, a loop, a signal or the schedule, which only a
+        transaction reads (``inputs.ready_shard``)."""
+        return bool(self.decisions or self.reads_loop or self.reads_signals or self.reads_schedule)
+
 
 _FACTS: dict[tuple[str, str], StepFacts] = {}
 

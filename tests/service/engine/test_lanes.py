@@ -156,3 +156,16 @@ def test_a_shard_taken_away_is_not_renewed_by_its_batch(
     with unit_of_work(runtime.sessions) as session:
         assert not renew_lease(session, held[2].key, held[2].lease, 600, utcnow())
         assert renew_lease(session, held[0].key, held[0].lease, 600, utcnow())
+
+
+def test_a_step_that_caches_its_output_takes_its_shards_one_at_a_time(
+    runtime: Runtime, batches: list[list[int]], leftovers: list[uuid.UUID]
+) -> None:
+    """Its checkpoint writes the shard's row of the step cache in the same statement."""
+    key = _fanned_out(runtime, list(range(6)), cache={"ttl_s": 3600})
+    leftovers.append(key.job_id)
+
+    assert run_lane(runtime, key, task_id=uuid.uuid4().hex, slice_s=60) is False
+
+    assert batches == []
+    assert {row.status for row in _shards(runtime, key)} == {"succeeded"}
