@@ -1,11 +1,12 @@
 """Workers SIGKILLed at random moments while jobs of mixed shapes, sent at a steady rate, run on
-two workers with beat's sweeper: chains, fan-outs with a join, loops of two rounds followed by a
-step their condition skips, and sagas whose last step fails for good so that the two before it
-are undone. Most kills hit one pool process, which the worker replaces; some hit a worker's main
-process alone, leaving its pool processes orphaned (Celery has the kernel SIGKILL them when
-their parent dies; one that outlived it would finish what it runs under its lease); the rest a
-whole worker (its main and pool processes at once, as when its container or machine dies). A
-fresh worker replaces a killed main process, as a supervisor would.
+two workers with beat's sweeper: chains, fan-outs with a join (half of them of short items,
+which their lanes run in batches), loops of two rounds followed by a step their condition skips,
+and sagas whose last step fails for good so that the two before it are undone. Most kills hit
+one pool process, which the worker replaces; some hit a worker's main process alone, leaving its
+pool processes orphaned (Celery has the kernel SIGKILL them when their parent dies; one that
+outlived it would finish what it runs under its lease); the rest a whole worker (its main and
+pool processes at once, as when its container or machine dies). A fresh worker replaces a killed
+main process, as a supervisor would.
 
 What must hold: every job ends as its shape says (a saga failed with both compensations done),
 a step skipped by its condition never runs, no two executions of a step overlap, and the
@@ -52,14 +53,19 @@ RECOVERY_BOUND_S = 60
 ORPHAN_GRACE_S = 3.0
 """How long an orphaned pool process is watched for dying with its parent."""
 SAGA_UNDONE = 2
+SHORT_FANS = 0.5
+"""The share of fan-outs whose items hold 5 ms, which their lanes take and checkpoint in
+batches (ADR 27), so that kills land between a batch's shards and its checkpoint."""
 
 
 def _submit_mixed(client: Client, rng: random.Random, jobs: dict[uuid.UUID, str], due: int) -> None:
     """Submit until ``due`` jobs are in, recording each job's id and profile."""
     while len(jobs) < min(due, JOBS):
         shape = rng.choices(["chain", "fan", "loop", "saga"], weights=[3, 3, 2, 2])[0]
-        if shape == "fan":
-            params: dict[str, object] = {"items": list(range(rng.randint(2, 6)))}
+        if shape == "fan" and rng.random() < SHORT_FANS:
+            params: dict[str, object] = {"items": list(range(rng.randint(20, 40))), "hold_s": 0.005}
+        elif shape == "fan":
+            params = {"items": list(range(rng.randint(2, 6)))}
         else:
             params = {"hold_s": rng.choice([0.1, 0.3])}
         jobs[client.submit(f"chaos-{shape}", **params)] = f"chaos-{shape}"
