@@ -416,20 +416,12 @@ def complete_shards_and_take(
         "finished": [done.finished_at for done in batch],
     } | _taking(token, take, now, task_id, lease_s)
     rows = conn.execute(_COMPLETE_SHARDS_AND_TAKE, params).fetchall()
-    held = tuple(row[1] for row in rows if row[1] is not None)
-    batch = held if len(held) > 1 else ()
     taken = [
-        ShardClaim(
-            StepKey(parent.job_id, parent.step_id, shard),
-            Lease(token, attempts, batch),
-            profile,
-            item,
-            outputs,
-        )
+        (shard, attempts, item, outputs)
         for _, shard, attempts, item, outputs in rows
         if shard is not None
     ]
-    return Flushed(int(rows[0][0]), taken)
+    return Flushed(int(rows[0][0]), ShardClaim.batch(parent, token, profile, taken))
 
 
 def _taking(token: str, take: int, now: datetime, task_id: str, lease_s: float) -> dict[str, Any]:

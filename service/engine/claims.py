@@ -276,17 +276,8 @@ def fast_shard_claims(
     if not rows:
         return []
     profile = _snapshot(conn, parent.job_id, rows[0][3])
-    batch = tuple(row[0] for row in rows) if len(rows) > 1 else ()
-    return [
-        ShardClaim(
-            StepKey(parent.job_id, parent.step_id, shard),
-            Lease(token, attempts, batch),
-            profile,
-            item,
-            outputs,
-        )
-        for shard, attempts, item, _, outputs in rows
-    ]
+    taken = [(shard, attempts, item, outputs) for shard, attempts, item, _, outputs in rows]
+    return ShardClaim.batch(parent, token, profile, taken)
 
 
 def no_shard_left(session: Session, parent: StepKey) -> None:

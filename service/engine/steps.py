@@ -5,6 +5,7 @@ claim, the attempt and the record can each name them without importing one anoth
 """
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -53,6 +54,28 @@ class ShardClaim:
     profile: Profile
     item: Any
     outputs: dict[str, Any]
+
+    @classmethod
+    def batch(
+        cls,
+        parent: StepKey,
+        token: str,
+        profile: Profile,
+        rows: Sequence[tuple[int, int, Any, dict[str, Any]]],
+    ) -> list["ShardClaim"]:
+        """The shards one statement took under ``token``, from their (shard, attempts, item,
+        outputs): the lease of each names the whole batch when there are several."""
+        batch = tuple(shard for shard, *_ in rows) if len(rows) > 1 else ()
+        return [
+            cls(
+                StepKey(parent.job_id, parent.step_id, shard),
+                Lease(token, attempts, batch),
+                profile,
+                item,
+                outputs,
+            )
+            for shard, attempts, item, outputs in rows
+        ]
 
 
 @dataclass(frozen=True)
