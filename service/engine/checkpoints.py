@@ -195,6 +195,11 @@ _COMPLETE_SHARD_AND_TAKE = (
 commit: what the lane's next claim statement would have done, under the same conditions,
 once this checkpoint is written."""
 
+_BATCH_SAVED = _insert("""SELECT %(job_id)s, %(step_id)s, b.shard, b.attempt, b.output, %(now)s
+          FROM done JOIN batch AS b USING (shard)""")
+_NEXT_BEYOND_BATCH = take_next_shard(
+    "%(taken_token)s", " AND shard <> ALL(%(shards)s::int[]) AND EXISTS (SELECT 1 FROM done)"
+)
 _COMPLETE_SHARDS_AND_TAKE = f"""
     WITH batch AS (
         SELECT * FROM unnest(%(shards)s::int[], %(attempts)s::int[], %(outputs)s::jsonb[],
@@ -209,16 +214,9 @@ _COMPLETE_SHARDS_AND_TAKE = f"""
            AND s.status = '{StepStatus.RUNNING}' AND s.lease_token = %(token)s
         RETURNING s.shard
     ), saved AS (
-        {
-    _insert('''SELECT %(job_id)s, %(step_id)s, b.shard, b.attempt, b.output, %(now)s
-          FROM done JOIN batch AS b USING (shard)''')
-}
+        {_BATCH_SAVED}
         RETURNING shard
-    ), {
-    take_next_shard(
-        "%(taken_token)s", " AND shard <> ALL(%(shards)s::int[]) AND EXISTS (SELECT 1 FROM done)"
-    )
-}
+    ), {_NEXT_BEYOND_BATCH}
     SELECT (SELECT count(*) FROM saved), c.shard, c.attempts, c.item, {INPUT_OUTPUTS}
       FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true
      ORDER BY c.shard"""

@@ -156,8 +156,8 @@ def _run_batch(
 ) -> _Held:
     """Run the shards taken together, then checkpoint them and take the next batch in one
     statement. A shard that fails, or that needs a transaction, first has the shards before
-    it checkpointed and those after it given back, then is recorded alone; so does a shard
-    reached after half its lease, which is given back with the rest."""
+    it checkpointed and those after it given back, then is recorded alone. Once half the
+    batch's lease has passed, the shards not yet run are given back instead of run."""
     ran: list[ShardDone] = []
     shards = held.shards
     first = shards[0]
