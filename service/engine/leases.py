@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import ColumnElement, Select, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from service.engine.steps import Lease, ShardClaim, StepKey
 from service.platform.errors import StopChain
@@ -154,13 +154,8 @@ def renew_lease(
         StepRunRow.shard.in_(_shards(key, lease)),
         StepRunRow.status == StepStatus.RUNNING,
     )
-    renewed = session.scalars(
-        update(StepRunRow)
-        .where(*where, StepRunRow.lease_token == lease.token)
-        .values(lease_until=now + timedelta(seconds=lease_s))
-        .returning(StepRunRow.shard)
-    )
-    return key.shard in renewed.all()
+    renewed = _renewed(session, StepRunRow, where, lease.token, lease_s, now, StepRunRow.shard)
+    return key.shard in renewed
 
 
 def _shards(key: StepKey, lease: Lease) -> list[int]:
@@ -232,7 +227,9 @@ def renew_compensation(
         CompensationRow.step_id == step_id,
         CompensationRow.status == CompensationStatus.RUNNING,
     )
-    return _renewed(session, CompensationRow, where, token, lease_s, now)
+    return bool(
+        _renewed(session, CompensationRow, where, token, lease_s, now, CompensationRow.step_id)
+    )
 
 
 def release_compensation(
@@ -257,11 +254,13 @@ def _renewed(
     token: str,
     lease_s: float,
     now: datetime,
-) -> bool:
-    renewed = session.execute(
+    returning: InstrumentedAttribute[Any],
+) -> list[Any]:
+    """What ``returning`` reads of each row whose lease was extended."""
+    renewed = session.scalars(
         update(held)
         .where(*where, held.lease_token == token)
         .values(lease_until=now + timedelta(seconds=lease_s))
-        .returning(held.lease_until)
-    ).first()
-    return renewed is not None
+        .returning(returning)
+    )
+    return list(renewed)
