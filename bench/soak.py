@@ -51,7 +51,6 @@ SCHEDULED_PIPELINE = "soak_scheduled"
 TABLES = (
     "jobs",
     "step_runs",
-    "step_checkpoints",
     "job_events",
     "job_event_seqs",
     "result_items",

@@ -68,7 +68,7 @@ _STORE_ITEMS = text(
     """
     INSERT INTO result_items (job_id, item_key, item)
     SELECT DISTINCT ON (e.value ->> :key) :job_id, e.value ->> :key, e.value
-      FROM step_checkpoints AS k,
+      FROM step_runs AS k,
            jsonb_array_elements(k.output #> CAST(:path AS text[])) WITH ORDINALITY AS e
      WHERE k.job_id = :job_id AND k.step_id = :step_id AND k.shard = -1
      ORDER BY e.value ->> :key, e.ordinality

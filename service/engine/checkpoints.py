@@ -1,15 +1,16 @@
-"""The checkpoint writer: every row of ``step_checkpoints`` is inserted here, and each is written
-once, by the holder of the step's lease; the reads of what checkpoints hold sit beside it.
+"""The checkpoint writer: every step's output (``step_runs.output``) is written here, once, by
+the holder of the step's lease; the reads of what checkpoints hold sit beside it.
 
-On the common path a step's checkpoint is one autocommitted statement (``complete_step``) that
-also settles the step, counts it off its children and, where it may, claims the child that
+On the common path a step's checkpoint is one autocommitted statement (``complete_step``)
+whose update settles the step and writes its output in the same row version (ADR 28). The
+statement also counts the step off its children and, where it may, claims the child that
 follows or succeeds the job, and appends the events of those changes (``inline_events``); its
 WHERE clause carries the rules, so a redelivered message that finds the step settled writes
-nothing and counts nothing twice. A checkpoint that a transaction
-must decide on (a loop's round, a fan-out's gathered items) is written in that transaction
-(``write_checkpoint``); a rerun copies its parent's (``copy_checkpoints``). A step that
-declares ``cache`` runs a variant of the same statement that also writes its row of the step
-cache (``_with_cache_row``, ADR 17); every other step's statement is as it was.
+nothing and counts nothing twice. A checkpoint that a transaction must decide on (a loop's
+round, a fan-out's gathered items) is written in that transaction (``write_checkpoint``); a
+rerun copies its parent's (``copy_checkpoints``). A step that declares ``cache`` runs a variant
+of the same statement that also writes its row of the step cache (``_with_cache_row``,
+ADR 17); every other step's statement is as it was.
 """
 
 import uuid
@@ -47,7 +48,7 @@ from service.language.profiles import Profile
 from service.language.snapshots import step_facts
 from service.platform.constants import SHARD_NONE
 from service.platform.db import driver
-from service.platform.models import CheckpointRow
+from service.platform.models import StepRunRow
 from service.platform.states import (
     JOB_OPEN_SQL,
     STEP_DUE_SQL,
@@ -57,20 +58,10 @@ from service.platform.states import (
     sql_in,
 )
 
-
-def _insert(rows: str) -> str:
-    """The one insert into ``step_checkpoints``, of the rows that the query ``rows`` yields as
-    (job_id, step_id, shard, attempt, output, created_at); the primary key refuses a second
-    copy of a step's checkpoint, and the insert then writes nothing."""
-    return f"""INSERT INTO step_checkpoints (job_id, step_id, shard, attempt, output, created_at)
-        {rows}
-        ON CONFLICT DO NOTHING"""
-
-
 INPUT_OUTPUTS = """(SELECT coalesce(jsonb_object_agg(k.step_id, k.output), '{}'::jsonb)
-              FROM step_checkpoints AS k
+              FROM step_runs AS k
              WHERE k.job_id = %(job_id)s AND k.shard = -1
-               AND k.step_id = ANY(c.inputs_from))"""
+               AND k.step_id = ANY(c.inputs_from) AND k.output IS NOT NULL)"""
 """The outputs of the steps a row ``c`` that a claim statement took reads (its ``inputs_from``),
 by step id, read in the claim's own statement."""
 
@@ -79,10 +70,11 @@ def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dic
     if not step_ids:
         return {}
     rows = session.execute(
-        select(CheckpointRow.step_id, CheckpointRow.output).where(
-            CheckpointRow.job_id == job_id,
-            CheckpointRow.shard == SHARD_NONE,
-            CheckpointRow.step_id.in_(step_ids),
+        select(StepRunRow.step_id, StepRunRow.output).where(
+            StepRunRow.job_id == job_id,
+            StepRunRow.shard == SHARD_NONE,
+            StepRunRow.step_id.in_(step_ids),
+            StepRunRow.output.is_not(None),
         )
     )
     return {step_id: output for step_id, output in rows}
@@ -91,26 +83,21 @@ def step_outputs(session: Session, job_id: uuid.UUID, step_ids: set[str]) -> dic
 _SUCCEEDED_OR_SKIPPED = sql_in(
     (StepStatus.SUCCEEDED, StepStatus.REUSED, StepStatus.CACHED, StepStatus.SKIPPED)
 )
-_OF_THE_ATTEMPT = "%(step_id)s, %(shard)s, %(attempt)s, %(output)s, %(now)s"
-"""A checkpoint's columns after its job, from the parameters of the attempt that wrote it."""
+_DONE = "RETURNING job_id, step_id, attempts, round\n    )"
 
 
 def _completed(*, inline: bool) -> str:
-    """The CTEs ``done`` and ``saved`` of a statement that checkpoints an attempt: the step
-    settled if the lease is still this attempt's, its checkpoint inserted. With ``inline``,
-    the statement appends its changes' events itself (``inline_events``)."""
+    """The CTE ``done`` of a statement that checkpoints an attempt: the step settled with its
+    output if the lease is still this attempt's. With ``inline``, the statement appends its
+    changes' events itself (``inline_events``)."""
     return f"""
     WITH done AS (
         UPDATE step_runs
            SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token = NULL,
-               lease_until = NULL{", " + mark("step_runs") if inline else ""}
+               lease_until = NULL, output = %(output)s{", " + mark("step_runs") if inline else ""}
          WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
            AND status = '{StepStatus.RUNNING}' AND lease_token = %(token)s
-        RETURNING job_id, step_id, attempts, round
-    ), saved AS (
-        {_insert(f"SELECT job_id, {_OF_THE_ATTEMPT} FROM done")}
-        RETURNING job_id
-    )"""
+        {_DONE}"""
 
 
 _STEP_SUCCEEDED = step_event(1, StepStatus.SUCCEEDED, "done")
@@ -122,13 +109,13 @@ _COMPLETE = (
            AND EXISTS (SELECT 1 FROM done)
         RETURNING step_id, waiting_on
     ), {logged(_STEP_SUCCEEDED)}
-    SELECT EXISTS (SELECT 1 FROM saved),
+    SELECT EXISTS (SELECT 1 FROM done),
            ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text"""
 )
 """The checkpoint, and the step counted off its children in the same statement, so a
 redelivered message that finds the step settled cannot count it twice."""
 _COMPLETE_SHARD = (
-    _completed(inline=False) + " SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], NULL::text"
+    _completed(inline=False) + " SELECT EXISTS (SELECT 1 FROM done), ARRAY[]::text[], NULL::text"
 )
 """A shard's checkpoint, when its lane takes no next shard: a shard's change is no step's
 event (the log reports a fan-out's progress in batches, by trigger), so nothing is logged."""
@@ -150,7 +137,7 @@ _COMPLETE_AND_TAKE = (
            AND NOT (step_id = %(take)s AND EXISTS (SELECT 1 FROM claimed))
         RETURNING step_id, waiting_on
     ), {logged(_STEP_SUCCEEDED, step_event(2, StepStatus.RUNNING, "claimed"))}
-    SELECT EXISTS (SELECT 1 FROM saved),
+    SELECT EXISTS (SELECT 1 FROM done),
            ARRAY(SELECT step_id FROM released WHERE waiting_on = 0), NULL::text,
            c.attempts,
            {INPUT_OUTPUTS}
@@ -162,8 +149,8 @@ _COMPLETE_AND_TAKE = (
 """The checkpoint and the claim of the child that ``Follow`` names, when this step was its
 only upstream, in one statement: what ``claims.fast_claim`` would have done a message later,
 under the same conditions. Every other child is counted off as in ``_COMPLETE``. The child
-reads this step's output from the statement's parameter, since its own checkpoint row is not
-visible to the statement that writes it."""
+reads this step's output from the statement's parameter, since the statement's own update of
+this step's row is not visible to the statement's reads."""
 _COMPLETE_AND_SUCCEED_JOB = (
     _completed(inline=True)
     + f""", succeeded AS (
@@ -172,7 +159,7 @@ _COMPLETE_AND_SUCCEED_JOB = (
                {mark("jobs")}
          WHERE id = %(job_id)s
            AND {row_test(f"status IN {sql_in((JobStatus.QUEUED, JobStatus.RUNNING))}")}
-           AND EXISTS (SELECT 1 FROM saved)
+           AND EXISTS (SELECT 1 FROM done)
            AND NOT EXISTS (
                SELECT 1 FROM step_runs
                 WHERE job_id = %(job_id)s AND shard = -1 AND step_id <> %(step_id)s
@@ -180,14 +167,14 @@ _COMPLETE_AND_SUCCEED_JOB = (
         RETURNING {RETURNS_JOB}
     ), {dependents("succeeded")},
        {logged(_STEP_SUCCEEDED, job_event(2, JobStatus.SUCCEEDED, "succeeded"))}
-    SELECT EXISTS (SELECT 1 FROM saved), ARRAY[]::text[], (SELECT trigger FROM succeeded)"""
+    SELECT EXISTS (SELECT 1 FROM done), ARRAY[]::text[], (SELECT trigger FROM succeeded)"""
 )
 
 
 _COMPLETE_SHARD_AND_TAKE = (
     _completed(inline=False)
     + f""", {take_next_shard("%(taken_token)s", " AND EXISTS (SELECT 1 FROM done)")}
-    SELECT EXISTS (SELECT 1 FROM saved), c.shard, c.attempts, c.item,
+    SELECT EXISTS (SELECT 1 FROM done), c.shard, c.attempts, c.item,
            {INPUT_OUTPUTS}
       FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true"""
 )
@@ -195,38 +182,33 @@ _COMPLETE_SHARD_AND_TAKE = (
 commit: what the lane's next claim statement would have done, under the same conditions,
 once this checkpoint is written."""
 
-_BATCH_SAVED = _insert("""SELECT %(job_id)s, %(step_id)s, b.shard, b.attempt, b.output, %(now)s
-          FROM done JOIN batch AS b USING (shard)""")
 _NEXT_BEYOND_BATCH = take_next_shard(
     "%(taken_token)s", " AND shard <> ALL(%(shards)s::int[]) AND EXISTS (SELECT 1 FROM done)"
 )
 _COMPLETE_SHARDS_AND_TAKE = f"""
     WITH batch AS (
-        SELECT * FROM unnest(%(shards)s::int[], %(attempts)s::int[], %(outputs)s::jsonb[],
+        SELECT * FROM unnest(%(shards)s::int[], %(outputs)s::jsonb[],
                              %(started)s::timestamptz[], %(finished)s::timestamptz[])
-                   AS b(shard, attempt, output, started_at, finished_at)
+                   AS b(shard, output, started_at, finished_at)
     ), done AS (
         UPDATE step_runs AS s
            SET status = '{StepStatus.SUCCEEDED}', started_at = b.started_at,
-               finished_at = b.finished_at, lease_token = NULL, lease_until = NULL
+               finished_at = b.finished_at, lease_token = NULL, lease_until = NULL,
+               output = b.output
           FROM batch AS b
          WHERE s.job_id = %(job_id)s AND s.step_id = %(step_id)s AND s.shard = b.shard
            AND s.status = '{StepStatus.RUNNING}' AND s.lease_token = %(token)s
         RETURNING s.shard
-    ), saved AS (
-        {_BATCH_SAVED}
-        RETURNING shard
     ), {_NEXT_BEYOND_BATCH}
-    SELECT (SELECT count(*) FROM saved), c.shard, c.attempts, c.item, {INPUT_OUTPUTS}
+    SELECT (SELECT count(*) FROM done), c.shard, c.attempts, c.item, {INPUT_OUTPUTS}
       FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true
      ORDER BY c.shard"""
 """A lane's batch of shards (``ShardDone``) checkpointed in one statement and one commit: each
-row settled with the times its own attempt began and ended, each checkpoint written at the
-statement's time, and the lane's next shards taken with them, as ``_COMPLETE_SHARD_AND_TAKE``
+row settled with its output and the times its own attempt began and ended, and the lane's
+next shards taken with them, as ``_COMPLETE_SHARD_AND_TAKE``
 does for one shard. A shard whose lease was lost meanwhile is not written; the next shards
 exclude the batch's own."""
 
-_SAVED = "RETURNING job_id\n    )"
 _SETTLED = f"SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token"
 _STEP_CACHED = step_event(
     1,
@@ -252,10 +234,10 @@ def _with_cache_row(statement: str, *, use: bool) -> str:
         INSERT INTO step_cache (job_id, step_id, shard, owner, cache_key, created_at,
                                 source_job_id, source_step_id, source_shard)
         SELECT job_id, %(step_id)s, %(shard)s, %(owner)s, %(cache_key)s, %(now)s, {sources}
-          FROM saved
+          FROM done
         ON CONFLICT DO NOTHING
     )"""
-    written = _once(statement, _SAVED, _SAVED + row)
+    written = _once(statement, _DONE, _DONE + row)
     if not use:
         return written
     cached = _once(written, _SETTLED, _SETTLED.replace(StepStatus.SUCCEEDED, StepStatus.CACHED))
@@ -298,7 +280,6 @@ def _checkpoint(key: StepKey, lease: Lease, output: Any, now: datetime) -> dict[
         "step_id": key.step_id,
         "shard": key.shard,
         "token": lease.token,
-        "attempt": lease.attempt,
         "output": Jsonb(output),
     }
 
@@ -408,7 +389,6 @@ def complete_shards_and_take(
         "step_id": parent.step_id,
         "token": batch[0].lease.token,
         "shards": [done.key.shard for done in batch],
-        "attempts": [done.lease.attempt for done in batch],
         "outputs": [Jsonb(done.output) for done in batch],
         "started": [done.started_at for done in batch],
         "finished": [done.finished_at for done in batch],
@@ -433,47 +413,30 @@ def _taking(token: str, take: int, now: datetime, task_id: str, lease_s: float) 
     }
 
 
-_WRITE = _insert(f"SELECT %(job_id)s, {_OF_THE_ATTEMPT}")
+_WRITE = """
+    UPDATE step_runs SET output = %(output)s
+     WHERE job_id = %(job_id)s AND step_id = %(step_id)s AND shard = %(shard)s
+       AND output IS NULL"""
 
 
-def write_checkpoint(
-    session: Session, key: StepKey, attempt: int, output: Any, now: datetime
-) -> None:
-    """Checkpoint a step whose row the caller's transaction holds and settles itself."""
-    driver(session).execute(
-        _WRITE,
-        {
-            "job_id": key.job_id,
-            "step_id": key.step_id,
-            "shard": key.shard,
-            "attempt": attempt,
-            "output": Jsonb(output),
-            "now": now,
-        },
-    )
+def write_checkpoint(session: Session, key: StepKey, output: Any) -> None:
+    """Checkpoint a step whose row the caller's transaction holds and settles itself: a second
+    version of the row, on paths that decide in a transaction (a loop's round, a gather)."""
+    values = {"job_id": key.job_id, "step_id": key.step_id, "shard": key.shard}
+    driver(session).execute(_WRITE, values | {"output": Jsonb(output)})
 
 
-_COPY = _insert("""SELECT %(job)s, step_id, shard, attempt, output, %(now)s
-      FROM step_checkpoints
-     WHERE job_id = %(parent)s
-       AND ((shard = -1 AND step_id = ANY(%(steps)s))
-            OR (shard >= 0 AND step_id = %(items_of)s))""")
+_COPY = """
+    UPDATE step_runs AS s SET output = p.output
+      FROM step_runs AS p
+     WHERE s.job_id = %(job)s AND s.shard = -1 AND s.step_id = ANY(%(steps)s)
+       AND p.job_id = %(parent)s AND p.step_id = s.step_id AND p.shard = -1
+       AND p.output IS NOT NULL"""
 
 
 def copy_checkpoints(
-    conn: psycopg.Connection[Any],
-    parent_id: uuid.UUID,
-    job_id: uuid.UUID,
-    steps: Iterable[str],
-    items_of: str | None,
-    now: datetime,
+    conn: psycopg.Connection[Any], parent_id: uuid.UUID, job_id: uuid.UUID, steps: Iterable[str]
 ) -> None:
-    """Give a rerun its parent's checkpoints of ``steps``, and of the items of ``items_of``."""
-    values = {
-        "job": job_id,
-        "parent": parent_id,
-        "steps": sorted(steps),
-        "items_of": items_of,
-        "now": now,
-    }
-    conn.execute(_COPY, values)
+    """Give a rerun's reused steps their parent's checkpoints; its reused shards are inserted
+    with theirs (``reruns``)."""
+    conn.execute(_COPY, {"job": job_id, "parent": parent_id, "steps": sorted(steps)})

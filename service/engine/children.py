@@ -185,7 +185,7 @@ def _start(
         work.started.append(child)
     if not call.wait or child.status == JobStatus.SUCCEEDED:
         output = child.result if call.wait else {"job_id": str(child.id)}
-        write_checkpoint(session, key, call.attempt, output, now)
+        write_checkpoint(session, key, output)
         work.ready.append(succeed_step(session, row, job_profile(job), now).at(job.priority))
 
 
@@ -292,7 +292,7 @@ def _settle(
     key = StepKey(job.id, row.step_id)
     profile = job_profile(job)
     if child.status == JobStatus.SUCCEEDED:
-        write_checkpoint(session, key, row.attempts, child.result, now)
+        write_checkpoint(session, key, child.result)
         work.ready.append(succeed_step(session, row, profile, now).at(job.priority))
         return
     error = _child_error(child)

@@ -101,15 +101,10 @@ _ARCHIVE = """
     INSERT INTO step_rounds
            (job_id, step_id, round, status, attempts, started_at, finished_at, error, output)
     SELECT s.job_id, s.step_id, s.round, s.status, s.attempts, s.started_at, s.finished_at,
-           s.error, k.output
+           s.error, s.output
       FROM step_runs AS s
-      LEFT JOIN step_checkpoints AS k
-        ON k.job_id = s.job_id AND k.step_id = s.step_id AND k.shard = -1
      WHERE s.job_id = %(job_id)s AND s.shard = -1 AND s.step_id = ANY(%(steps)s)
     ON CONFLICT DO NOTHING
-    """
-_FORGET_CHECKPOINTS = """
-    DELETE FROM step_checkpoints WHERE job_id = %(job_id)s AND step_id = ANY(%(steps)s)
     """
 _FORGET_SHARDS = """
     DELETE FROM step_runs WHERE job_id = %(job_id)s AND step_id = ANY(%(steps)s) AND shard >= 0
@@ -118,7 +113,7 @@ _NEXT_ROUND = f"""
     UPDATE step_runs AS s
        SET status = '{StepStatus.PENDING}', attempts = 0, round = s.round + 1, started_at = NULL,
            finished_at = NULL, error = NULL, lease_token = NULL, lease_until = NULL,
-           task_id = NULL, waiting_on = c.waiting_on
+           task_id = NULL, output = NULL, waiting_on = c.waiting_on
       FROM jsonb_to_recordset(%(counts)s) AS c(step_id text, waiting_on int)
      WHERE s.job_id = %(job_id)s AND s.shard = -1 AND s.step_id = c.step_id
     """
@@ -134,7 +129,7 @@ def next_round(session: Session, job_id: uuid.UUID, profile: Profile, loop: Loop
     ]
     values = {"job_id": job_id, "steps": loop.steps, "counts": Jsonb(counts)}
     conn = driver(session)
-    for statement in (_ARCHIVE, _FORGET_CHECKPOINTS, _FORGET_SHARDS, _NEXT_ROUND):
+    for statement in (_ARCHIVE, _FORGET_SHARDS, _NEXT_ROUND):
         conn.execute(statement, values)
 
 
@@ -154,5 +149,5 @@ def complete_round(
     row = held_step(session, key, lease)
     if row is None:
         return JobPlan(key.job_id)
-    write_checkpoint(session, key, lease.attempt, output, now)
+    write_checkpoint(session, key, output)
     return close_round(session, row, profile, now)

@@ -196,15 +196,16 @@ def _deadline_of_rerun(parent: JobRow, now: datetime) -> datetime | None:
 
 _COPY_SUCCEEDED_ITEMS = f"""
     INSERT INTO step_runs (job_id, step_id, shard, status, attempts, item, depends_on,
-                           inputs_from, finished_at)
+                           inputs_from, finished_at, output)
     SELECT %(job)s, s.step_id, s.shard, '{StepStatus.REUSED}', 0, s.item, s.depends_on,
-           s.inputs_from, %(now)s
+           s.inputs_from, %(now)s, s.output
       FROM step_runs AS s
      WHERE s.job_id = %(parent)s AND s.step_id = %(items_of)s AND s.shard >= 0
        AND s.status IN {STEP_SUCCESSFUL_SQL}
     """
-"""Items that succeeded become reused shards of the new job; when the step fans out, its
-insert of one shard per item skips the shards already there, so only the rest run."""
+"""Items that succeeded become reused shards of the new job, their checkpoints with them;
+when the step fans out, its insert of one shard per item skips the shards already there, so
+only the rest run."""
 
 
 def _copy_reused(
@@ -216,7 +217,7 @@ def _copy_reused(
     now: datetime,
 ) -> None:
     conn = driver(session)
-    copy_checkpoints(conn, parent_id, job_id, reused, items_of, now)
+    copy_checkpoints(conn, parent_id, job_id, reused)
     if items_of is not None:
         values = {"job": job_id, "parent": parent_id, "items_of": items_of, "now": now}
         conn.execute(_COPY_SUCCEEDED_ITEMS, values)

@@ -26,7 +26,7 @@ from service.language.snapshots import job_profile, referenced_steps, step_facts
 from service.language.specs import ForEach
 from service.platform.db import driver
 from service.platform.errors import ExpressionError, FanOutTooLarge, JobTooLarge, RetryLater
-from service.platform.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.models import JobRow, StepRunRow
 from service.platform.states import STEP_FINAL, StepStatus
 
 
@@ -74,7 +74,7 @@ def fan_out(
     except (ExpressionError, FanOutTooLarge, JobTooLarge) as exc:
         return unresolvable(session, row, key, exc, now)
     if not items:
-        write_checkpoint(session, key, row.attempts, [], now)
+        write_checkpoint(session, key, [])
         return Completion(True, settle_succeeded(session, row, job_profile(job), now))
     driver(session).execute(
         _INSERT_SHARDS,
@@ -142,13 +142,14 @@ def finish_fanout(session: Session, key: StepKey, now: datetime) -> JobPlan:
     if pending_shards(session, key):
         raise RetryLater(1.0, "shards are not settled")
     outputs = session.scalars(
-        select(CheckpointRow.output)
+        select(StepRunRow.output)
         .where(
-            CheckpointRow.job_id == key.job_id,
-            CheckpointRow.step_id == key.step_id,
-            CheckpointRow.shard >= 0,
+            StepRunRow.job_id == key.job_id,
+            StepRunRow.step_id == key.step_id,
+            StepRunRow.shard >= 0,
+            StepRunRow.output.is_not(None),
         )
-        .order_by(CheckpointRow.shard)
+        .order_by(StepRunRow.shard)
     )
-    write_checkpoint(session, key, row.attempts, list(outputs), now)
+    write_checkpoint(session, key, list(outputs))
     return settle_succeeded(session, row, job_profile(job), now)

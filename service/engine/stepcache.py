@@ -68,8 +68,9 @@ _LOOKUP = """
              AND e.created_at > %(since)s AND NOT j.refresh
            ORDER BY e.created_at DESC
            LIMIT 1) AS c ON true
-      LEFT JOIN step_checkpoints AS k
+      LEFT JOIN step_runs AS k
         ON k.job_id = c.job_id AND k.step_id = c.step_id AND k.shard = c.shard
+       AND k.output IS NOT NULL
      WHERE j.id = %(job_id)s"""
 """The job's owner, and the owner's newest entry of the key within the TTL with its output,
 unless the job was submitted with ``refresh``; in one statement."""

@@ -103,5 +103,5 @@ def _wake(session: Session, job: JobRow, row: StepRunRow, now: datetime) -> JobP
         "began_at": began.isoformat(),
         "woke_at": now.isoformat(),
     }
-    write_checkpoint(session, StepKey(row.job_id, row.step_id), row.attempts, output, now)
+    write_checkpoint(session, StepKey(row.job_id, row.step_id), output)
     return succeed_step(session, row, job_profile(job), now)

@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 
 from service.engine.runtime import Runtime
 from service.platform.db import unit_of_work
-from service.platform.models import AuditEventRow, CheckpointRow, JobRow, StepRunRow
+from service.platform.models import AuditEventRow, JobRow, StepRunRow
 from service.platform.settings import Settings
 from tests.api.conftest import KeyFactory
 from tests.support.apps import api_client
@@ -40,12 +40,11 @@ def _failed_at_second(runtime: Runtime, job_ids: list[str]) -> None:
             StepRunRow.step_id == "second",
             to="failed",
         )
-        for job_id in job_ids:
-            session.add(
-                CheckpointRow(
-                    job_id=uuid.UUID(job_id), step_id="first", shard=-1, attempt=1, output={}
-                )
-            )
+        session.execute(
+            update(StepRunRow)
+            .where(StepRunRow.job_id.in_(job_ids), StepRunRow.step_id == "first")
+            .values(output={})
+        )
 
 
 def _statuses(runtime: Runtime, job_ids: list[str]) -> dict[str, str]:

@@ -34,7 +34,6 @@ TABLES = (
     "api_keys",
     "jobs",
     "step_runs",
-    "step_checkpoints",
     "result_items",
     "approvals",
     "pipelines",

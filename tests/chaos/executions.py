@@ -91,28 +91,22 @@ def checkpoints(client: Client, job_ids: list[uuid.UUID]) -> dict[str, Checkpoin
     from sqlalchemy import select
 
     from service.platform.db import unit_of_work
-    from service.platform.models import CheckpointRow, CompensationRow, StepRoundRow, StepRunRow
+    from service.platform.models import CompensationRow, StepRoundRow, StepRunRow
 
     kept: dict[str, Checkpoint] = {}
     with unit_of_work(client.rt.sessions) as session:
         steps = session.execute(
             select(
-                CheckpointRow.job_id,
-                CheckpointRow.step_id,
-                CheckpointRow.shard,
-                CheckpointRow.attempt,
-                CheckpointRow.created_at,
+                StepRunRow.job_id,
+                StepRunRow.step_id,
+                StepRunRow.shard,
+                StepRunRow.attempts,
+                StepRunRow.finished_at,
                 StepRunRow.round,
-            )
-            .join(
-                StepRunRow,
-                (StepRunRow.job_id == CheckpointRow.job_id)
-                & (StepRunRow.step_id == CheckpointRow.step_id)
-                & (StepRunRow.shard == CheckpointRow.shard),
-            )
-            .where(CheckpointRow.job_id.in_(job_ids))
+            ).where(StepRunRow.job_id.in_(job_ids), StepRunRow.output.is_not(None))
         )
         for job, step, shard, attempt, at, round_ in steps:
+            assert at is not None, "a checkpointed step has its end"
             kept[f"chaos:{job}:{step}:{shard}"] = Checkpoint(attempt, at.timestamp())
             if shard == -1:
                 kept[f"chaos:{job}:{step}:r{round_}"] = Checkpoint(attempt, at.timestamp())

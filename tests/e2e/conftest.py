@@ -331,14 +331,18 @@ class Client:
 
     def checkpoints(self, job_id: uuid.UUID, step_id: str) -> int:
         from service.platform.db import unit_of_work
-        from service.platform.models import CheckpointRow
+        from service.platform.models import StepRunRow
 
         with unit_of_work(self.rt.sessions) as session:
             return int(
                 session.scalar(
                     select(func.count())
-                    .select_from(CheckpointRow)
-                    .where(CheckpointRow.job_id == job_id, CheckpointRow.step_id == step_id)
+                    .select_from(StepRunRow)
+                    .where(
+                        StepRunRow.job_id == job_id,
+                        StepRunRow.output.is_not(None),
+                        StepRunRow.step_id == step_id,
+                    )
                 )
                 or 0
             )

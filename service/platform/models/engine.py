@@ -1,6 +1,7 @@
-"""The rows a job writes as it runs: jobs, step runs, checkpoints, result items, events, loop
-rounds, compensations, approvals and what a pruned job leaves. They stand apart from the
-catalogue's because the engine's hand-written SQL names their columns and changes with them."""
+"""The rows a job writes as it runs: jobs, step runs and their checkpoints, result items,
+events, loop rounds, compensations, approvals and what a pruned job leaves. They stand apart
+from the catalogue's because the engine's hand-written SQL names their columns and changes
+with them."""
 
 import uuid
 from datetime import datetime
@@ -273,7 +274,7 @@ class StepRunRow(Base):
 
     No foreign key to ``jobs``: its check ran a statement and locked the job's row for every
     step row the intake inserts, which inserts a job's steps in the statement that inserts the
-    job. A trigger deletes a deleted job's steps (migration 0043), as it does its checkpoints.
+    job. A trigger deletes a deleted job's steps (migration 0043).
     The primary key is the step's own (job, step, shard), not a number: a step row is updated
     twice and no update can be HOT, so each index of the table takes three entries a step.
     """
@@ -334,23 +335,10 @@ class StepRunRow(Base):
     """Let in by the beat: its next claim takes the slot kept for it."""
     logged_inline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """As ``JobRow.logged_inline``."""
-
-
-class CheckpointRow(Base):
-    """A step's output, written once: the primary key refuses a second copy.
-
-    No foreign key to ``jobs``: its check locked the job's row for every checkpoint, and a
-    checkpoint is written only with its step's row, which has one. A trigger deletes a deleted
-    job's checkpoints (migration 0042)."""
-
-    __tablename__ = "step_checkpoints"
-
-    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
-    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
-    attempt: Mapped[int] = mapped_column(Integer)
-    output: Mapped[Any] = mapped_column(JSONB)
-    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    output: Mapped[Any] = mapped_column(JSONB, nullable=True, deferred=True)
+    """The step's checkpoint, written once by the update that settles it under its lease
+    (``service.engine.checkpoints``); ``NULL`` until then, and JSON ``null`` for an output of
+    ``None``. Deferred: a job's step rows are read often, their outputs seldom (ADR 28)."""
 
 
 class ResultItemRow(Base):

@@ -12,7 +12,7 @@ from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
 from service.engine.steps import Lease, ShardClaim, ShardDone, StepKey
 from service.platform.clock import utcnow
-from service.platform.models import CheckpointRow, StepRunRow
+from service.platform.models import StepRunRow
 from tests.support.fanouts import fan_profile, submitted
 
 
@@ -75,7 +75,8 @@ def test_a_shards_checkpoint_takes_the_next_open_shard_under_a_lease_of_its_own(
     assert shards[1] == ("running", taken.lease.token)
     assert shards[2] == ("pending", None)
     with runtime.sessions() as session:
-        assert session.get(CheckpointRow, (first.key.job_id, "each", 0)) is not None
+        row = session.get(StepRunRow, (first.key.job_id, "each", 0))
+        assert row is not None and row.output is not None
 
 
 def test_a_checkpoint_that_lost_its_lease_takes_no_shard(
@@ -126,5 +127,9 @@ def test_a_batch_writes_the_shards_it_still_holds_and_takes_the_next_beyond_its_
     assert shards[0][0] == shards[2][0] == "succeeded"
     assert shards[1] == ("running", "another-lane")
     with runtime.sessions() as session:
-        written = session.scalars(select(CheckpointRow.shard).where(CheckpointRow.job_id == job_id))
+        written = session.scalars(
+            select(StepRunRow.shard).where(
+                StepRunRow.job_id == job_id, StepRunRow.output.is_not(None)
+            )
+        )
         assert sorted(written) == [0, 2]

@@ -28,7 +28,7 @@ from service.language.profiles import SCHEMA_PATH
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import PipelineCycle, ProfileInvalid
-from service.platform.models import CheckpointRow, ChildCallRow, JobRow, StepRunRow
+from service.platform.models import ChildCallRow, JobRow, StepRunRow
 from service.platform.states import JobStatus, StepStatus
 from tests.support.scans import sequential_scans
 
@@ -125,8 +125,10 @@ def children_of(rt: Runtime, job_id: uuid.UUID) -> list[uuid.UUID]:
 def output_of(rt: Runtime, job_id: uuid.UUID, step_id: str) -> Any:
     with unit_of_work(rt.sessions) as session:
         return session.scalar(
-            select(CheckpointRow.output).where(
-                CheckpointRow.job_id == job_id, CheckpointRow.step_id == step_id
+            select(StepRunRow.output).where(
+                StepRunRow.job_id == job_id,
+                StepRunRow.output.is_not(None),
+                StepRunRow.step_id == step_id,
             )
         )
 

@@ -23,7 +23,7 @@ from service.language.cron import ScheduleSpec
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import StopChain
-from service.platform.models import CheckpointRow, CompensationRow, JobRow, StepRunRow
+from service.platform.models import CompensationRow, JobRow, StepRunRow
 from service.platform.states import CompensationStatus, JobStatus, StepStatus
 from service.triggers.firing import fire_schedule
 from service.triggers.schedules import put_schedule
@@ -109,7 +109,9 @@ def test_a_job_past_its_deadline_fails_its_running_step_writes_nothing_and_the_r
         run_step(runtime, StepKey(job_id, "after"), task_id=uuid.uuid4().hex)
     with unit_of_work(runtime.sessions) as session:
         kept = session.scalars(
-            select(CheckpointRow.step_id).where(CheckpointRow.job_id == job_id)
+            select(StepRunRow.step_id).where(
+                StepRunRow.job_id == job_id, StepRunRow.output.is_not(None)
+            )
         ).all()
         undo = session.scalars(
             select(CompensationRow).where(CompensationRow.job_id == job_id)

@@ -22,7 +22,7 @@ from service.platform.clock import utcnow
 from service.platform.db import DirectConnections, ping, unit_of_work
 from service.platform.errors import RetryLater, StopChain
 from service.platform.metrics import registry
-from service.platform.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.models import JobRow, StepRunRow
 from tests.drill_actions import cut_in_flight, drop_connections, named_connections
 from tests.support.fanouts import fan_profile, submitted
 
@@ -89,10 +89,11 @@ def test_the_gathered_output_keeps_item_order_whichever_lane_ran_a_shard(
 
     with runtime.sessions() as session:
         output = session.scalar(
-            select(CheckpointRow.output).where(
-                CheckpointRow.job_id == key.job_id,
-                CheckpointRow.step_id == "each",
-                CheckpointRow.shard == -1,
+            select(StepRunRow.output).where(
+                StepRunRow.job_id == key.job_id,
+                StepRunRow.output.is_not(None),
+                StepRunRow.step_id == "each",
+                StepRunRow.shard == -1,
             )
         )
         job = session.get(JobRow, key.job_id)

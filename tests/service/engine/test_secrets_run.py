@@ -21,7 +21,7 @@ from service.engine.submission import JobRequest, submit_job
 from service.language.expressions import secret_mark
 from service.platform.db import unit_of_work
 from service.platform.errors import ActionError, RetryLater, SecretNotFound
-from service.platform.models import CheckpointRow, StepRunRow
+from service.platform.models import StepRunRow
 
 SEEN: list[dict[str, Any]] = []
 VALUE = "tok-9f8e7d6c5b4a"
@@ -74,7 +74,11 @@ def run(rt: Runtime, job_id: uuid.UUID) -> StepRunRow:
 def kept(rt: Runtime, job_id: uuid.UUID) -> str:
     """The step's checkpoint, log lines and error as the database holds them."""
     with rt.sessions() as session:
-        output = session.scalar(select(CheckpointRow.output).where(CheckpointRow.job_id == job_id))
+        output = session.scalar(
+            select(StepRunRow.output).where(
+                StepRunRow.job_id == job_id, StepRunRow.output.is_not(None)
+            )
+        )
         lines = read_lines(session, job_id, after=0, limit=100)
         error = session.scalar(select(StepRunRow.error).where(StepRunRow.job_id == job_id))
     return repr((output, [line.message for line in lines], error))
@@ -180,7 +184,9 @@ def test_each_item_of_a_fan_out_reveals_and_masks_on_its_own(runtime: Runtime, o
     assert {seen["token"] for seen in SEEN} == {VALUE}
     with runtime.sessions() as session:
         outputs = session.scalars(
-            select(CheckpointRow.output).where(CheckpointRow.job_id == job_id)
+            select(StepRunRow.output).where(
+                StepRunRow.job_id == job_id, StepRunRow.output.is_not(None)
+            )
         ).all()
     assert len(outputs) == 2 and VALUE not in repr(outputs) + kept(runtime, job_id)
     assert all(output["token"] == "***" for output in outputs)

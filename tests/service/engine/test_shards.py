@@ -11,7 +11,7 @@ from service.engine.shards import FannedOut, fan_out
 from service.engine.steps import Completion, FanOutDue, StepKey, Unresolvable
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
-from service.platform.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.models import JobRow, StepRunRow
 from tests.support.fanouts import fan_profile, submitted
 
 LEASE_S = 30.0
@@ -49,8 +49,10 @@ def test_no_items_succeed_the_step_at_once_with_an_empty_list(runtime: Runtime) 
     assert isinstance(fanned, Completion) and fanned.written
     with runtime.sessions() as session:
         output = session.scalar(
-            select(CheckpointRow.output).where(
-                CheckpointRow.job_id == key.job_id, CheckpointRow.step_id == "each"
+            select(StepRunRow.output).where(
+                StepRunRow.job_id == key.job_id,
+                StepRunRow.output.is_not(None),
+                StepRunRow.step_id == "each",
             )
         )
         job = session.get(JobRow, key.job_id)

@@ -20,7 +20,7 @@ from service.language.loading import find_profile
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import RetryLater, StopChain
-from service.platform.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.models import JobRow, StepRunRow
 
 LEASE_S = 30.0
 
@@ -203,7 +203,9 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_cannot_finish(
         assert not _complete(runtime, conn, key, fresh.lease, {"from": "again"})
     with unit_of_work(runtime.sessions) as session:
         outputs = session.scalars(
-            select(CheckpointRow.output).where(CheckpointRow.job_id == key.job_id)
+            select(StepRunRow.output).where(
+                StepRunRow.job_id == key.job_id, StepRunRow.output.is_not(None)
+            )
         ).all()
     assert outputs == [{"from": "fresh"}]
     assert _row(runtime, key).attempts == 2
@@ -275,7 +277,9 @@ def test_a_cancelled_job_stops_every_later_claim(runtime: Runtime) -> None:
         assert not _complete(runtime, conn, claim.key, claim.lease, {"late": True})
     with unit_of_work(runtime.sessions) as session:
         checkpoints = session.scalar(
-            select(func.count()).select_from(CheckpointRow).where(CheckpointRow.job_id == job_id)
+            select(func.count())
+            .select_from(StepRunRow)
+            .where(StepRunRow.job_id == job_id, StepRunRow.output.is_not(None))
         )
         job = session.get(JobRow, job_id)
         assert job is not None and job.status == "cancelled"

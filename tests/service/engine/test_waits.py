@@ -27,7 +27,7 @@ from service.language.profiles import SCHEMA_PATH
 from service.platform.clock import utcnow
 from service.platform.db import unit_of_work
 from service.platform.errors import ProfileInvalid
-from service.platform.models import CheckpointRow, JobRow, StepRunRow
+from service.platform.models import JobRow, StepRunRow
 from service.platform.states import JobStatus, StepStatus
 from tests.support.arrange import walk
 from tests.support.fanouts import submitted
@@ -122,8 +122,8 @@ def test_the_beat_wakes_a_sleeper_at_its_time_and_releases_its_children(
     row = row_of(runtime, job_id)
     assert row.status == StepStatus.SUCCEEDED and row.finished_at == wake_at
     with unit_of_work(runtime.sessions) as session:
-        output = session.get(CheckpointRow, (job_id, "pause", -1))
-        assert output is not None and output.output["waited_s"] == WAIT_S
+        pause = session.get(StepRunRow, (job_id, "pause", -1))
+        assert pause is not None and pause.output["waited_s"] == WAIT_S
     assert all(p.job_id != job_id for p in woken(runtime, wake_at)), "woken once"
     claimed(runtime, job_id, "after")
     assert job_status(runtime, job_id) == JobStatus.SUCCEEDED
