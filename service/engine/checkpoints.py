@@ -205,9 +205,8 @@ _COMPLETE_SHARDS_AND_TAKE = f"""
      ORDER BY c.shard"""
 """A lane's batch of shards (``ShardDone``) checkpointed in one statement and one commit: each
 row settled with its output and the times its own attempt began and ended, and the lane's
-next shards taken with them, as ``_COMPLETE_SHARD_AND_TAKE``
-does for one shard. A shard whose lease was lost meanwhile is not written; the next shards
-exclude the batch's own."""
+next shards taken with them, as ``_COMPLETE_SHARD_AND_TAKE`` does for one shard. A shard whose
+lease was lost meanwhile is not written; the next shards exclude the batch's own."""
 
 _SETTLED = f"SET status = '{StepStatus.SUCCEEDED}', finished_at = %(now)s, lease_token"
 _STEP_CACHED = step_event(
