@@ -42,8 +42,8 @@ class FannedOut:
 
 _INSERT_SHARDS = f"""
     INSERT INTO step_runs (job_id, step_id, shard, status, attempts, item, depends_on, inputs_from)
-    SELECT %(job_id)s, %(step_id)s::text, s.ordinality - 1, '{StepStatus.PENDING}', 0, s.item, '{{}}',
-           %(inputs_from)s
+    SELECT %(job_id)s, %(step_id)s::text, s.ordinality - 1, '{StepStatus.PENDING}', 0, s.item,
+           '{{}}', %(inputs_from)s
       FROM jsonb_array_elements(%(items)s) WITH ORDINALITY AS s(item, ordinality)
      WHERE NOT EXISTS (SELECT 1 FROM step_runs AS e
                         WHERE e.job_id = %(job_id)s AND e.step_id = %(step_id)s::text
