@@ -105,6 +105,32 @@ def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtim
     assert after.outputs == {"slow": {"name": "slow"}}
 
 
+def test_an_output_of_none_is_a_checkpoint_that_the_child_reads_as_none(
+    runtime: Runtime,
+) -> None:
+    key = StepKey(_submit(runtime), "before")
+    claim = _claim(runtime, key)
+    with runtime.checkpoints.connect() as conn:
+        assert _complete(runtime, conn, key, claim.lease, None)
+        slow = fast_claim(
+            conn, StepKey(key.job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow()
+        )
+        assert slow is not None
+        assert _complete(runtime, conn, StepKey(key.job_id, "slow"), slow.lease, None)
+        after = fast_claim(
+            conn, StepKey(key.job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow()
+        )
+
+    assert after is not None and after.outputs == {"slow": None}
+    with unit_of_work(runtime.sessions) as session:
+        checkpointed = session.scalars(
+            select(StepRunRow.step_id).where(
+                StepRunRow.job_id == key.job_id, StepRunRow.output.is_not(None)
+            )
+        ).all()
+    assert sorted(checkpointed) == ["before", "slow"]
+
+
 def test_a_checkpoint_claims_the_child_it_alone_precedes_for_the_same_message(
     runtime: Runtime,
 ) -> None:
