@@ -87,41 +87,38 @@ def test_the_fast_claim_takes_a_ready_step_in_one_statement(runtime: Runtime) ->
         assert job is not None and job.status == "running" and job.started_at is not None
 
 
-def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtime) -> None:
-    key = StepKey(_submit(runtime), "before")
-    claim = _claim(runtime, key)
-    with runtime.checkpoints.connect() as conn:
-        _complete(runtime, conn, key, claim.lease, {"name": "up"})
-        slow = fast_claim(
+def _outputs_handed_to_after(rt: Runtime, key: StepKey, before: Any, slow: Any) -> Any:
+    """Run ``before`` and ``slow`` of ``key``'s job to their checkpoints with these outputs,
+    then fast-claim ``after`` and return the outputs its claim hands over."""
+    claim = _claim(rt, key)
+    with rt.checkpoints.connect() as conn:
+        assert _complete(rt, conn, key, claim.lease, before)
+        taken = fast_claim(
             conn, StepKey(key.job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow()
         )
-        assert slow is not None
-        _complete(runtime, conn, StepKey(key.job_id, "slow"), slow.lease, {"name": "slow"})
+        assert taken is not None
+        assert _complete(rt, conn, StepKey(key.job_id, "slow"), taken.lease, slow)
         after = fast_claim(
             conn, StepKey(key.job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow()
         )
-
     assert after is not None
-    assert after.outputs == {"slow": {"name": "slow"}}
+    return after.outputs
+
+
+def test_the_fast_claim_hands_over_the_outputs_a_step_references(runtime: Runtime) -> None:
+    key = StepKey(_submit(runtime), "before")
+
+    outputs = _outputs_handed_to_after(runtime, key, {"name": "up"}, {"name": "slow"})
+
+    assert outputs == {"slow": {"name": "slow"}}
 
 
 def test_an_output_of_none_is_a_checkpoint_that_the_child_reads_as_none(
     runtime: Runtime,
 ) -> None:
     key = StepKey(_submit(runtime), "before")
-    claim = _claim(runtime, key)
-    with runtime.checkpoints.connect() as conn:
-        assert _complete(runtime, conn, key, claim.lease, None)
-        slow = fast_claim(
-            conn, StepKey(key.job_id, "slow"), task_id="t", lease_s=LEASE_S, now=utcnow()
-        )
-        assert slow is not None
-        assert _complete(runtime, conn, StepKey(key.job_id, "slow"), slow.lease, None)
-        after = fast_claim(
-            conn, StepKey(key.job_id, "after"), task_id="t", lease_s=LEASE_S, now=utcnow()
-        )
 
-    assert after is not None and after.outputs == {"slow": None}
+    assert _outputs_handed_to_after(runtime, key, None, None) == {"slow": None}
     with unit_of_work(runtime.sessions) as session:
         checkpointed = session.scalars(
             select(StepRunRow.step_id).where(
