@@ -10,9 +10,10 @@ too), the real stack (``flowbeat api`` and one worker), and two profiles measure
 other on fresh databases: the chain bench's job (three no-op steps) posted ``--jobs`` times,
 and one job fanning out over ``--items`` items. Around each it reads ``pg_stat_statements``,
 ``pg_stat_database``'s commits, ``pg_stat_user_tables``' rows, the WAL between the two
-positions (``pg_walinspect``: bytes, full-page images, and the B-tree insertions by index, which
-are the index entries written) and the CPU of the database's backends. The API and the worker
-are stopped before the counters are read, since a backend reports its last counters as it exits.
+positions (``pg_walinspect``: bytes, full-page images, bytes by record type and by table, and
+the B-tree insertions by index, which are the index entries written) and the CPU of the
+database's backends. The API and the worker are stopped before the counters are read, since a
+backend reports its last counters as it exits.
 
 ``--profile-worker`` records the worker (its main process and its pool) with py-spy during the
 chain's timed part only (into ``DIR/worker.txt`` if given, py-spy's raw format), a sample being
@@ -74,6 +75,23 @@ SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid, count(*)
 """
 """A B-tree insertion is one WAL record on the leaf (or, on a split, the upper page) it lands
 on: counting them by relation counts the index entries each index was given."""
+WAL_BY_RELATION = """
+SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid, sum(record_length)
+  FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
+ GROUP BY 1
+"""
+"""A record is charged to the relation of its first block; a commit, which names none, to
+none."""
+OWNING_TABLE = """
+SELECT c.relfilenode, coalesce(owner.relname, t.relname)
+  FROM pg_class AS c
+  LEFT JOIN pg_index AS i ON i.indexrelid = c.oid
+  JOIN pg_class AS t ON t.oid = coalesce(i.indrelid, c.oid)
+  LEFT JOIN pg_class AS owner ON owner.reltoastrelid = t.oid
+ WHERE c.relfilenode = ANY(%s)
+"""
+"""An index's bytes are its table's, and a TOAST table's (and its index's) are the table it
+holds values for."""
 TABLE_ROWS = (
     "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
 )
@@ -91,6 +109,8 @@ class Profile:
     index_entries: dict[str, int]
     wal_records: dict[str, float]
     """WAL bytes by record type (resource manager/record type), full-page images included."""
+    wal_tables: dict[str, float]
+    """WAL bytes by table, its indexes and TOAST included (``WAL_BY_RELATION``)."""
     postgres_cpu_s: float
     top: list[dict[str, Any]] = field(default_factory=list)
     worker: Parts | None = None
@@ -162,6 +182,19 @@ def _index_entries(
         ).fetchall()
     )
     return {names.get(node, str(node)): int(n) for node, n in sorted(counts.items())}
+
+
+def _wal_tables(
+    admin: psycopg.Connection[Any], tables: psycopg.Connection[Any], start: str, end: str
+) -> dict[str, float]:
+    sizes = admin.execute(WAL_BY_RELATION, (start, end)).fetchall()
+    known = [node for node, _ in sizes if node is not None]
+    names = dict(tables.execute(OWNING_TABLE, (known,)).fetchall())
+    by_table: dict[str, float] = {}
+    for node, size in sizes:
+        name = "(no relation: commits)" if node is None else names.get(node, "(another database)")
+        by_table[name] = by_table.get(name, 0.0) + float(size)
+    return dict(sorted(by_table.items(), key=lambda kv: -kv[1]))
 
 
 def _tally(statements: list[dict[str, Any]]) -> dict[str, int]:
@@ -259,6 +292,7 @@ def measure(
             rows=_row_deltas(rows_before, _table_rows(tables)),
             index_entries=entries,
             wal_records=_wal_records(admin, start, end),
+            wal_tables=_wal_tables(admin, tables, start, end),
             postgres_cpu_s=cpu,
             top=[s for s in statements if not s["monitor"]][:10],
             worker=_worker_parts(spy_dir),
@@ -303,6 +337,9 @@ def report(profile: Profile) -> list[str]:
     lines.append("  WAL bytes a step, by record type:")
     for kind, size in list(profile.wal_records.items())[:8]:
         lines.append(f"    {kind:<48} {size / steps:8.0f}")
+    lines.append("  WAL bytes a step, by table (its indexes and TOAST included):")
+    for table, size in list(profile.wal_tables.items())[:8]:
+        lines.append(f"    {table:<48} {size / steps:8.0f}")
     lines.append("  statements by calls a step (ms a step):")
     for s in sorted(profile.top, key=lambda s: -int(s["calls"]))[:10]:
         query = " ".join(s["query"].split())
