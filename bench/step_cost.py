@@ -192,7 +192,8 @@ def _wal_tables(
     names = dict(tables.execute(OWNING_TABLE, (known,)).fetchall())
     by_table: dict[str, float] = {}
     for node, size in sizes:
-        name = "(no relation: commits)" if node is None else names.get(node, "(another database)")
+        elsewhere = "(not in the run's database)"
+        name = "(no relation: commits)" if node is None else names.get(node, elsewhere)
         by_table[name] = by_table.get(name, 0.0) + float(size)
     return dict(sorted(by_table.items(), key=lambda kv: -kv[1]))
 
