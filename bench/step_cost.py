@@ -67,16 +67,18 @@ from bench.stack import FlowbeatStack, post_jobs, start_flowbeat, wait_final
 WARMUP_JOBS = 20
 FANOUT_LANES = 50
 CLIENTS = 4
-INDEX_INSERTS = """
-SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid, count(*)
+FIRST_BLOCKS_RELATION = "substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid"
+"""The relfilenode of the first block a WAL record names (``pg_get_wal_records_info``)."""
+INDEX_INSERTS = f"""
+SELECT {FIRST_BLOCKS_RELATION}, count(*)
   FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
  WHERE resource_manager = 'Btree' AND record_type LIKE 'INSERT%%'
  GROUP BY 1
 """
 """A B-tree insertion is one WAL record on the leaf (or, on a split, the upper page) it lands
 on: counting them by relation counts the index entries each index was given."""
-WAL_BY_RELATION = """
-SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid, sum(record_length)
+WAL_BY_RELATION = f"""
+SELECT {FIRST_BLOCKS_RELATION}, sum(record_length)
   FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
  GROUP BY 1
 """
@@ -190,9 +192,9 @@ def _wal_tables(
     sizes = admin.execute(WAL_BY_RELATION, (start, end)).fetchall()
     known = [node for node, _ in sizes if node is not None]
     names = dict(tables.execute(OWNING_TABLE, (known,)).fetchall())
+    elsewhere = "(not in the run's database)"
     by_table: dict[str, float] = {}
     for node, size in sizes:
-        elsewhere = "(not in the run's database)"
         name = "(no relation: commits)" if node is None else names.get(node, elsewhere)
         by_table[name] = by_table.get(name, 0.0) + float(size)
     return dict(sorted(by_table.items(), key=lambda kv: -kv[1]))
