@@ -13,7 +13,7 @@ from service.actions import StepContext
 from service.engine.interrupts import INTERRUPTS
 from service.engine.reveal import revealed_inputs
 from service.engine.runtime import Runtime
-from service.engine.steplogs import keep_lines
+from service.engine.steplogs import Said, keep_lines
 from service.engine.steps import Claimed
 from service.language import verify
 from service.language.specs import RetryPolicy
@@ -37,9 +37,11 @@ def run_attempt(
     claim: Claimed,
     timeout_errors: tuple[type[BaseException], ...],
     timed: Timed | None,
+    said: list[Said] | None = None,
 ) -> Any:
-    """The attempt's outcome, timed by action, and what it logged kept whatever the outcome;
-    the secrets it revealed masked in all three before any is recorded."""
+    """The attempt's outcome, timed by action, and what it logged kept whatever the outcome
+    (or added to ``said``, for a lane that writes its batch's lines together); the secrets it
+    revealed masked in all three before any is recorded."""
     started = time.monotonic()
     mask = Mask()
     captured = capture.Capture(rt.settings.step_log_max_bytes, mask)
@@ -47,7 +49,11 @@ def run_attempt(
         with capture.capturing(captured):
             outcome = _call_action(rt, claim, timeout_errors, timed, mask)
     finally:
-        keep_lines(rt.claims, claim.key, claim.lease.attempt, captured.lines())
+        lines = Said(claim.key, claim.lease.attempt, captured.lines())
+        if said is None:
+            keep_lines(rt.claims, [lines])
+        else:
+            said.append(lines)
     if mask:
         outcome = _masked(outcome, mask)
     result = "error" if isinstance(outcome, Failure) else "ok"

@@ -1,14 +1,15 @@
 """A fan-out's lanes: each runs open shards one after another in one message, taking them in
 batches (ADR 27).
 
-A lane takes as many shards at once as its pace says fit in ``LANE_BATCH_S`` of work, runs
-them one after another, and checkpoints them in one statement that also takes the next batch
+A lane takes as many shards at once as its pace says fit in ``LANE_BATCH_S`` of work, runs them
+one after another, and checkpoints them in one statement that also takes the next batch
 (``checkpoints.complete_shards_and_take``): short shards then cost a statement and a commit a
-batch, not one each. Each shard's checkpoint is still committed before the lane's message is
-acknowledged and before the fan-out is gathered, which are the only uses of its output; what
-a worker that dies mid-batch loses is at most ``LANE_BATCH_S`` of work, run again under the
-next lease as for any lost attempt. A shard whose step declares a cache or a rate limit, or
-whose inputs need a transaction, is taken alone and recorded as a step is (``runner``).
+batch, not one each, and the lines they logged one more (``steplogs``). Each shard's checkpoint
+is still committed before the lane's message is acknowledged and before the fan-out is gathered,
+which are the only uses of its output; what a worker that dies mid-batch loses is at most
+``LANE_BATCH_S`` of work, run again under the next lease as for any lost attempt. A shard whose
+step declares a cache or a rate limit, or whose inputs need a transaction, is taken alone and
+recorded as a step is (``runner``).
 """
 
 import time
@@ -23,6 +24,7 @@ from service.engine.inputs import ready_shard, use_shard_claim
 from service.engine.leases import give_back_shards
 from service.engine.runner import Lane, released_if_cut_short, run_claim, settle_failure
 from service.engine.runtime import Runtime
+from service.engine.steplogs import Said, keep_lines
 from service.engine.steps import Claimed, ShardClaim, ShardDone, StepKey, Unresolvable
 from service.language.snapshots import step_facts
 from service.platform import logs, metrics, tracing
@@ -155,34 +157,45 @@ def _run_batch(
     timeout_errors: tuple[type[BaseException], ...],
 ) -> _Held:
     """Run the shards taken together, then checkpoint them and take the next batch in one
-    statement. A shard that fails, or that needs a transaction, first has the shards before
-    it checkpointed and those after it given back, then is recorded alone. Once half the
-    batch's lease has passed, the shards not yet run are given back instead of run."""
+    statement, the lines they logged written in one statement before it. A shard that fails,
+    or that needs a transaction, first has the shards before it checkpointed and those after
+    it given back, then is recorded alone. Once half the batch's lease has passed, the shards
+    not yet run are given back instead of run. Lines not yet written when an attempt raises
+    are written on the way out, as a step's are."""
     ran: list[ShardDone] = []
+    said: list[Said] = []
     shards = held.shards
     first = shards[0]
     with released_if_cut_short(rt, first.key, first.lease):
-        for index, shard in enumerate(shards):
-            claim = ready_shard(shard, params)
-            stale = time.monotonic() - held.since > rt.settings.lease_s / 2
-            if claim is None or stale:
-                _checkpoint(rt, parent, first, ran, lane, take=0)
-                _give_back(rt, shards[index:] if stale else shards[index + 1 :])
-                if not stale:
-                    run_claim(rt, parent, _work(rt, shard, params), timeout_errors)
-                return _NONE
-            outcome = _attempt(rt, claim, timeout_errors, pace)
-            if isinstance(outcome, Failure):
-                _checkpoint(rt, parent, first, ran, lane, take=0)
-                _give_back(rt, shards[index + 1 :])
-                settle_failure(rt, claim, outcome)
-                return _NONE
-            ran.append(outcome)
-        return _checkpoint(rt, parent, first, ran, lane, take=pace.size() if lane.open() else 0)
+        try:
+            for index, shard in enumerate(shards):
+                claim = ready_shard(shard, params)
+                stale = time.monotonic() - held.since > rt.settings.lease_s / 2
+                if claim is None or stale:
+                    _checkpoint(rt, parent, first, ran, said, lane, take=0)
+                    _give_back(rt, shards[index:] if stale else shards[index + 1 :])
+                    if not stale:
+                        run_claim(rt, parent, _work(rt, shard, params), timeout_errors)
+                    return _NONE
+                outcome = _attempt(rt, claim, timeout_errors, pace, said)
+                if isinstance(outcome, Failure):
+                    _checkpoint(rt, parent, first, ran, said, lane, take=0)
+                    _give_back(rt, shards[index + 1 :])
+                    settle_failure(rt, claim, outcome)
+                    return _NONE
+                ran.append(outcome)
+            take = pace.size() if lane.open() else 0
+            return _checkpoint(rt, parent, first, ran, said, lane, take=take)
+        finally:
+            keep_lines(rt.claims, said)
 
 
 def _attempt(
-    rt: Runtime, claim: Claimed, timeout_errors: tuple[type[BaseException], ...], pace: _Pace
+    rt: Runtime,
+    claim: Claimed,
+    timeout_errors: tuple[type[BaseException], ...],
+    pace: _Pace,
+    said: list[Said],
 ) -> ShardDone | Failure:
     key, lease = claim.key, claim.lease
     with (
@@ -196,7 +209,7 @@ def _attempt(
         ),
     ):
         started, begun = utcnow(), time.monotonic()
-        outcome = run_attempt(rt, claim, timeout_errors, None)
+        outcome = run_attempt(rt, claim, timeout_errors, None, said)
         pace.took(time.monotonic() - begun)
     if isinstance(outcome, Failure):
         return outcome
@@ -208,11 +221,15 @@ def _checkpoint(
     parent: StepKey,
     first: ShardClaim,
     ran: Sequence[ShardDone],
+    said: list[Said],
     lane: Lane,
     *,
     take: int,
 ) -> _Held:
-    """The batch's one statement; nothing when no shard of it ran."""
+    """The batch's one statement, after the one of the lines its attempts logged (``said``,
+    emptied once written); nothing when no shard of it ran."""
+    keep_lines(rt.claims, said)
+    said.clear()
     if not ran:
         return _NONE
     profile = first.profile

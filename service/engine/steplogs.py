@@ -1,17 +1,18 @@
 """Step logs: an attempt's captured lines written once it has run, and read back by cursor.
 
-An attempt's lines go out in one statement on the claim connection, whose commits do not
-wait for the disk: a log line is worth less than the fsync a checkpoint pays, and the
-checkpoint's synchronous commit that follows flushes it anyway. An attempt that logged nothing
-sends nothing. The lines are written before the outcome is recorded, so they carry the round
-the step row is still in, and a failed, retried or cancelled attempt keeps them too. The same
+An attempt's lines go out in one statement on the claim connection, whose commits do not wait
+for the disk: a log line is worth less than the fsync a checkpoint pays, and the checkpoint's
+synchronous commit that follows flushes it anyway. A lane's batch of shards sends the lines of
+all its attempts in one statement before the batch's checkpoint. An attempt that logged nothing
+sends nothing. The lines are written before the outcome is recorded, so they carry the round the
+step row is still in, and a failed, retried or cancelled attempt keeps them too. The same
 statement notifies the event channel, so a follower of the job wakes as it would for an event.
 
 A reader's cursor is the line ``id``, so within a job ids must be given in commit order, or a
-follower that read past id 12 would never see the 11 that two shards' writes committed after
-it. The statement takes a per-job advisory lock before its rows take their ids (the lock's
-scan is the join's other side, read before any row is formed) and holds it until it commits:
-two attempts of one job that write at the same instant take turns, one short write long.
+follower that read past id 12 would never see the 11 that two shards' writes committed after it.
+The statement takes a per-job advisory lock before its rows take their ids (the lock's scan is
+the join's other side, read before any row is formed) and holds it until it commits: two
+attempts of one job that write at the same instant take turns, one short write long.
 """
 
 import logging
@@ -42,59 +43,75 @@ LEVEL_CHARS = 16
 _WRITE = f"""
     WITH serialised AS MATERIALIZED (
         SELECT pg_advisory_xact_lock({STEP_LOGS_LOCK_SPACE}, hashtext(%(job_id)s::text))
+    ), attempted AS (
+        SELECT a.n, a.step_id, a.shard, a.attempt,
+               COALESCE((SELECT r.round FROM step_runs AS r
+                          WHERE r.job_id = %(job_id)s::uuid AND r.step_id = a.step_id
+                            AND r.shard = a.shard), 1) AS round
+          FROM unnest(%(step_ids)s::text[], %(shards)s::int[], %(attempts)s::int[])
+               WITH ORDINALITY AS a(step_id, shard, attempt, n)
     ), kept AS (
         INSERT INTO step_logs
                (job_id, step_id, shard, attempt, round, seq, level, logger, ts, message)
-        SELECT %(job_id)s::uuid, %(step_id)s::text, %(shard)s::int, %(attempt)s::int,
-               COALESCE((SELECT round FROM step_runs
-                          WHERE job_id = %(job_id)s::uuid AND step_id = %(step_id)s::text
-                            AND shard = %(shard)s::int), 1),
+        SELECT %(job_id)s::uuid, a.step_id, a.shard, a.attempt, a.round,
                line.seq, line.level, line.logger, line.ts, line.message
           FROM serialised,
-               unnest(%(seqs)s::int[], %(levels)s::text[], %(loggers)s::text[],
+               unnest(%(of)s::int[], %(seqs)s::int[], %(levels)s::text[], %(loggers)s::text[],
                       %(ts)s::timestamptz[], %(messages)s::text[])
-               AS line(seq, level, logger, ts, message)
+               WITH ORDINALITY AS line(of, seq, level, logger, ts, message, place)
+          JOIN attempted AS a ON a.n = line.of
+         ORDER BY line.place
         RETURNING 1
     )
     SELECT pg_notify('{EVENTS_CHANNEL}', %(job_id)s::text) FROM (SELECT 1) AS one
      WHERE EXISTS (SELECT 1 FROM kept)"""
 
 
-def write_lines(
-    conn: psycopg.Connection[Any], key: StepKey, attempt: int, lines: Sequence[Line]
-) -> None:
-    """Every line of one attempt in one statement; none when it has none."""
-    if not lines:
+@dataclass(frozen=True)
+class Said:
+    """What one attempt logged, held with its step and attempt until it is written."""
+
+    key: StepKey
+    attempt: int
+    lines: Sequence[Line]
+
+
+def write_lines(conn: psycopg.Connection[Any], said: Sequence[Said]) -> None:
+    """Every line of some attempts of one job in one statement, in the order given; none
+    when they have none."""
+    said = [one for one in said if one.lines]
+    if not said:
         return
+    lines = [(n, line) for n, one in enumerate(said, 1) for line in one.lines]
     conn.execute(
         _WRITE,
         {
-            "job_id": key.job_id,
-            "step_id": key.step_id,
-            "shard": key.shard,
-            "attempt": attempt,
-            "seqs": [line.seq for line in lines],
-            "levels": [line.level[:LEVEL_CHARS] for line in lines],
-            "loggers": [line.logger for line in lines],
-            "ts": [datetime.fromtimestamp(line.ts, UTC) for line in lines],
-            "messages": [line.message.replace("\x00", "\ufffd") for line in lines],
+            "job_id": said[0].key.job_id,
+            "step_ids": [one.key.step_id for one in said],
+            "shards": [one.key.shard for one in said],
+            "attempts": [one.attempt for one in said],
+            "of": [n for n, _ in lines],
+            "seqs": [line.seq for _, line in lines],
+            "levels": [line.level[:LEVEL_CHARS] for _, line in lines],
+            "loggers": [line.logger for _, line in lines],
+            "ts": [datetime.fromtimestamp(line.ts, UTC) for _, line in lines],
+            "messages": [line.message.replace("\x00", "\ufffd") for _, line in lines],
         },
     )
 
 
-def keep_lines(
-    connections: DirectConnections, key: StepKey, attempt: int, lines: Sequence[Line]
-) -> None:
-    """``write_lines``, for the step path: a database that fails it loses the attempt's log
+def keep_lines(connections: DirectConnections, said: Sequence[Said]) -> None:
+    """``write_lines``, for the step path: a database that fails it loses the attempts' log
     and says so in the worker's, rather than failing a step whose outcome can still be
     recorded (the recording fails on its own if the database is gone)."""
-    if not lines:
+    count = sum(len(one.lines) for one in said)
+    if not count:
         return
     try:
         with connections.connect() as conn:
-            write_lines(conn, key, attempt, lines)
+            write_lines(conn, said)
     except (psycopg.Error, ValueError) as exc:
-        log.warning("the step's log of %d lines was not kept: %s", len(lines), exc)
+        log.warning("the step's log of %d lines was not kept: %s", count, exc)
 
 
 @dataclass(frozen=True)

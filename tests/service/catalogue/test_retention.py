@@ -13,7 +13,7 @@ from service.catalogue.diffs import DiffCounts, DiffKind, diff_counts, diff_page
 from service.catalogue.retention import RetentionPolicy, prune_all, prune_tombstones
 from service.engine.jobs import get_job
 from service.engine.runtime import Runtime
-from service.engine.steplogs import write_lines
+from service.engine.steplogs import Said, write_lines
 from service.engine.steps import StepKey
 from service.engine.submission import JobRequest, submit_job
 from service.platform.capture import Line
@@ -130,7 +130,7 @@ def test_a_pruned_job_takes_its_steps_event_log_and_step_logs_along_and_leaves_a
     old, new = _jobs(runtime, owner, "kept", ["failed", "succeeded"])
     said = [Line(1, "INFO", "stdout", NOW.timestamp(), "what the step said")]
     with runtime.checkpoints.connect() as conn:
-        write_lines(conn, StepKey(old, "a"), 1, said)
+        write_lines(conn, [Said(StepKey(old, "a"), 1, said)])
 
     _prune(runtime, RetentionPolicy(keep=1, min_age_s=0))
 

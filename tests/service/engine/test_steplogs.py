@@ -17,7 +17,7 @@ from service.engine.lanes import run_lane
 from service.engine.runner import run_step
 from service.engine.runtime import Runtime
 from service.engine.shards import FannedOut
-from service.engine.steplogs import LogLine, keep_lines, read_lines, write_lines
+from service.engine.steplogs import LogLine, Said, keep_lines, read_lines, write_lines
 from service.engine.steps import StepKey
 from service.platform.capture import Line
 from service.platform.clock import utcnow
@@ -158,7 +158,7 @@ def test_a_reader_pages_through_the_lines_by_cursor(
 def test_an_attempt_that_said_nothing_sends_no_statement() -> None:
     """Nowhere to connect to: a statement would fail the call."""
     unreachable = DirectConnections("postgresql+psycopg://nobody@127.0.0.1:1/none")
-    keep_lines(unreachable, StepKey(uuid.uuid4(), "quiet"), 1, [])
+    keep_lines(unreachable, [Said(StepKey(uuid.uuid4(), "quiet"), 1, [])])
 
 
 def test_each_round_of_a_loop_keeps_its_lines_under_its_round(
@@ -227,9 +227,9 @@ def test_two_attempts_of_a_job_writing_at_once_commit_in_the_order_of_their_ids(
     conninfo = libpq_url(runtime.settings.require_database_url())
 
     with psycopg.connect(conninfo) as first:
-        write_lines(first, StepKey(job_id, "talk", 0), 1, said)
+        write_lines(first, [Said(StepKey(job_id, "talk", 0), 1, said)])
         second = threading.Thread(
-            target=keep_lines, args=(runtime.claims, StepKey(job_id, "talk", 1), 1, said)
+            target=keep_lines, args=(runtime.claims, [Said(StepKey(job_id, "talk", 1), 1, said)])
         )
         second.start()
         wait_for_a_lock_waiter(runtime, "the second write, behind the first,")
@@ -248,6 +248,6 @@ def test_a_custom_level_with_a_long_name_is_kept_cut_to_the_column(
     leftovers.append(job_id)
     said = [Line(1, "VERY_VERBOSE_DIAGNOSTICS", "lib", time.time(), "detail")]
 
-    keep_lines(runtime.claims, StepKey(job_id, "talk"), 1, said)
+    keep_lines(runtime.claims, [Said(StepKey(job_id, "talk"), 1, said)])
 
     assert [line.level for line in _lines(runtime, job_id)] == ["VERY_VERBOSE_DIA"]
