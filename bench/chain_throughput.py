@@ -27,6 +27,7 @@ directory) is removed on the way out, failures and SIGTERM included.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -75,24 +76,30 @@ from bench.stack import FlowbeatResult, _epoch, run_flowbeat
 
 @contextmanager
 def raw_worker(
-    redis_url: str, tmp: Path, workers: int = 1
+    redis_url: str,
+    tmp: Path,
+    workers: int = 1,
+    module: str = "bench.raw_app",
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
-    """``bench.raw_app`` bound to ``redis_url`` and ``workers`` worker processes, started and
-    answering (the first is yielded); they are stopped on exit."""
+    """``bench.raw_app`` (or the app ``module``, configured as it is) bound to ``redis_url``
+    and ``workers`` worker processes with ``env`` added, started and answering (the app's
+    module and the first are yielded); they are stopped on exit."""
     os.environ["BENCH_RAW_REDIS_URL"] = redis_url  # read by bench.raw_app at import
     from bench import raw_app
 
-    env = {**os.environ, "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
+    app_module = importlib.import_module(module)
+    env = {**os.environ, **(env or {}), "BENCH_RAW_REDIS_URL": redis_url, "PYTHONPATH": str(REPO)}
     with ExitStack() as stack:
         procs = []
         for index in range(workers):
             node = f"bench-raw-{os.getpid()}-{index}@{socket.gethostname()}"
             log_path = tmp / f"raw-worker-{index}.log"
-            argv = worker_argv("bench.raw_app", raw_app.QUEUE, node)
+            argv = worker_argv(module, raw_app.QUEUE, node)
             proc = stack.enter_context(subprocess_group(argv, env, log_path, "raw celery worker"))
-            wait_for_worker(raw_app.app, node, proc, log_path)
+            wait_for_worker(app_module.app, node, proc, log_path)
             procs.append(proc)
-        yield raw_app, procs[0]
+        yield app_module, procs[0]
 
 
 def wait_results(results: list[Any], deadline: float) -> tuple[float, int]:

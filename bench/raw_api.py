@@ -14,6 +14,8 @@ With ``BENCH_RAW_STORE_URL`` set (a libpq URL), the same endpoint first stores t
 committed on a connection from a psycopg pool before the task is sent. That is the least any
 design that stores every job before it answers can do, so its latency over the bare
 endpoint's is the floor under flowbeat's, measured on the same cores in the same rounds.
+``BENCH_RAW_TASK`` names another task to send each job as (``bench.floor_app``'s, for the
+floor side of ``bench.peers``).
 
 It is served as ``flowbeat api`` serves flowbeat's API: uvicorn in one process, its default
 loop and HTTP implementations (uvloop and httptools when installed), proxy headers on. Its
@@ -52,7 +54,8 @@ class Accepted(BaseModel):
 
 def _celery() -> Celery:
     """Broker only: with a result backend, Celery's Redis backend subscribes to each task's
-    result channel as it sends it, and this endpoint means to store and wait for nothing."""
+    result channel as it sends it, and this endpoint means to store and wait for nothing; its
+    messages also tell the worker to store no result (``ignore_result``)."""
     celery = Celery("bench_raw_api", broker=os.environ["BENCH_RAW_REDIS_URL"])
     celery.conf.update(CONF, task_ignore_result=True)
     return celery
@@ -83,6 +86,9 @@ async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await _pool.close()
 
 
+_TASK = os.environ.get("BENCH_RAW_TASK", NOOP)
+"""The task each job is sent as: the no-op, or the floor's chain (``bench.floor_app``)."""
+
 app = FastAPI(title="raw enqueue baseline", lifespan=_lifespan)
 _sender = _celery()
 
@@ -102,7 +108,7 @@ async def create_job(body: JobIn) -> Accepted:
                 (job_id, body.pipeline, Jsonb(body.params)),
             )
     kwargs = {"pipeline": body.pipeline, "params": body.params}
-    sent = _sender.send_task(NOOP, kwargs=kwargs, task_id=job_id)
+    sent = _sender.send_task(_TASK, kwargs=kwargs, task_id=job_id, ignore_result=True)
     return Accepted(id=sent.id)
 
 

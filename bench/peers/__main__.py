@@ -14,7 +14,10 @@ for throughput and running as many steps at once (``--concurrency``, 2 by defaul
 - one fan-out of 10,000 no-op items with a gather: items/s.
 
 Sides: raw Celery (``bench.raw_app``: ``chain`` and ``chord``), flowbeat (the API and a
-worker, every step persisted in PostgreSQL), Dramatiq (Redis broker, ``pipeline`` and
+worker, every step persisted in PostgreSQL), the floor under flowbeat's shape (``sides.floor``:
+each job POSTed and stored with one ``INSERT``, then claimed and its three steps checkpointed
+with one statement each by a bare Celery task, ``bench.floor_app``; no fan-out),
+Dramatiq (Redis broker, ``pipeline`` and
 ``group`` with a completion callback), Procrastinate (PostgreSQL) and Prefect 3 (a local
 ``prefect server``). The peers run as subprocesses in ``.venv-peers`` (their own lock,
 ``bench/peers/requirements.lock``), never in CI's install. The order of the sides rotates
@@ -39,16 +42,25 @@ from typing import Any
 from bench.harness import DEFAULT_ADMIN_DB, WORKER_CONCURRENCY, log, on_sigterm
 from bench.peers.measure import SideResult
 from bench.peers.report import print_report, summary
-from bench.peers.sides import Run, flowbeat, peer, peers_ready, private_redis, raw_celery
+from bench.peers.sides import (
+    Run,
+    floor,
+    flowbeat,
+    peer,
+    peers_ready,
+    private_redis,
+    raw_celery,
+)
 from bench.rounds import calibrate, disturbed
 
-SIDES = ("raw celery", "flowbeat", "dramatiq", "procrastinate", "prefect")
+SIDES = ("raw celery", "flowbeat", "floor", "dramatiq", "procrastinate", "prefect")
 
 
 def side_runners(run: Run, lanes: int) -> dict[str, Callable[[], SideResult]]:
     return {
         "raw celery": lambda: raw_celery(run),
         "flowbeat": lambda: flowbeat(run, lanes),
+        "floor": lambda: floor(run),
         "dramatiq": lambda: peer("dramatiq_side", run, 3),
         "procrastinate": lambda: peer("procrastinate_side", run, None),
         "prefect": lambda: peer("prefect_side", run, None),
@@ -106,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sides = [side for side in SIDES if not args.only or side in args.only]
-    if set(sides) - {"raw celery", "flowbeat"}:
+    if set(sides) - {"raw celery", "flowbeat", "floor"}:
         peers_ready()
     signal.signal(signal.SIGTERM, on_sigterm)
     rounds: list[dict[str, Any]] = []

@@ -12,6 +12,8 @@ from bench.peers.measure import SideResult
 from bench.rounds import CALIBRATION_LOOP, interpreter, machine_pace, pace_line
 
 PARTS = ("broker", "db", "worker", "api", "client")
+NOT_SIDES = ("targets", "pace", "floor_over")
+"""The summary's entries that are not a side's."""
 TARGETS = (
     ("chains", "raw celery", 1.5),
     ("fanout", "raw celery", 0.8),
@@ -71,9 +73,21 @@ def summary(rounds: list[dict[str, Any]], sides: list[str]) -> dict[str, Any]:
                 {"figure": figure, "peer": peer, "target": target, "ratio": ratio, "met": met}
             )
     out["targets"] = targets
+    if "floor" in out:
+        peers = [name for name in sides if name not in ("flowbeat", "floor")]
+        out["floor_over"] = {name: _floor_over(clean, name) for name in peers}
     loops = [ms for r in rounds for ms in (r["before"]["loop_ms"], r["after"]["loop_ms"])]
     out["pace"] = machine_pace(loops)
     return out
+
+
+def _floor_over(clean: list[dict[str, Any]], peer: str) -> float | None:
+    """The median over rounds of the floor side's chain rate over ``peer``'s."""
+    pairs = [
+        (_rate(r["sides"].get("floor"), "chains"), _rate(r["sides"].get(peer), "chains"))
+        for r in clean
+    ]
+    return _median([floor / other for floor, other in pairs if floor and other])
 
 
 def _f(value: float | None, spec: str = ".0f") -> str:
@@ -109,7 +123,7 @@ def print_report(
         f"{'CPU ms/job':>12} ({'/'.join(PARTS)}){'MiB':>8}{'items/s':>9}{'fb/x':>8}"
     )
     for name, side in figures.items():
-        if name not in ("targets", "pace"):
+        if name not in NOT_SIDES:
             print(_row(name, side))
     print("  fb/x: flowbeat's rate over the side's, the median of the rounds' ratios")
     for target in figures["targets"]:
@@ -117,6 +131,13 @@ def print_report(
         print(
             f"  target flowbeat/{target['peer']} {target['figure']}: "
             f"{_f(target['ratio'], '.2f')} (>= {target['target']}): {verdict}"
+        )
+    if figures.get("floor_over"):
+        each = ", ".join(f"{name} {_f(r, '.2f')}" for name, r in figures["floor_over"].items())
+        print(
+            f"  the floor's chain rate over each side's: {each}: the most a design that takes "
+            "each job over HTTP, runs it from one Celery message and commits each step's "
+            "checkpoint could reach against that side here"
         )
     print(f"  {len(rounds)} rounds (each side's steps/s | items/s; calibration before/after):")
     for r in rounds:
@@ -132,7 +153,7 @@ def print_report(
             + (" DISTURBED" if r["disturbed"] else "")
         )
     for name, side in figures.items():
-        if name in ("targets", "pace") or not side["median_round"]:
+        if name in NOT_SIDES or not side["median_round"]:
             continue
         notes = [side["median_round"]["note"], (side["median_round"]["fanout"] or {}).get("note")]
         for note in filter(None, notes):

@@ -16,8 +16,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg
 import redis
 
 from bench.chain_throughput import raw_worker, wait_results
@@ -29,6 +31,7 @@ from bench.harness import (
     PROFILE_YAML,
     REPO,
     free_port,
+    fresh_database,
     log,
     subprocess_group,
     tail,
@@ -42,7 +45,8 @@ from bench.peers.measure import (
     parse,
     partial_fanout,
 )
-from bench.stack import _epoch, post_jobs, start_flowbeat, wait_final
+from bench.stack import _epoch, post_jobs, serve_http, start_flowbeat, wait_final
+from service.platform.db import libpq_url
 
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 CLIENT_THREADS = 4
@@ -153,6 +157,90 @@ def raw_celery(run: Run) -> SideResult:
         log(f"raw celery: a group of {run.fanout} no-op tasks, its results gathered")
         result.fanout = fan_out(run.fanout)
     return result
+
+
+FLOOR_DRAIN_POLL_S = 0.05
+
+
+def floor(run: Run) -> SideResult:
+    """The least a persisted chain job costs in flowbeat's shape: POSTed by the same clients
+    to ``bench.raw_api``, which stores it with one ``INSERT`` and sends one Celery message, run
+    by ``bench.floor_app``'s worker as a claim and three checkpoints, one statement each, on
+    tables with a primary key and nothing else. Its rate over a peer's is the most any design
+    that takes jobs over HTTP, runs them from Celery and commits every step's checkpoint could
+    reach against that peer on this machine. Done when the queue and Kombu's unacked hash are
+    both empty, and every job is settled."""
+    from bench.floor_app import FLOOR_CHAIN, TABLES
+
+    with ExitStack() as stack:
+        store = libpq_url(stack.enter_context(fresh_database(run.admin_db)))
+        conn = stack.enter_context(psycopg.connect(store, autocommit=True))
+        conn.execute(TABLES)
+        url = run.redis_url(1)
+        env = {"BENCH_RAW_STORE_URL": store, "BENCH_RAW_TASK": FLOOR_CHAIN}
+        floor_app, worker = stack.enter_context(
+            raw_worker(url, run.tmp, module="bench.floor_app", env=env)
+        )
+        env = {**os.environ, **env, "BENCH_RAW_REDIS_URL": url, "PYTHONPATH": str(REPO)}
+        argv = [sys.executable, "-m", "bench.raw_api"]
+        api, base_url = serve_http(stack, argv, env, run.tmp / "floor-api.log")
+        broker = redis.Redis.from_url(url, socket_timeout=10)
+        stack.callback(broker.close)
+        errors: list[str] = []
+        post_jobs(base_url, "unused", run.warmup, CLIENT_THREADS, [], errors)
+        _drained(
+            broker, conn, floor_app.app.conf.task_default_queue, time.monotonic() + run.timeout_s
+        )
+        log(f"floor: {run.chains} jobs stored, each run as a claim and three checkpoints")
+        roots = {"api": [api.pid], "worker": [worker.pid], "broker": [run.redis_pid]}
+        meter = CpuMeter(roots, conn)
+        with PeakPss([api.pid, worker.pid]) as peak:
+            meter.start()
+            t0 = time.time()
+            post_jobs(base_url, "unused", run.chains, CLIENT_THREADS, [], errors)
+            _drained(
+                broker,
+                conn,
+                floor_app.app.conf.task_default_queue,
+                time.monotonic() + run.timeout_s,
+            )
+            wall = time.time() - t0
+            cpu = meter.stop()
+        cpu["client"] -= peak.cpu_s
+        cpu["db"] = cpu.pop("postgres")
+        if errors:
+            raise RuntimeError(f"{len(errors)} POSTs failed, e.g. {errors[0]}")
+        rows = conn.execute(FLOOR_LATENCIES).fetchall()
+        result = SideResult("floor")
+        latencies = [float(row[0]) for row in rows if row[0] is not None]
+        result.chains = chains_result(run.chains, wall, latencies[run.warmup :], cpu, peak.mib)
+    return result
+
+
+FLOOR_LATENCIES = """
+    SELECT extract(epoch FROM max(s.at) - j.created_at)
+      FROM raw_jobs AS j JOIN raw_steps AS s ON s.job_id = j.id
+     GROUP BY j.id, j.created_at ORDER BY j.created_at"""
+
+
+def _drained(
+    broker: redis.Redis, conn: psycopg.Connection[Any], queue: str, deadline: float
+) -> None:
+    """Every message sent was run and acknowledged (``task_acks_late`` keeps a message in
+    ``unacked`` until its task returns), and every job it stored has settled."""
+    while (
+        broker.llen(queue)
+        or broker.hlen("unacked")
+        or _one(conn, "SELECT count(*) FROM raw_jobs WHERE status IS DISTINCT FROM 'succeeded'")
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the floor's worker did not settle its jobs in time")
+        time.sleep(FLOOR_DRAIN_POLL_S)
+
+
+def _one(conn: psycopg.Connection[Any], query: str) -> int:
+    row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
 
 
 LATENCIES = (
