@@ -191,7 +191,7 @@ def test_a_batch_stopped_by_a_cancel_keeps_what_its_shards_said_until_then(
     assert stopped, "the batch was stopped, not run to its end"
     assert batches == [[0]]
     assert len(writes) == 2 and writes[0] == [0] and writes[1][0] == 1
-    shards = [line.shard for line in _said(runtime, key)]
+    shards = [line.shard for line in _said(runtime, key) if line.shard is not None]
     assert shards[:3] == [0, 0, 0] and shards == sorted(shards)
     assert set(shards) == {0, *writes[1]} and len(shards) < 3 * 203
 
