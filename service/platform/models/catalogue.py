@@ -234,9 +234,11 @@ class PipelineTriggerRow(Base):
 
 
 class DependencyQueueRow(Base):
-    """A success some pipeline waits for, queued by a trigger with the success itself."""
+    """A success some pipeline waits for, queued by a trigger with the success itself and
+    drained oldest first."""
 
     __tablename__ = "dependency_queue"
+    __table_args__ = (Index(None, "queued_at"),)
 
     upstream_job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
     queued_at: Mapped[datetime] = mapped_column(server_default=func.now())

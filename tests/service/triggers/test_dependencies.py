@@ -31,6 +31,7 @@ from service.platform.models import (
 )
 from service.triggers.dependencies import fire_dependents
 from tests.support.runs import run_items
+from tests.support.scans import sequential_scans
 
 UP = "name: up\nsteps:\n  - {id: a, action: noop, with: {found: [1, 2]}}\n"
 DOWN = """\
@@ -215,6 +216,29 @@ def test_a_success_starts_each_waiting_pipeline_once_with_the_upstream_result(
         done = session.get(JobRow, job.id)
     assert done is not None and done.status == "succeeded"
     assert done.result == {"b": {"from": str(upstream), "got": [1, 2]}}
+
+
+def test_the_queue_is_drained_oldest_first_through_its_index(runtime: Runtime) -> None:
+    """With sequential scans priced out, a drain that had to sort the whole queue would scan
+    it anyway."""
+    owner = _owner()
+    _save(runtime, owner, UP)
+    _save(runtime, owner, DOWN)
+    first, second = _succeed_up(runtime, owner), _succeed_up(runtime, owner)
+
+    with (
+        unit_of_work(runtime.sessions) as session,
+        sequential_scans(session, "dependency_queue") as taken,
+    ):
+        started = fire_dependents(
+            session,
+            profiles_dir=runtime.settings.profiles_dir,
+            known_actions=runtime.registry.names(),
+        )
+        scans = taken()
+
+    assert scans == 0
+    assert [job.parent_job_id for job in started if job.owner == owner] == [first, second]
 
 
 def _run_b(rt: Runtime, owner: str, pipeline: str) -> StepRunRow:
