@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -159,6 +159,51 @@ def raw_celery(run: Run) -> SideResult:
     return result
 
 
+@dataclass(frozen=True)
+class Posted:
+    """Jobs to POST: where, with which key, how many, and the list their failures go to."""
+
+    base_url: str
+    key: str
+    count: int
+    errors: list[str]
+
+
+@dataclass(frozen=True)
+class Timed:
+    started: float
+    """Epoch seconds of the first POST."""
+    wall_s: float
+    cpu_s: dict[str, float]
+    """By part, the database's as ``db``, the client's without the PSS sampler's."""
+    peak_mib: float
+
+
+def _posted(
+    posted: Posted,
+    roots: dict[str, list[int]],
+    conn: psycopg.Connection[Any],
+    done: Callable[[], object],
+) -> Timed:
+    """The side's jobs POSTed by the client threads and waited for by ``done``, timed, their
+    CPU metered by part and the peak PSS of every part's processes but the broker's taken;
+    raises if any POST failed, the warm-up's included."""
+    meter = CpuMeter(roots, conn)
+    own = [pid for part, pids in roots.items() if part != "broker" for pid in pids]
+    with PeakPss(own) as peak:
+        meter.start()
+        started = time.time()
+        post_jobs(posted.base_url, posted.key, posted.count, CLIENT_THREADS, [], posted.errors)
+        done()
+        wall_s = time.time() - started
+        cpu = meter.stop()
+    cpu["client"] -= peak.cpu_s
+    cpu["db"] = cpu.pop("postgres")
+    if posted.errors:
+        raise RuntimeError(f"{len(posted.errors)} POSTs failed, e.g. {posted.errors[0]}")
+    return Timed(started, wall_s, cpu, peak.mib)
+
+
 FLOOR_DRAIN_POLL_S = 0.05
 
 
@@ -186,34 +231,23 @@ def floor(run: Run) -> SideResult:
         api, base_url = serve_http(stack, argv, env, run.tmp / "floor-api.log")
         broker = redis.Redis.from_url(url, socket_timeout=10)
         stack.callback(broker.close)
+        queue = floor_app.app.conf.task_default_queue
         errors: list[str] = []
         post_jobs(base_url, "unused", run.warmup, CLIENT_THREADS, [], errors)
-        _drained(
-            broker, conn, floor_app.app.conf.task_default_queue, time.monotonic() + run.timeout_s
-        )
+        _drained(broker, conn, queue, time.monotonic() + run.timeout_s)
         log(f"floor: {run.chains} jobs stored, each run as a claim and three checkpoints")
-        roots = {"api": [api.pid], "worker": [worker.pid], "broker": [run.redis_pid]}
-        meter = CpuMeter(roots, conn)
-        with PeakPss([api.pid, worker.pid]) as peak:
-            meter.start()
-            t0 = time.time()
-            post_jobs(base_url, "unused", run.chains, CLIENT_THREADS, [], errors)
-            _drained(
-                broker,
-                conn,
-                floor_app.app.conf.task_default_queue,
-                time.monotonic() + run.timeout_s,
-            )
-            wall = time.time() - t0
-            cpu = meter.stop()
-        cpu["client"] -= peak.cpu_s
-        cpu["db"] = cpu.pop("postgres")
-        if errors:
-            raise RuntimeError(f"{len(errors)} POSTs failed, e.g. {errors[0]}")
+        timed = _posted(
+            Posted(base_url, "unused", run.chains, errors),
+            {"api": [api.pid], "worker": [worker.pid], "broker": [run.redis_pid]},
+            conn,
+            lambda: _drained(broker, conn, queue, time.monotonic() + run.timeout_s),
+        )
         rows = conn.execute(FLOOR_LATENCIES).fetchall()
         result = SideResult("floor")
         latencies = [float(row[0]) for row in rows if row[0] is not None]
-        result.chains = chains_result(run.chains, wall, latencies[run.warmup :], cpu, peak.mib)
+        result.chains = chains_result(
+            run.chains, timed.wall_s, latencies[run.warmup :], timed.cpu_s, timed.peak_mib
+        )
     return result
 
 
@@ -266,25 +300,20 @@ def flowbeat(run: Run, lanes: int) -> SideResult:
         wait_final(fb.conn, run.warmup, time.monotonic() + run.timeout_s, fb.dead)
         log(f"flowbeat: {run.chains} jobs of 3 no-op steps")
         workers = [w.pid for w in fb.workers]
-        roots = {"api": [fb.api.pid], "worker": workers, "broker": [run.redis_pid]}
-        meter = CpuMeter(roots, fb.conn)
-        with PeakPss([fb.api.pid, *workers]) as peak:
-            meter.start()
-            t0 = time.time()
-            post_jobs(fb.base_url, fb.key, run.chains, CLIENT_THREADS, [], errors)
-            deadline = time.monotonic() + run.timeout_s
-            wait_final(fb.conn, run.warmup + run.chains, deadline, fb.dead)
-            wall = time.time() - t0
-            cpu = meter.stop()
-        cpu["client"] -= peak.cpu_s
-        cpu["db"] = cpu.pop("postgres")
-        if errors:
-            raise RuntimeError(f"{len(errors)} POSTs failed, e.g. {errors[0]}")
-        since = datetime.fromtimestamp(t0, UTC)
+        deadline = time.monotonic() + run.timeout_s
+        timed = _posted(
+            Posted(fb.base_url, fb.key, run.chains, errors),
+            {"api": [fb.api.pid], "worker": workers, "broker": [run.redis_pid]},
+            fb.conn,
+            lambda: wait_final(fb.conn, run.warmup + run.chains, deadline, fb.dead),
+        )
+        since = datetime.fromtimestamp(timed.started, UTC)
         rows = fb.conn.execute(LATENCIES, (PIPELINE, since)).fetchall()
         result = SideResult("flowbeat")
         latencies = [float(row[0]) for row in rows]
-        result.chains = chains_result(run.chains, wall, latencies, cpu, peak.mib)
+        result.chains = chains_result(
+            run.chains, timed.wall_s, latencies, timed.cpu_s, timed.peak_mib
+        )
         headers = {"Authorization": f"Bearer {fb.key}"}
         client = stack.enter_context(httpx.Client(base_url=fb.base_url, headers=headers))
         _fan_out(client, fb.conn, WARMUP_ITEMS, time.monotonic() + run.timeout_s, fb.dead)
