@@ -4,9 +4,9 @@ A bare Celery app, configured as ``bench.raw_app`` (the same settings, queue and
 ``BENCH_RAW_REDIS_URL``), whose one task runs a job that ``bench.raw_api`` stored in
 ``raw_jobs`` (``BENCH_RAW_STORE_URL``): it claims the job with one statement whose commit does
 not wait for the disk, then checkpoints three no-op steps with one statement each, committed
-synchronously, the last also settling the job. That is what flowbeat's step path sends for a
-chain job (a claim, then three checkpoints that each claim the next step), on tables with a
-primary key and nothing else: no event log, no index for a reader, no trigger.
+synchronously, the last also settling the job. That is as many statements as flowbeat's step
+path sends for a chain job (a claim, then three checkpoints that each claim the next step), on
+tables with a primary key and nothing else: no event log, no index for a reader, no trigger.
 """
 
 import os
